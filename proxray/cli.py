@@ -1,0 +1,97 @@
+"""``proxray`` command line: import tables, inspect them, fit routers, run experiments."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_import(a):
+    from . import importers
+
+    if a.format == "routerbench":
+        table = importers.read_routerbench(a.paths, split=a.split, missing=a.missing)
+    elif a.format == "routerdc":
+        table = importers.read_routerdc(a.paths, missing=a.missing)
+    else:
+        table = importers.load_routerbench_hf(filename=a.paths[0] if a.paths else "routerbench_0shot.pkl",
+                                              missing=a.missing)
+    out = table.write(a.out)
+    print(f"{table} -> {out}\n{table.report}")
+
+
+def _cmd_info(a):
+    import pandas as pd
+
+    from .table import RoutingTable
+
+    table = RoutingTable.read(a.table, missing=a.missing)
+    print(table)
+    print(table.report)
+    with pd.option_context("display.width", 200, "display.max_columns", 40, "display.precision", 4):
+        print(table.summary())
+
+
+def _cmd_fit(a):
+    from .embed import SentenceEncoder
+    from .routers import KMeansRouter, KNNRouter
+    from .table import RoutingTable
+
+    table = RoutingTable.read(a.table)
+    acc, cost = table.matrices()
+    enc = SentenceEncoder(a.encoder)
+    X = enc.encode(table.prompts)
+    if a.router == "knn":
+        r = KNNRouter(k=a.k, weighting=a.weighting, inv_tau=a.inv_tau)
+    else:
+        r = KMeansRouter(n_clusters=a.clusters, weighting=a.weighting, inv_tau=a.inv_tau)
+    r.fit(X, acc, cost, models=table.models, encoder_id=enc.id).save(a.out)
+    print(f"fitted {r!r} on {table} -> {a.out}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="proxray", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    imp = sub.add_parser("import", help="import a public routing-data format into the canonical table")
+    imp.add_argument("format", choices=["routerbench", "routerdc", "hf"])
+    imp.add_argument("paths", nargs="*", help="input files (hf: the file in withmartian/routerbench)")
+    imp.add_argument("--out", required=True, help="output table (.parquet, .csv or .jsonl)")
+    imp.add_argument("--split", default=None, help="split for every row (default: from each file name)")
+    imp.add_argument("--missing", choices=["drop", "error"], default="drop",
+                     help="queries lacking some models: drop them (reported) or fail")
+    imp.set_defaults(func=_cmd_import)
+
+    info = sub.add_parser("info", help="validate a routing table and print its model × task summary")
+    info.add_argument("table")
+    info.add_argument("--missing", choices=["drop", "error"], default="drop")
+    info.set_defaults(func=_cmd_info)
+
+    fit = sub.add_parser("fit", help="fit a router on a table and save the artifact")
+    fit.add_argument("--table", required=True)
+    fit.add_argument("--router", choices=["knn", "km"], default="knn")
+    fit.add_argument("--weighting", choices=["base", "prox"], default="prox")
+    fit.add_argument("--k", type=int, default=100)
+    fit.add_argument("--clusters", type=int, default=32)
+    fit.add_argument("--inv-tau", type=float, default=20.0)
+    fit.add_argument("--encoder", default=None, help="sentence-transformers name or path (default: shipped MiniLM)")
+    fit.add_argument("--out", required=True, help="artifact folder")
+    fit.set_defaults(func=_cmd_fit)
+
+    from .experiments import add_eval_parser  # light: heavy imports happen inside the command
+
+    add_eval_parser(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"proxray {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,392 @@
+"""ProxRouter: one nonparametric estimator over two reference sets (paper §2.2, §3).
+
+    U_hat_m(x) = Σ_i w_i(x) V_i,m        w = proximity_weights(phi(x), inv_tau, prior)
+
+* ``KNNRouter``: the reference set is the k nearest training queries (r_i = x_i, V_i = their
+  observed accuracy / cost, uniform prior).
+* ``KMeansRouter``: the reference set is K clusters (r_i = centroid, V_i = cluster means,
+  prior p_i ∝ n_i / s_i with s_i the mean member distance to the centroid).
+
+``weighting="base"`` is the classic router (KMeans: nearest cluster only, kNN: uniform over the k);
+``weighting="prox"`` tilts the prior by exp(-phi / tau). Accuracy and cost are estimated separately,
+so λ is chosen per call (``route(X, lam)``) without refitting.
+
+Both follow the scikit-learn contract: ``__init__`` stores hyperparameters, ``fit`` returns self,
+learned state ends in ``_``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import BaseEstimator
+
+from .index import NeighborIndex, as_matrix, check_metric, pairwise_distance, prepare
+from .weights import proximity_weights, resolve_inv_tau
+
+WEIGHTINGS = ("base", "prox")
+
+
+def choose(acc_hat, cost_hat, lam=0.0, allowed=None) -> np.ndarray:
+    """argmax_m acc_hat - lam * cost_hat per row; ties go to the cheaper model, then the lower index.
+
+    acc_hat, cost_hat: (q, M). lam: float or (q,). allowed: None, (M,) or (q, M) boolean mask of
+    models that may be chosen. Returns (q,) int64 model indices.
+    """
+    acc_hat = np.asarray(acc_hat, dtype=np.float64)
+    cost_hat = np.asarray(cost_hat, dtype=np.float64)
+    lam = np.asarray(lam, dtype=np.float64)
+    if lam.ndim == 1:
+        if len(lam) != len(acc_hat):
+            raise ValueError(f"lam has {len(lam)} values for {len(acc_hat)} queries")
+        lam = lam[:, None]
+    elif lam.ndim != 0:
+        raise ValueError(f"lam must be a float or shape (q,), got shape {lam.shape}")
+    if (lam < 0).any() or np.isnan(lam).any():
+        raise ValueError("lam must be >= 0")
+    u = acc_hat - lam * cost_hat
+    if allowed is not None:
+        allowed = np.broadcast_to(np.asarray(allowed, dtype=bool), u.shape)
+        if not allowed.any(axis=1).all():
+            raise ValueError("allowed excludes every model for some query")
+        u = np.where(allowed, u, -np.inf)
+    best = u.max(axis=1, keepdims=True)
+    tied = u >= best - 1e-12 * np.maximum(1.0, np.abs(best))
+    return np.argmin(np.where(tied, cost_hat, np.inf), axis=1).astype(np.int64)
+
+
+def check_targets(acc, cost, n: int | None = None):
+    """Validate (acc, cost) training targets: (n, M) in [0, 1] and (n, M) >= 0 or None."""
+    acc = np.asarray(acc, dtype=np.float64)
+    if acc.ndim != 2:
+        raise ValueError(f"acc must have shape (n, M), got shape {acc.shape}")
+    if n is not None and acc.shape[0] != n:
+        raise ValueError(f"acc has {acc.shape[0]} rows for {n} embeddings")
+    if not (np.isfinite(acc).all() and (acc >= 0).all() and (acc <= 1).all()):
+        raise ValueError("acc must be finite values in [0, 1]")
+    if cost is None:
+        return acc, None
+    cost = np.asarray(cost, dtype=np.float64)
+    if cost.shape != acc.shape:
+        raise ValueError(f"cost shape {cost.shape} differs from acc shape {acc.shape}")
+    if not (np.isfinite(cost).all() and (cost >= 0).all()):
+        raise ValueError("cost must be finite values >= 0")
+    return acc, cost
+
+
+class RouterMixin:
+    """``route`` and ``utility`` for anything with ``estimate(X) -> (acc_hat, cost_hat)``."""
+
+    def route(self, X, lam=0.0, allowed=None) -> np.ndarray:
+        """Chosen model index per query (q,), maximizing acc_hat - lam * cost_hat."""
+        acc_hat, cost_hat = self.estimate(X)
+        return choose(acc_hat, cost_hat, lam, allowed)
+
+    def utility(self, X, lam=0.0) -> np.ndarray:
+        """Estimated objective U_hat (q, M) = acc_hat - lam * cost_hat."""
+        acc_hat, cost_hat = self.estimate(X)
+        return acc_hat - np.asarray(lam, dtype=np.float64).reshape(-1, 1) * cost_hat
+
+    def _check_models(self, models, n_models):
+        models = [f"model_{j}" for j in range(n_models)] if models is None else [str(m) for m in models]
+        if len(models) != n_models:
+            raise ValueError(f"models names {len(models)} entries for {n_models} accuracy columns")
+        if len(set(models)) != len(models):
+            raise ValueError("models contains duplicate names")
+        return models
+
+    # Artifacts: arrays + a versioned, checksummed manifest (see proxray.artifact).
+    def save(self, path) -> None:
+        from .artifact import save_router
+
+        save_router(self, path)
+
+    @classmethod
+    def load(cls, path, encoder_id: str | None = None):
+        from .artifact import load_router
+
+        return load_router(path, expected_class=cls, encoder_id=encoder_id)
+
+
+class _ProxRouter(RouterMixin, BaseEstimator):
+    """Shared machinery: hyperparameter checks, targets, estimate = weights @ values."""
+
+    def _init_common(self, X, acc, cost, models, encoder_id):
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting={self.weighting!r}: allowed values are {', '.join(WEIGHTINGS)}")
+        check_metric(self.metric)
+        X = as_matrix(X)
+        acc, cost = check_targets(acc, cost, n=len(X))
+        if len(X) == 0:
+            raise ValueError("cannot fit on an empty training set")
+        self.has_cost_ = cost is not None
+        self.models_ = self._check_models(models, acc.shape[1])
+        self.encoder_id_ = encoder_id
+        self.dim_ = X.shape[1]
+        self.inv_tau_ = self._effective_inv_tau()
+        return X, acc, np.zeros_like(acc) if cost is None else cost
+
+    def _check_fitted(self):
+        if not hasattr(self, "models_"):
+            raise RuntimeError(f"{type(self).__name__} is not fitted: call fit(X, acc, cost) first")
+
+    def weights(self, X):
+        """Weights over the reference set: (w (q, n_ref), ref_index (q, n_ref) or None)."""
+        self._check_fitted()
+        phi, ref, prior = self._phi(prepare(as_matrix(X, dim=self.dim_), self.metric))
+        return proximity_weights(phi, self.inv_tau_, prior), ref
+
+    def estimate(self, X):
+        """Estimated accuracy and cost of every model: (acc_hat (q, M), cost_hat (q, M))."""
+        w, ref = self.weights(X)
+        if ref is None:  # dense weights over all reference elements (clusters)
+            return w @ self.acc_values_, w @ self.cost_values_
+        ref = np.maximum(ref, 0)  # absent neighbours (-1) carry weight 0; any row is fine to gather
+        return (np.einsum("qk,qkm->qm", w, self.acc_values_[ref]),
+                np.einsum("qk,qkm->qm", w, self.cost_values_[ref]))
+
+    def outlier_score(self, X) -> np.ndarray:
+        """Distance (q,) from each query to its nearest reference element (0 = seen before)."""
+        self._check_fitted()
+        phi, _, _ = self._phi(prepare(as_matrix(X, dim=self.dim_), self.metric))
+        return phi.min(axis=1)
+
+    def _check_new_targets(self, acc, cost):
+        if acc.shape[1] != len(self.models_):
+            raise ValueError(f"acc has {acc.shape[1]} model columns, the router has {len(self.models_)}")
+        if self.has_cost_ and cost is None:
+            raise ValueError("this router was fitted with costs: new queries need costs too")
+
+    def add_model(self, name: str, acc, cost=None):
+        """Add a model column without refitting: acc/cost (n_train,) over the training queries in
+        the order they were given to ``fit`` and ``add_queries``."""
+        self._check_fitted()
+        if str(name) in self.models_:
+            raise ValueError(f"model {name!r} is already in the router")
+        n = self.n_train_
+        acc, cost = check_targets(np.asarray(acc, dtype=np.float64).reshape(-1, 1),
+                                  None if cost is None else np.asarray(cost, dtype=np.float64).reshape(-1, 1), n=n)
+        if self.has_cost_ and cost is None:
+            raise ValueError("this router was fitted with costs: add_model needs the new model's cost too")
+        self._append_model_column(acc, np.zeros_like(acc) if cost is None else cost)
+        self.models_ = self.models_ + [str(name)]
+        return self
+
+
+class KNNRouter(_ProxRouter):
+    """k-nearest-neighbour router: reference set = the k nearest training queries.
+
+    Parameters
+    ----------
+    k : int, neighbours (clipped to the training-set size).
+    weighting : "base" (uniform over the k) | "prox" (uniform prior tilted by exp(-phi/tau)).
+    inv_tau, tau : temperature of the tilt, as 1/tau (default 20, the paper's) or tau.
+    metric : "cosine" | "euclidean".
+    index : "flat" (exact) | "ivf" | "hnsw" (approximate, for large reference sets).
+    nprobe, hnsw_m, ef_search : approximate-index knobs.
+
+    Learned: ``acc_values_``, ``cost_values_`` (n_train, M), ``models_``, ``k_``, ``inv_tau_``,
+    ``index_`` (faiss), ``reference_`` (n_train, d) prepared embeddings.
+    """
+
+    def __init__(self, k=100, weighting="prox", inv_tau=20.0, tau=None, metric="cosine", index="flat",
+                 nprobe=16, hnsw_m=32, ef_search=128):
+        self.k = k
+        self.weighting = weighting
+        self.inv_tau = inv_tau
+        self.tau = tau
+        self.metric = metric
+        self.index = index
+        self.nprobe = nprobe
+        self.hnsw_m = hnsw_m
+        self.ef_search = ef_search
+
+    def _effective_inv_tau(self):
+        # Base kNN = tau -> inf: the uniform prior over the k neighbours.
+        return 0.0 if self.weighting == "base" else resolve_inv_tau(self.inv_tau, self.tau)
+
+    def fit(self, X, acc, cost=None, models=None, encoder_id=None):
+        """X (n, d) embeddings, acc (n, M) in [0, 1], cost (n, M) >= 0 or None, models M names."""
+        if int(self.k) < 1:
+            raise ValueError(f"k={self.k!r}: must be >= 1")
+        X, acc, cost = self._init_common(X, acc, cost, models, encoder_id)
+        self.acc_values_, self.cost_values_ = acc, cost
+        self.reference_ = prepare(X, self.metric)
+        self._build_index()
+        return self
+
+    def _build_index(self):
+        self.index_ = NeighborIndex(self.dim_, self.metric, self.index, self.nprobe, self.hnsw_m, self.ef_search)
+        self.index_.add(self.reference_)
+
+    @property
+    def n_train_(self):
+        return len(self.acc_values_)
+
+    @property
+    def k_(self):
+        return min(int(self.k), self.n_train_)
+
+    def _phi(self, Xq):
+        dist, idx = self.index_.search(Xq, self.k_)
+        return dist, idx, None  # uniform prior over the k neighbours
+
+    def add_queries(self, X, acc, cost=None):
+        """Add labeled training queries without refitting (an index add)."""
+        self._check_fitted()
+        X = as_matrix(X, dim=self.dim_)
+        acc, cost = check_targets(acc, cost, n=len(X))
+        self._check_new_targets(acc, cost)
+        R = prepare(X, self.metric)
+        self.acc_values_ = np.vstack([self.acc_values_, acc])
+        self.cost_values_ = np.vstack([self.cost_values_, np.zeros_like(acc) if cost is None else cost])
+        self.reference_ = np.vstack([self.reference_, R])
+        self.index_.add(R)
+        return self
+
+    def _append_model_column(self, acc, cost):
+        self.acc_values_ = np.hstack([self.acc_values_, acc])
+        self.cost_values_ = np.hstack([self.cost_values_, cost])
+
+    # State for artifacts: plain arrays only.
+    def _state(self):
+        return {"reference": self.reference_, "acc_values": self.acc_values_, "cost_values": self.cost_values_}
+
+    def _set_state(self, arrays, meta):
+        self.reference_ = arrays["reference"]
+        self.acc_values_, self.cost_values_ = arrays["acc_values"], arrays["cost_values"]
+        self.dim_ = self.reference_.shape[1]
+        self._build_index()
+
+
+class KMeansRouter(_ProxRouter):
+    """KMeans router: reference set = K clusters of the training queries.
+
+    Parameters
+    ----------
+    n_clusters : K.
+    weighting : "base" (nearest cluster only) | "prox" (prior tilted by exp(-phi/tau) over all K).
+    inv_tau, tau : temperature of the tilt (default 1/tau = 20, the paper's).
+    metric : "cosine" | "euclidean" (distance of queries to centroids, and of members for s_i).
+    prior : "spread" (p_i ∝ n_i / s_i, the paper's least-variance prior) | "size" (∝ n_i) | "uniform".
+    random_state, n_init : KMeans seeding.
+
+    Learned: ``centers_`` (K, d) prepared centroids, ``sizes_`` n_i (K,), ``spreads_`` s_i (K,),
+    ``acc_values_``, ``cost_values_`` (K, M) cluster means, ``labels_`` (n_train,) cluster of each
+    training query, ``prior_`` (K,), ``models_``, ``inv_tau_``.
+    """
+
+    PRIORS = ("spread", "size", "uniform")
+
+    def __init__(self, n_clusters=32, weighting="prox", inv_tau=20.0, tau=None, metric="cosine", prior="spread",
+                 random_state=42, n_init=3):
+        self.n_clusters = n_clusters
+        self.weighting = weighting
+        self.inv_tau = inv_tau
+        self.tau = tau
+        self.metric = metric
+        self.prior = prior
+        self.random_state = random_state
+        self.n_init = n_init
+
+    def _effective_inv_tau(self):
+        # Base KMeans = tau -> 0: nearest cluster only.
+        return np.inf if self.weighting == "base" else resolve_inv_tau(self.inv_tau, self.tau)
+
+    def fit(self, X, acc, cost=None, models=None, encoder_id=None):
+        """X (n, d) embeddings, acc (n, M) in [0, 1], cost (n, M) >= 0 or None, models M names."""
+        from sklearn.cluster import KMeans
+
+        if self.prior not in self.PRIORS:
+            raise ValueError(f"prior={self.prior!r}: allowed values are {', '.join(self.PRIORS)}")
+        X, acc, cost = self._init_common(X, acc, cost, models, encoder_id)
+        K = int(self.n_clusters)
+        if not 1 <= K <= len(X):
+            raise ValueError(f"n_clusters={self.n_clusters!r}: must be between 1 and the {len(X)} training queries")
+        R = prepare(X, self.metric)
+        km = KMeans(n_clusters=K, random_state=self.random_state, n_init=self.n_init).fit(R)
+        self.centers_ = prepare(km.cluster_centers_.astype(np.float32), self.metric)
+        self._assign_fit(R, km.labels_.astype(np.int64), acc, cost)
+        return self
+
+    def _assign_fit(self, R, labels, acc, cost):
+        """Cluster statistics from an assignment: n_i, s_i, V_i (cluster means)."""
+        K = len(self.centers_)
+        self.labels_ = labels
+        self.sizes_ = np.bincount(labels, minlength=K).astype(np.float64)
+        dist = self._member_distance(R, labels)
+        self.spreads_ = np.bincount(labels, weights=dist, minlength=K) / np.maximum(self.sizes_, 1)
+        n = np.maximum(self.sizes_, 1)[:, None]
+        self.acc_values_ = np.stack([np.bincount(labels, weights=acc[:, m], minlength=K) for m in range(acc.shape[1])], 1) / n
+        self.cost_values_ = np.stack([np.bincount(labels, weights=cost[:, m], minlength=K) for m in range(cost.shape[1])], 1) / n
+
+    def _member_distance(self, R, labels):
+        return pairwise_distance(R, self.centers_, self.metric)[np.arange(len(R)), labels]
+
+    @property
+    def n_train_(self):
+        return len(self.labels_)
+
+    @property
+    def prior_(self):
+        """p_i over the K clusters, normalized; empty clusters get 0.
+
+        s_i = 0 happens for a one-member cluster (or identical members): its spread is floored at
+        the smallest positive spread, so the prior stays finite and still favours compact clusters.
+        """
+        n = self.sizes_
+        if self.prior == "uniform":
+            p = (n > 0).astype(np.float64)
+        elif self.prior == "size":
+            p = n.copy()
+        else:
+            s = self.spreads_
+            positive = s[(n > 0) & (s > 0)]
+            floor = positive.min() if len(positive) else 1.0
+            p = np.where(n > 0, n / np.maximum(s, floor), 0.0)
+        return p / p.sum()
+
+    def _phi(self, Xq):
+        return pairwise_distance(Xq, self.centers_, self.metric), None, self.prior_
+
+    def add_queries(self, X, acc, cost=None):
+        """Add labeled queries without refitting: each joins its nearest cluster and updates n_i, s_i
+        and V_i as running means. Centroids stay fixed, so s_i stays a mean distance to r_i."""
+        self._check_fitted()
+        X = as_matrix(X, dim=self.dim_)
+        acc, cost = check_targets(acc, cost, n=len(X))
+        self._check_new_targets(acc, cost)
+        cost = np.zeros_like(acc) if cost is None else cost
+        R = prepare(X, self.metric)
+        labels = np.argmin(pairwise_distance(R, self.centers_, self.metric), axis=1)
+        K = len(self.centers_)
+        add_n = np.bincount(labels, minlength=K).astype(np.float64)
+        new_n = self.sizes_ + add_n
+        denom = np.maximum(new_n, 1)
+        add_s = np.bincount(labels, weights=self._member_distance(R, labels), minlength=K)
+        self.spreads_ = (self.spreads_ * self.sizes_ + add_s) / denom
+
+        def running_mean(values, new):
+            sums = np.stack([np.bincount(labels, weights=new[:, m], minlength=K) for m in range(new.shape[1])], 1)
+            return (values * self.sizes_[:, None] + sums) / denom[:, None]
+
+        self.acc_values_ = running_mean(self.acc_values_, acc)
+        self.cost_values_ = running_mean(self.cost_values_, cost)
+        self.sizes_ = new_n
+        self.labels_ = np.concatenate([self.labels_, labels])
+        return self
+
+    def _append_model_column(self, acc, cost):
+        K = len(self.centers_)
+        n = np.maximum(self.sizes_, 1)
+        col = lambda v: (np.bincount(self.labels_, weights=v[:, 0], minlength=K) / n)[:, None]  # noqa: E731
+        self.acc_values_ = np.hstack([self.acc_values_, col(acc)])
+        self.cost_values_ = np.hstack([self.cost_values_, col(cost)])
+
+    def _state(self):
+        return {"centers": self.centers_, "sizes": self.sizes_, "spreads": self.spreads_, "labels": self.labels_,
+                "acc_values": self.acc_values_, "cost_values": self.cost_values_}
+
+    def _set_state(self, arrays, meta):
+        self.centers_, self.sizes_, self.spreads_ = arrays["centers"], arrays["sizes"], arrays["spreads"]
+        self.labels_ = arrays["labels"]
+        self.acc_values_, self.cost_values_ = arrays["acc_values"], arrays["cost_values"]
+        self.dim_ = self.centers_.shape[1]

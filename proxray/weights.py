@@ -1,0 +1,116 @@
+"""The ProxRouter weight formula, in one place (paper eq. 4 and appendix D).
+
+    w_i(x) = p_i · exp(-phi_i(x) · inv_tau) / Σ_j p_j · exp(-phi_j(x) · inv_tau)
+
+Every router in proxray (KMeans and kNN, Base and Prox) computes its weights here; there is no
+other kernel. Base routers are the two limits of the same formula:
+
+* ``inv_tau = inf`` (tau → 0): all weight on the nearest reference element(s) — the classic
+  nearest-cluster KMeans router. Ties share the weight in proportion to the prior, which is the
+  exact limit of the formula.
+* ``inv_tau = 0`` (tau → ∞): the weights are the prior — with a uniform prior over the k nearest
+  neighbours, the classic uniform kNN router.
+
+Conventions the callers rely on:
+
+* ``phi = +inf`` marks a reference element that is absent (e.g. faiss returned fewer than k
+  neighbours); it gets weight 0 for every ``inv_tau``, including 0 (where ``0 · inf`` would be NaN).
+* ``prior = 0`` likewise excludes an element.
+* A zero distance is an ordinary value here (``exp(0) = 1``): unlike 1/d weighting there is no
+  singularity, so an exact duplicate of a training query simply gets the largest weight.
+* NaN distances or priors, negative priors, or a row with nothing left to weigh are errors.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["proximity_weights", "resolve_inv_tau", "effective_sample_size"]
+
+
+def resolve_inv_tau(inv_tau=20.0, tau=None) -> float:
+    """Return 1/tau as a float in [0, inf], from either spelling of the temperature.
+
+    ``tau=0`` means inv_tau = inf (hard nearest), ``tau=inf`` means inv_tau = 0 (the prior).
+    """
+    if tau is not None:
+        tau = float(tau)
+        if not tau >= 0:
+            raise ValueError(f"tau={tau!r}: must be >= 0 (0 = hard nearest, inf = plain prior average)")
+        return np.inf if tau == 0 else 1.0 / tau
+    if isinstance(inv_tau, str):
+        raise ValueError(f"inv_tau={inv_tau!r}: a number >= 0 is required here ('auto' is resolved by "
+                         "proxray.tuning before fitting)")
+    inv_tau = float(inv_tau)
+    if not inv_tau >= 0:
+        raise ValueError(f"inv_tau={inv_tau!r}: must be a number >= 0 (0 = plain prior average, inf = hard nearest)")
+    return inv_tau
+
+
+def proximity_weights(phi, inv_tau, prior=None) -> np.ndarray:
+    """Proximity-tilted weights over a reference set.
+
+    Parameters
+    ----------
+    phi : array (q, n)
+        Proximity penalty of each of n reference elements for each of q queries (a distance).
+        ``+inf`` marks an absent element.
+    inv_tau : float in [0, inf]
+        1/tau. ``inf`` gives the hard nearest-element limit, ``0`` gives the prior.
+    prior : None, array (n,) or (q, n)
+        Non-negative prior weights p_i (need not be normalized). None means uniform.
+
+    Returns
+    -------
+    weights : array (q, n), float64, non-negative, each row summing to 1.
+    """
+    phi = np.asarray(phi, dtype=np.float64)
+    if phi.ndim != 2:
+        raise ValueError(f"phi must have shape (q, n), got shape {phi.shape}")
+    if np.isnan(phi).any():
+        r, c = np.argwhere(np.isnan(phi))[0]
+        raise ValueError(f"phi[{r}, {c}] is NaN: distances must be numbers (+inf marks an absent element)")
+    inv_tau = float(inv_tau)
+    if not inv_tau >= 0:
+        raise ValueError(f"inv_tau={inv_tau!r}: must be >= 0")
+
+    if prior is None:
+        log_prior = np.zeros_like(phi)
+    else:
+        prior = np.asarray(prior, dtype=np.float64)
+        if prior.ndim == 1:
+            prior = prior[None, :]
+        if prior.shape[-1] != phi.shape[1] or prior.shape[0] not in (1, phi.shape[0]):
+            raise ValueError(f"prior shape {prior.shape} does not match phi shape {phi.shape}")
+        if np.isnan(prior).any() or (prior < 0).any():
+            raise ValueError("prior must be non-negative numbers (0 excludes an element)")
+        with np.errstate(divide="ignore"):
+            log_prior = np.broadcast_to(np.log(prior), phi.shape)
+
+    present = np.isfinite(phi) & np.isfinite(log_prior)
+    empty = ~present.any(axis=1)
+    if empty.any():
+        raise ValueError(f"query row {int(np.argmax(empty))} has no reference element with finite distance "
+                         "and positive prior to weigh")
+
+    if np.isinf(inv_tau):
+        # tau -> 0: only the nearest present elements survive; among ties the prior decides.
+        masked = np.where(present, phi, np.inf)
+        nearest = masked == masked.min(axis=1, keepdims=True)
+        logits = np.where(nearest, log_prior, -np.inf)
+    else:
+        # 0 * phi stays 0 for finite phi; absent elements are masked explicitly, never via 0 * inf.
+        logits = np.where(present, log_prior - inv_tau * np.where(present, phi, 0.0), -np.inf)
+
+    logits = logits - logits.max(axis=1, keepdims=True)  # log-sum-exp shift: the max becomes exp(0) = 1
+    w = np.exp(logits)
+    w /= w.sum(axis=1, keepdims=True)
+    return w
+
+
+def effective_sample_size(weights) -> np.ndarray:
+    """Kish effective sample size 1 / Σ_i w_i² of each row of normalized weights (q, n) -> (q,).
+
+    Equals n for uniform weights over n elements and 1 for a hard assignment (paper appendix F).
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    return 1.0 / np.square(w).sum(axis=1)

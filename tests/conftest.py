@@ -1,0 +1,50 @@
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# Offline and local-only, for every test and every process the tests start.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    assert SHARED_DATA.is_dir(), f"{SHARED_DATA} is missing: tests need ../shared/data beside the repo"
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory):
+    os.environ["PROXRAY_CACHE"] = str(tmp_path_factory.mktemp("proxray-cache"))
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    from proxray import SentenceEncoder
+
+    return SentenceEncoder()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(42)
+
+
+def blobs(rng, n_per=60, centers=4, dim=16, spread=0.05, models=3):
+    """Clustered unit vectors whose best model depends on the cluster: (X, acc, cost, labels)."""
+    C = rng.normal(size=(centers, dim))
+    C /= np.linalg.norm(C, axis=1, keepdims=True)
+    labels = np.repeat(np.arange(centers), n_per)
+    X = C[labels] + spread * rng.normal(size=(len(labels), dim))
+    X = (X / np.linalg.norm(X, axis=1, keepdims=True)).astype(np.float32)
+    skill = rng.uniform(0.1, 0.9, size=(centers, models))
+    acc = (rng.uniform(size=(len(labels), models)) < skill[labels]).astype(float)
+    cost = np.tile(np.linspace(1.0, 3.0, models), (len(labels), 1)) * rng.uniform(0.9, 1.1, size=(len(labels), models))
+    return X, acc, cost, labels

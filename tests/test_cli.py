@@ -1,0 +1,37 @@
+import json
+
+import numpy as np
+import pandas as pd
+
+from proxray import KNNRouter, RoutingTable
+from proxray.cli import main
+
+
+def test_import_routerdc_and_info(tmp_path, shared_data, capsys):
+    files = [str(p) for p in sorted((shared_data / "raw" / "routerdc7").glob("humaneval*.json"))]
+    out = tmp_path / "he.parquet"
+    assert main(["import", "routerdc", *files, "--out", str(out)]) == 0
+    t = RoutingTable.read(out)
+    assert t.n_queries == 164 and len(t.models) == 7 and set(t.splits) == {"train", "test"}
+    assert main(["info", str(out)]) == 0
+    assert "accuracy_%" in capsys.readouterr().out
+
+
+def test_import_error_is_reported_not_raised(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    pd.DataFrame({"query_id": ["a"], "task": ["t"], "prompt": ["p"], "model": ["m"], "correct": [3.0]}).to_csv(bad, index=False)
+    assert main(["info", str(bad)]) == 2
+    assert "column 'correct': outside [0, 1] at row 0 (3.0)" in capsys.readouterr().err
+
+
+def test_fit_writes_a_loadable_artifact(tmp_path, shared_data):
+    t = RoutingTable.read(shared_data / "routerbench_slice.parquet")
+    small = t.subset(t.query_ids[::40])
+    small.write(tmp_path / "small.parquet")
+    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "knn", "--k", "10",
+                 "--out", str(tmp_path / "art")]) == 0
+    r = KNNRouter.load(tmp_path / "art", encoder_id="sentence-transformers/all-MiniLM-L6-v2")
+    assert r.n_train_ == small.n_queries and r.models_ == small.models
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert manifest["dim"] == 384 and manifest["params"]["k"] == 10
+    assert np.isfinite(r.estimate(np.ones((1, 384), np.float32))[0]).all()

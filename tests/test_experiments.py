@@ -1,0 +1,108 @@
+import json
+
+import numpy as np
+import pytest
+
+from proxray.cli import main
+from proxray.experiments import evaluate, protocol_split
+from proxray.synthetic import make_table
+from proxray.tuning import GRID, auto_inv_tau
+
+
+@pytest.fixture(scope="module")
+def synth(encoder):
+    t = make_table(60, seed=0)
+    acc, cost = t.matrices()
+    return t, encoder.encode(t.prompts), acc, cost
+
+
+def test_leave_task_out_split():
+    tasks = np.repeat(["a", "b", "c"], 50)
+    sp = protocol_split(tasks, ["c"], "leave-task-out", seed=42)
+    assert not (set(sp.base_train) & set(sp.test))
+    assert set(tasks[sp.base_train]) == {"a", "b"}
+    assert len(sp.base_train) == 60 and len(sp.allsee_train) == 90 and len(sp.test) == 60
+    assert not (set(sp.allsee_train) & set(sp.test))  # AllSee never saw a test query
+    assert (tasks[sp.test][sp.test_outlier] == "c").all() and (tasks[sp.test][~sp.test_outlier] != "c").all()
+    again = protocol_split(tasks, ["c"], "leave-task-out", seed=42)
+    np.testing.assert_array_equal(sp.test, again.test)
+    assert not np.array_equal(protocol_split(tasks, ["c"], "leave-task-out", seed=7).test, sp.test)
+
+
+def test_few_shot_split():
+    tasks = np.repeat(["a", "b", "c"], 50)
+    sp = protocol_split(tasks, ["c"], "few-shot-outlier", seed=42, few_shot=5)
+    shots = sp.base_train[tasks[sp.base_train] == "c"]
+    assert len(shots) == 5 and set(shots) <= set(sp.allsee_train) and not (set(shots) & set(sp.test))
+
+
+def test_split_errors():
+    tasks = np.repeat(["a", "b"], 5)
+    with pytest.raises(ValueError, match=r"outlier task\(s\) \['z'\] are not in the table"):
+        protocol_split(tasks, ["z"], "leave-task-out", 1)
+    with pytest.raises(ValueError, match="at least one inlier"):
+        protocol_split(tasks, ["a", "b"], "leave-task-out", 1)
+    with pytest.raises(ValueError, match="protocol='x'"):
+        protocol_split(tasks, ["a"], "x", 1)
+
+
+def test_auto_tau_uses_training_data_only(synth):
+    t, X, acc, cost = synth
+    sp = protocol_split(t.tasks, ["medqa"], "leave-task-out", seed=42)
+    hp = {"n_clusters": 16, "random_state": 42}
+    tr = sp.base_train
+    chosen, scores = auto_inv_tau(X[tr], acc[tr], cost[tr], t.tasks[tr], "km", hp)
+    assert chosen in GRID and set(scores) == set(GRID)
+    # scrambling everything outside the training set cannot change the choice
+    acc2 = acc.copy()
+    acc2[sp.test] = 1 - acc2[sp.test]
+    assert auto_inv_tau(X[tr], acc2[tr], cost[tr], t.tasks[tr], "km", hp)[0] == chosen
+    # and the CV scores really depend on tau (the choice is not a constant)
+    assert max(scores.values()) - min(scores.values()) > 0.5
+
+
+def test_evaluate_shape_and_prox_helps_outliers(synth):
+    t, X, acc, cost = synth
+    res = evaluate(X, acc, cost, t.tasks, router="knn", protocol="few-shot-outlier", outliers=["gsm8k", "svamp"],
+                   seeds=(42, 7), few_shot=10, k=50, inv_tau=20.0)
+    assert set(res["splits"]) == {"outlier", "inlier", "overall"}
+    for sp in res["splits"].values():
+        assert set(sp) == {"base", "prox", "allsee", "random", "largest", "oracle"}
+        assert all(0 <= v <= 100 for v in sp.values())
+        assert sp["oracle"] >= max(sp["base"], sp["prox"], sp["allsee"], sp["random"])
+    assert res["splits"]["outlier"]["prox"] > res["splits"]["outlier"]["base"]
+
+
+def test_accuracy_only_tables(synth):
+    t, X, acc, _ = synth
+    res = evaluate(X, acc, None, t.tasks, router="km", outliers=["medqa"], seeds=(42,), n_clusters=8, inv_tau=20.0)
+    assert res["metric"] == "accuracy"
+    s = res["splits"]["overall"]
+    assert s["random"] < s["base"] <= s["oracle"]
+
+
+@pytest.mark.slow
+def test_eval_command_json_and_plots(tmp_path, capsys):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    assert main(["eval", "--n-per-task", "40", "--seeds", "42,7", "--clusters", "8",
+                 "--json", str(out), "--plot", str(png)]) == 0
+    printed = capsys.readouterr().out
+    assert "KM-Prox" in printed and "outlier" in printed
+    res = json.loads(out.read_text())
+    assert set(res) >= {"router", "protocol", "outliers", "inv_tau", "splits", "std"}
+    assert res["outliers"] == ["hellaswag", "medqa"] and len(res["inv_tau"]) == 2
+    assert png.stat().st_size > 10_000
+    sweep_png = tmp_path / "s.png"
+    assert main(["eval", "--n-per-task", "40", "--seeds", "42", "--clusters", "8", "--sweep", "inv-tau=0,20,inf",
+                 "--plot", str(sweep_png), "--json", str(tmp_path / "s.json")]) == 0
+    rows = json.loads((tmp_path / "s.json").read_text())["rows"]
+    assert [r["value"] for r in rows] == [0.0, 20.0, "inf"]
+    # 1/tau = inf is the hard router: KM-Prox equals KM-Base there
+    assert rows[2]["splits"]["overall"]["prox"] == pytest.approx(rows[2]["splits"]["overall"]["base"])
+    assert sweep_png.stat().st_size > 10_000
+
+
+def test_eval_needs_outliers_with_a_table(tmp_path, capsys):
+    make_table(5).write(tmp_path / "t.parquet")
+    assert main(["eval", "--table", str(tmp_path / "t.parquet")]) == 2
+    assert "--outliers is required" in capsys.readouterr().err

@@ -1,0 +1,231 @@
+import numpy as np
+import pytest
+
+from conftest import blobs
+from proxray import ArtifactError, KMeansRouter, KNNRouter, choose
+from proxray.index import NeighborIndex, normalize, recall_at_k
+
+
+def split(rng, X, acc, cost, n_test=40):
+    idx = rng.permutation(len(X))
+    te, tr = idx[:n_test], idx[n_test:]
+    return X[tr], acc[tr], cost[tr], X[te], acc[te], cost[te]
+
+
+def test_kmeans_tau_to_zero_equals_hard_nearest_cluster(rng):
+    X, acc, cost, _ = blobs(rng)
+    base = KMeansRouter(n_clusters=6, weighting="base").fit(X, acc, cost)
+    prox0 = KMeansRouter(n_clusters=6, weighting="prox", tau=0).fit(X, acc, cost)
+    Xq = normalize(rng.normal(size=(30, X.shape[1])).astype(np.float32))
+    # the hard router by hand: the values of the nearest centroid
+    nearest = np.argmin(1 - Xq @ base.centers_.T, axis=1)
+    a, c = base.estimate(Xq)
+    np.testing.assert_allclose(a, base.acc_values_[nearest])
+    np.testing.assert_allclose(c, base.cost_values_[nearest])
+    np.testing.assert_allclose(prox0.estimate(Xq)[0], a)
+
+
+def test_knn_prox_tau_to_infinity_equals_uniform_knn(rng):
+    X, acc, cost, _ = blobs(rng)
+    Xtr, atr, ctr, Xq, _, _ = split(rng, X, acc, cost)
+    base = KNNRouter(k=15, weighting="base").fit(Xtr, atr, ctr)
+    prox_inf = KNNRouter(k=15, weighting="prox", tau=np.inf).fit(Xtr, atr, ctr)
+    # uniform kNN by hand
+    d = 1 - Xq @ Xtr.T
+    nn = np.argsort(d, axis=1)[:, :15]
+    np.testing.assert_allclose(base.estimate(Xq)[0], atr[nn].mean(1), atol=1e-12)
+    np.testing.assert_allclose(prox_inf.estimate(Xq)[0], atr[nn].mean(1), atol=1e-12)
+    np.testing.assert_allclose(prox_inf.estimate(Xq)[1], ctr[nn].mean(1), atol=1e-12)
+
+
+def test_knn_prox_by_hand(rng):
+    X, acc, cost, _ = blobs(rng)
+    Xtr, atr, ctr, Xq, _, _ = split(rng, X, acc, cost)
+    r = KNNRouter(k=10, inv_tau=20.0).fit(Xtr, atr, ctr)
+    d = 1 - Xq @ Xtr.T
+    nn = np.argsort(d, axis=1)[:, :10]
+    w = np.exp(-20 * np.take_along_axis(d, nn, 1))
+    w /= w.sum(1, keepdims=True)
+    np.testing.assert_allclose(r.estimate(Xq)[0], np.einsum("qk,qkm->qm", w, atr[nn]), atol=1e-6)
+
+
+def test_kmeans_one_cluster_per_point_uniform_prior_equals_knn_over_all(rng):
+    X, acc, cost, _ = blobs(rng, n_per=10, centers=3)
+    Xq = normalize(rng.normal(size=(25, X.shape[1])).astype(np.float32))
+    n = len(X)
+    km = KMeansRouter(n_clusters=n, prior="uniform", inv_tau=7.0).fit(X, acc, cost)
+    assert (km.sizes_ == 1).all()
+    knn = KNNRouter(k=n, inv_tau=7.0).fit(X, acc, cost)
+    for a, b in zip(km.estimate(Xq), knn.estimate(Xq)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_kmeans_prior_is_size_over_spread(rng):
+    X, acc, cost, _ = blobs(rng)
+    r = KMeansRouter(n_clusters=4).fit(X, acc, cost)
+    d = 1 - np.sum(normalize(X) * r.centers_[r.labels_], axis=1)
+    for i in range(4):
+        m = r.labels_ == i
+        assert r.sizes_[i] == m.sum()
+        assert r.spreads_[i] == pytest.approx(d[m].mean(), rel=1e-4)
+        np.testing.assert_allclose(r.acc_values_[i], acc[m].mean(0))
+    p = r.sizes_ / r.spreads_
+    np.testing.assert_allclose(r.prior_, p / p.sum())
+
+
+def test_prox_beats_base_on_far_queries_of_a_smooth_task(rng):
+    """Values vary smoothly along a direction; outlier queries sit beyond the training range.
+    Hard nearest-cluster routing extrapolates badly, the tilted average less so (the paper's claim)."""
+    d = 8
+    t = rng.uniform(-1, 1, 600)
+    X = np.zeros((600, d), np.float32)
+    X[:, 0], X[:, 1] = np.cos(t), np.sin(t)
+    X += 0.02 * rng.normal(size=X.shape).astype(np.float32)
+    p_good = 1 / (1 + np.exp(-4 * t))
+    acc = np.stack([(rng.uniform(size=600) < p_good), (rng.uniform(size=600) < 1 - p_good)], 1).astype(float)
+    base = KMeansRouter(n_clusters=16, weighting="base").fit(X, acc)
+    prox = KMeansRouter(n_clusters=16, weighting="prox", inv_tau=20).fit(X, acc)
+    tq = np.linspace(-1, 1, 200)
+    Xq = np.stack([np.cos(tq), np.sin(tq)] + [np.zeros(200)] * (d - 2), 1).astype(np.float32)
+    truth = np.stack([1 / (1 + np.exp(-4 * tq)), 1 / (1 + np.exp(4 * tq))], 1)
+    err_base = np.abs(base.estimate(Xq)[0] - truth).mean()
+    err_prox = np.abs(prox.estimate(Xq)[0] - truth).mean()
+    assert err_prox < err_base
+
+
+def test_route_lambda_scalar_array_and_allowed(rng):
+    X, acc, cost, _ = blobs(rng)
+    r = KNNRouter(k=20).fit(X, acc, cost)
+    a, c = r.estimate(X[:5])
+    np.testing.assert_array_equal(r.route(X[:5], lam=0.0), choose(a, c, 0.0))
+    lam = np.array([0.0, 0.0, 1e6, 1e6, 0.0])
+    ch = r.route(X[:5], lam=lam)
+    assert (ch[[2, 3]] == 0).all()  # model 0 is the cheapest: a huge λ picks it
+    only2 = np.array([False, False, True])
+    assert (r.route(X[:5], lam=0.0, allowed=only2) == 2).all()
+    with pytest.raises(ValueError, match="lam has 2 values"):
+        r.route(X[:5], lam=np.zeros(2))
+    with pytest.raises(ValueError, match=">= 0"):
+        r.route(X[:5], lam=-1.0)
+
+
+def test_choose_breaks_ties_by_cost():
+    acc = np.array([[0.5, 0.5, 0.4]])
+    cost = np.array([[2.0, 1.0, 0.1]])
+    assert choose(acc, cost, 0.0)[0] == 1
+
+
+def test_fit_validation_errors(rng):
+    X, acc, cost, _ = blobs(rng)
+    with pytest.raises(ValueError, match=r"acc must be finite values in \[0, 1\]"):
+        KNNRouter().fit(X, acc + 1, cost)
+    with pytest.raises(ValueError, match="cost must be finite values >= 0"):
+        KNNRouter().fit(X, acc, -cost)
+    with pytest.raises(ValueError, match="weighting='soft'"):
+        KNNRouter(weighting="soft").fit(X, acc, cost)
+    with pytest.raises(ValueError, match="metric='l1'"):
+        KMeansRouter(metric="l1").fit(X, acc, cost)
+    with pytest.raises(ValueError, match="n_clusters=1000"):
+        KMeansRouter(n_clusters=1000).fit(X, acc, cost)
+    with pytest.raises(ValueError, match="dimension 3"):
+        KNNRouter().fit(X, acc, cost).estimate(X[:, :3])
+    with pytest.raises(RuntimeError, match="not fitted"):
+        KNNRouter().estimate(X)
+
+
+def test_no_cost_tables(rng):
+    X, acc, _, _ = blobs(rng)
+    r = KMeansRouter(n_clusters=4).fit(X, acc)
+    a, c = r.estimate(X[:3])
+    assert not r.has_cost_ and (c == 0).all() and a.shape == (3, 3)
+
+
+@pytest.mark.parametrize("cls,kw", [(KNNRouter, {"k": 12}), (KMeansRouter, {"n_clusters": 4})])
+def test_add_queries_matches_refit(rng, cls, kw):
+    X, acc, cost, _ = blobs(rng)
+    Xq = X[:10]
+    r = cls(**kw).fit(X[:150], acc[:150], cost[:150])
+    r.add_queries(X[150:], acc[150:], cost[150:])
+    if cls is KNNRouter:
+        full = cls(**kw).fit(X, acc, cost)
+    else:  # same centroids, statistics over all points
+        full = cls(**kw).fit(X[:150], acc[:150], cost[:150])
+        labels = np.argmin(1 - normalize(X) @ full.centers_.T, 1)
+        full._assign_fit(normalize(X), labels, acc, cost)
+    assert r.n_train_ == len(X)
+    for a, b in zip(r.estimate(Xq), full.estimate(Xq)):
+        np.testing.assert_allclose(a, b, atol=1e-9)
+
+
+@pytest.mark.parametrize("cls,kw", [(KNNRouter, {"k": 12}), (KMeansRouter, {"n_clusters": 4})])
+def test_add_model_matches_refit(rng, cls, kw):
+    X, acc, cost, _ = blobs(rng, models=4)
+    r = cls(**kw).fit(X, acc[:, :3], cost[:, :3], models=["a", "b", "c"])
+    r.add_model("d", acc[:, 3], cost[:, 3])
+    full = cls(**kw).fit(X, acc, cost, models=["a", "b", "c", "d"])
+    assert r.models_ == ["a", "b", "c", "d"]
+    for a, b in zip(r.estimate(X[:10]), full.estimate(X[:10])):
+        np.testing.assert_allclose(a, b, atol=1e-9)
+    with pytest.raises(ValueError, match="already"):
+        r.add_model("d", acc[:, 3], cost[:, 3])
+    with pytest.raises(ValueError, match="needs the new model's cost"):
+        r.add_model("e", acc[:, 3])
+
+
+@pytest.mark.parametrize("cls,kw", [(KNNRouter, {"k": 12, "metric": "euclidean"}),
+                                    (KMeansRouter, {"n_clusters": 5, "weighting": "base"})])
+def test_save_load_roundtrip(tmp_path, rng, cls, kw):
+    X, acc, cost, _ = blobs(rng)
+    r = cls(**kw).fit(X, acc, cost, models=["x", "y", "z"], encoder_id="enc-a")
+    r.save(tmp_path / "r")
+    r2 = cls.load(tmp_path / "r", encoder_id="enc-a")
+    assert r2.models_ == ["x", "y", "z"] and r2.get_params() == r.get_params()
+    for a, b in zip(r.estimate(X[:20]), r2.estimate(X[:20])):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_corrupted_or_mismatched_artifacts_fail_clearly(tmp_path, rng):
+    X, acc, cost, _ = blobs(rng)
+    KNNRouter(k=5).fit(X, acc, cost, encoder_id="enc-a").save(tmp_path / "r")
+    with pytest.raises(ArtifactError, match="encoder 'enc-a', not 'enc-b'"):
+        KNNRouter.load(tmp_path / "r", encoder_id="enc-b")
+    with pytest.raises(ArtifactError, match="holds a KNNRouter, not a KMeansRouter"):
+        KMeansRouter.load(tmp_path / "r")
+    f = tmp_path / "r" / "acc_values.npy"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="acc_values.npy: checksum mismatch"):
+        KNNRouter.load(tmp_path / "r")
+    f.unlink()
+    with pytest.raises(ArtifactError, match="missing"):
+        KNNRouter.load(tmp_path / "r")
+    (tmp_path / "r" / "manifest.json").write_text("{not json")
+    with pytest.raises(ArtifactError, match="not valid JSON"):
+        KNNRouter.load(tmp_path / "r")
+    with pytest.raises(ArtifactError, match="no manifest.json"):
+        KNNRouter.load(tmp_path / "nothing")
+
+
+def test_approximate_indexes_recall(rng):
+    R = normalize(rng.normal(size=(5000, 32)).astype(np.float32))
+    Q = normalize(rng.normal(size=(200, 32)).astype(np.float32))
+    exact = NeighborIndex(32, kind="flat")
+    exact.add(R)
+    d_exact, i_exact = exact.search(Q, 20)
+    for kind, floor in (("hnsw", 0.9), ("ivf", 0.75)):
+        idx = NeighborIndex(32, kind=kind, nprobe=32)
+        idx.add(R)
+        d, i = idx.search(Q, 20)
+        rec = recall_at_k(i, i_exact)
+        assert rec >= floor, (kind, rec)
+        assert np.all(d[i >= 0] >= d_exact[:, :1].min() - 1e-5)
+    r = KNNRouter(k=20, index="hnsw").fit(R, rng.uniform(size=(5000, 2)))
+    assert r.estimate(Q)[0].shape == (200, 2)
+
+
+def test_fewer_training_points_than_k(rng):
+    X, acc, cost, _ = blobs(rng, n_per=2, centers=2)
+    r = KNNRouter(k=100).fit(X, acc, cost)
+    assert r.k_ == 4
+    np.testing.assert_allclose(r.weights(X[:2])[0].sum(1), 1.0)

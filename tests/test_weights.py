@@ -1,0 +1,86 @@
+import numpy as np
+import pytest
+
+from proxray.weights import effective_sample_size, proximity_weights, resolve_inv_tau
+
+
+def test_rows_sum_to_one_and_match_formula(rng):
+    phi = rng.uniform(0, 1, size=(5, 7))
+    prior = rng.uniform(0.1, 2.0, size=7)
+    w = proximity_weights(phi, 20.0, prior)
+    expected = prior * np.exp(-20.0 * phi)
+    expected /= expected.sum(1, keepdims=True)
+    np.testing.assert_allclose(w, expected, rtol=1e-12)
+    np.testing.assert_allclose(w.sum(1), 1.0)
+
+
+def test_tau_to_zero_is_hard_nearest(rng):
+    phi = rng.uniform(0, 1, size=(50, 9))
+    w = proximity_weights(phi, np.inf, rng.uniform(0.1, 1, size=9))
+    np.testing.assert_array_equal(np.argmax(w, 1), np.argmin(phi, 1))
+    np.testing.assert_array_equal(w.max(1), 1.0)
+    # a very large finite inv_tau converges to the same limit, stably (log space, no overflow)
+    w_big = proximity_weights(phi, 1e9)
+    assert np.isfinite(w_big).all()
+    np.testing.assert_allclose(w_big, w, atol=1e-12)
+
+
+def test_tau_to_infinity_is_the_prior(rng):
+    phi = rng.uniform(0, 2, size=(4, 6))
+    prior = np.array([1, 2, 3, 4, 5, 6.0])
+    np.testing.assert_allclose(proximity_weights(phi, 0.0, prior), np.tile(prior / prior.sum(), (4, 1)))
+    np.testing.assert_allclose(proximity_weights(phi, 0.0), np.full((4, 6), 1 / 6))
+
+
+def test_hard_limit_ties_split_by_prior():
+    phi = np.array([[0.2, 0.2, 0.5]])
+    w = proximity_weights(phi, np.inf, np.array([1.0, 3.0, 10.0]))
+    np.testing.assert_allclose(w, [[0.25, 0.75, 0.0]])
+
+
+def test_zero_distance_is_finite_and_dominates():
+    phi = np.array([[0.0, 0.0, 0.3], [0.0, 1e-9, 2.0]])
+    w = proximity_weights(phi, 20.0)
+    assert np.isfinite(w).all()
+    np.testing.assert_allclose(w.sum(1), 1.0)
+    np.testing.assert_allclose(w[0, 0], w[0, 1])
+    assert w[0, 2] == pytest.approx(np.exp(-6) / (2 + np.exp(-6)))
+
+
+def test_absent_elements_get_zero_weight_for_every_tau():
+    phi = np.array([[0.1, np.inf, 0.3]])
+    for inv_tau in (0.0, 1.0, 20.0, np.inf):
+        w = proximity_weights(phi, inv_tau)
+        assert w[0, 1] == 0.0 and np.isfinite(w).all()
+        np.testing.assert_allclose(w.sum(), 1.0)
+    w = proximity_weights(np.array([[0.1, 0.2]]), 5.0, np.array([0.0, 1.0]))
+    np.testing.assert_allclose(w, [[0.0, 1.0]])
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="NaN"):
+        proximity_weights(np.array([[0.1, np.nan]]), 1.0)
+    with pytest.raises(ValueError, match="row 1 has no reference"):
+        proximity_weights(np.array([[0.1, 0.2], [np.inf, np.inf]]), 1.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        proximity_weights(np.array([[0.1, 0.2]]), 1.0, np.array([1.0, -1.0]))
+    with pytest.raises(ValueError, match="inv_tau"):
+        proximity_weights(np.array([[0.1]]), -1.0)
+    with pytest.raises(ValueError, match="shape"):
+        proximity_weights(np.array([0.1, 0.2]), 1.0)
+
+
+def test_resolve_inv_tau():
+    assert resolve_inv_tau(20.0) == 20.0
+    assert resolve_inv_tau(tau=0.05) == pytest.approx(20.0)
+    assert resolve_inv_tau(tau=0) == np.inf
+    assert resolve_inv_tau(tau=np.inf) == 0.0
+    with pytest.raises(ValueError, match="tau"):
+        resolve_inv_tau(tau=-1)
+    with pytest.raises(ValueError, match="auto"):
+        resolve_inv_tau("auto")
+
+
+def test_effective_sample_size():
+    np.testing.assert_allclose(effective_sample_size(np.full((1, 10), 0.1)), [10.0])
+    np.testing.assert_allclose(effective_sample_size(np.array([[1.0, 0, 0]])), [1.0])
