@@ -6,7 +6,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from .index import as_matrix
-from .routers import RouterMixin, check_targets, choose
+from .routers import RouterMixin, choose
 
 
 def oracle_choice(acc, cost, lam=0.0) -> np.ndarray:
@@ -17,13 +17,8 @@ def oracle_choice(acc, cost, lam=0.0) -> np.ndarray:
 
 class _ConstantRouter(RouterMixin, BaseEstimator):
     def fit(self, X, acc, cost=None, models=None, encoder_id=None):
-        acc, cost = check_targets(acc, cost, n=len(as_matrix(X)))
-        self.models_ = self._check_models(models, acc.shape[1])
-        self.has_cost_ = cost is not None
-        self.encoder_id_ = encoder_id
-        self.dim_ = np.asarray(X).shape[1]
-        self.mean_acc_ = acc.mean(0)
-        self.mean_cost_ = np.zeros(acc.shape[1]) if cost is None else cost.mean(0)
+        _, acc, cost = self._fit_inputs(X, acc, cost, models, encoder_id)
+        self.mean_acc_, self.mean_cost_ = acc.mean(0), cost.mean(0)
         return self
 
     def _check_fitted(self):
@@ -110,13 +105,7 @@ class MLPRouter(RouterMixin, BaseEstimator):
     def fit(self, X, acc, cost=None, models=None, encoder_id=None):
         import torch
 
-        X = as_matrix(X)
-        acc, cost = check_targets(acc, cost, n=len(X))
-        self.models_ = self._check_models(models, acc.shape[1])
-        self.has_cost_ = cost is not None
-        self.encoder_id_ = encoder_id
-        self.dim_ = X.shape[1]
-        cost = np.zeros_like(acc) if cost is None else cost
+        X, acc, cost = self._fit_inputs(X, acc, cost, models, encoder_id)
         self.cost_mean_ = cost.mean(0)
         self.cost_scale_ = np.where(cost.std(0) > 0, cost.std(0), 1.0)
         torch.manual_seed(self.random_state)

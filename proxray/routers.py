@@ -85,13 +85,20 @@ class RouterMixin:
         acc_hat, cost_hat = self.estimate(X)
         return acc_hat - np.asarray(lam, dtype=np.float64).reshape(-1, 1) * cost_hat
 
-    def _check_models(self, models, n_models):
-        models = [f"model_{j}" for j in range(n_models)] if models is None else [str(m) for m in models]
-        if len(models) != n_models:
-            raise ValueError(f"models names {len(models)} entries for {n_models} accuracy columns")
+    def _fit_inputs(self, X, acc, cost, models, encoder_id):
+        """Validate fit inputs and record what every router learns about them (models_, has_cost_,
+        encoder_id_, dim_). Returns (X (n, d) float32, acc (n, M), cost (n, M); zeros without cost)."""
+        X = as_matrix(X)
+        acc, cost = check_targets(acc, cost, n=len(X))
+        if len(X) == 0:
+            raise ValueError("cannot fit on an empty training set")
+        models = [f"model_{j}" for j in range(acc.shape[1])] if models is None else [str(m) for m in models]
+        if len(models) != acc.shape[1]:
+            raise ValueError(f"models names {len(models)} entries for {acc.shape[1]} accuracy columns")
         if len(set(models)) != len(models):
             raise ValueError("models contains duplicate names")
-        return models
+        self.models_, self.has_cost_, self.encoder_id_, self.dim_ = models, cost is not None, encoder_id, X.shape[1]
+        return X, acc, np.zeros_like(acc) if cost is None else cost
 
     # Artifacts: arrays + a versioned, checksummed manifest (see proxray.artifact).
     def save(self, path) -> None:
@@ -113,16 +120,9 @@ class _ProxRouter(RouterMixin, BaseEstimator):
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting={self.weighting!r}: allowed values are {', '.join(WEIGHTINGS)}")
         check_metric(self.metric)
-        X = as_matrix(X)
-        acc, cost = check_targets(acc, cost, n=len(X))
-        if len(X) == 0:
-            raise ValueError("cannot fit on an empty training set")
-        self.has_cost_ = cost is not None
-        self.models_ = self._check_models(models, acc.shape[1])
-        self.encoder_id_ = encoder_id
-        self.dim_ = X.shape[1]
+        out = self._fit_inputs(X, acc, cost, models, encoder_id)
         self.inv_tau_ = self._effective_inv_tau()
-        return X, acc, np.zeros_like(acc) if cost is None else cost
+        return out
 
     def _check_fitted(self):
         if not hasattr(self, "models_"):
