@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # single thread: stable numbers (paper appendix C does the same)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -31,16 +32,19 @@ from proxray.index import NeighborIndex, normalize, recall_at_k  # noqa: E402
 M = 14
 
 
-def per_query_ms(fn, queries, batch):
-    """Median over repeats of the time per query, calling fn on batches of ``batch`` queries."""
-    fn(queries[:batch])  # warm-up
-    runs = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for s in range(0, len(queries), batch):
-            fn(queries[s:s + batch])
-        runs.append((time.perf_counter() - t0) / len(queries) * 1e3)
-    return float(np.median(runs))
+def per_query_ms(fns: dict, queries, batch, rounds=5):
+    """Median time per query (ms) of each function, calling it on batches of ``batch`` queries.
+    The functions take turns round by round, so drift in the machine hits all of them alike."""
+    for fn in fns.values():
+        fn(queries[:batch])  # warm-up
+    runs = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for s in range(0, len(queries), batch):
+                fn(queries[s:s + batch])
+            runs[name].append((time.perf_counter() - t0) / len(queries) * 1e3)
+    return {name: float(np.median(v)) for name, v in runs.items()}
 
 
 def bench(n, d, rng, n_single=300, n_batch=2048):
@@ -55,12 +59,11 @@ def bench(n, d, rng, n_single=300, n_batch=2048):
     km_base = KMeansRouter(n_clusters=32, weighting="base", n_init=1).fit(X[:20000], acc[:20000], cost[:20000])
     bare = knn_prox.index_._index
     for mode, batch, qs in (("single", 1, Q[:n_single]), ("batch256", 256, Q)):
-        out[f"faiss_search_ms_{mode}"] = per_query_ms(lambda q: bare.search(q, 100), qs, batch)
-        out[f"knn_prox_ms_{mode}"] = per_query_ms(lambda q: knn_prox.route(q, 1.0), qs, batch)
-        out[f"knn_base_ms_{mode}"] = per_query_ms(lambda q: knn_base.route(q, 1.0), qs, batch)
-        out[f"km_prox_ms_{mode}"] = per_query_ms(lambda q: km_prox.route(q, 1.0), qs, batch)
-        out[f"km_base_ms_{mode}"] = per_query_ms(lambda q: km_base.route(q, 1.0), qs, batch)
-        out[f"ratio_knn_prox_to_search_{mode}"] = out[f"knn_prox_ms_{mode}"] / out[f"faiss_search_ms_{mode}"]
+        t = per_query_ms({"faiss_search": lambda q: bare.search(q, 100), "knn_prox": lambda q: knn_prox.route(q, 1.0),
+                          "knn_base": lambda q: knn_base.route(q, 1.0), "km_prox": lambda q: km_prox.route(q, 1.0),
+                          "km_base": lambda q: km_base.route(q, 1.0)}, qs, batch)
+        out.update({f"{name}_ms_{mode}": v for name, v in t.items()})
+        out[f"ratio_knn_prox_to_search_{mode}"] = t["knn_prox"] / t["faiss_search"]
     state = knn_prox.reference_.nbytes + knn_prox.acc_values_.nbytes + knn_prox.cost_values_.nbytes
     out["knn_state_mb_per_10k"] = state / n * 10_000 / 2**20
     out["embeddings_only_mb_per_10k"] = knn_prox.reference_.nbytes / n * 10_000 / 2**20
@@ -70,7 +73,34 @@ def bench(n, d, rng, n_single=300, n_batch=2048):
         idx.add(X)
         _, approx = idx.search(Q[:500], 100)
         out[f"recall@100_{kind}"] = recall_at_k(approx, exact)
-        out[f"{kind}_search_ms_batch256"] = per_query_ms(lambda q: idx.search(q, 100), Q, 256)
+        out[f"{kind}_search_ms_batch256"] = per_query_ms({"s": lambda q: idx.search(q, 100)}, Q, 256, rounds=3)["s"]
+    return out
+
+
+def real_recall(k=100):
+    """Recall of the approximate indexes on real MiniLM embeddings of the shared tables' prompts
+    (from the embedding cache, or encoded once): 2,000 held-out queries against the rest."""
+    from proxray.embed import SentenceEncoder
+    from proxray.table import RoutingTable
+
+    data = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    prompts = []
+    for name in ("routerdc7", "bbh19_dev", "routerbench_slice"):
+        prompts += RoutingTable.read(data / f"{name}.parquet").prompts
+    X = SentenceEncoder(progress=False).encode(prompts)
+    perm = np.random.default_rng(0).permutation(len(X))
+    R, Q = X[perm[2000:]], X[perm[:2000]]
+    exact = NeighborIndex(X.shape[1])
+    exact.add(R)
+    _, e = exact.search(Q, k)
+    out = {"n": len(R), "d": X.shape[1]}
+    for kind, kw in (("hnsw", {}), ("ivf", {"nprobe": 16}), ("ivf_nprobe64", {"nprobe": 64})):
+        idx = NeighborIndex(X.shape[1], kind=kind.split("_")[0], **kw)
+        idx.add(R)
+        _, a = idx.search(Q, k)
+        out[f"recall@{k}_{kind}"] = recall_at_k(a, e)
+        out[f"{kind}_ms_batch256"] = per_query_ms({"s": lambda q: idx.search(q, k)}, Q, 256, rounds=3)["s"]
+    out["flat_ms_batch256"] = per_query_ms({"s": lambda q: exact.search(q, k)}, Q, 256, rounds=3)["s"]
     return out
 
 
@@ -79,6 +109,7 @@ def main(argv=None):
     p.add_argument("--sizes", default="10000,100000")
     p.add_argument("--dims", default="384,768")
     p.add_argument("--json", default=None)
+    p.add_argument("--real", action="store_true", help="also measure index recall on real MiniLM embeddings")
     a = p.parse_args(argv)
     faiss.omp_set_num_threads(1)
     rng = np.random.default_rng(42)
@@ -96,9 +127,15 @@ def main(argv=None):
     print("|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    real = None
+    if a.real:
+        print("[bench] recall on real embeddings ...", file=sys.stderr, flush=True)
+        real = real_recall()
+        print("\nreal MiniLM embeddings of ../shared/data prompts: " + ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in real.items()))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump({"synthetic": rows, "real": real}, f, indent=2)
 
 
 if __name__ == "__main__":

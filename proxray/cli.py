@@ -77,9 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--out", required=True, help="artifact folder")
     fit.set_defaults(func=_cmd_fit)
 
-    from .experiments import add_eval_parser  # light: heavy imports happen inside the command
+    # light modules: their heavy imports happen inside the commands
+    from .evaljob import add_parsers as add_job_parsers
+    from .experiments import add_eval_parser
 
     add_eval_parser(sub)
+    add_job_parsers(sub)
     return p
 
 
@@ -87,7 +90,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as e:
+    except (ValueError, FileNotFoundError, KeyError) as e:  # ConfigError and TableValidationError too
         print(f"proxray {args.cmd}: error: {e}", file=sys.stderr)
         return 2
     return 0

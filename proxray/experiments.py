@@ -26,6 +26,7 @@ PROTOCOLS = ("leave-task-out", "few-shot-outlier")
 SPLITS = ("outlier", "inlier", "overall")
 ROUTER_KEYS = ("base", "prox", "allsee")
 BASELINE_KEYS = ("random", "largest", "oracle")
+LABELS = {"base": "Base", "prox": "Prox", "allsee": "AllSee"}
 DEFAULT_SYNTH_OUTLIERS = {"km": ["hellaswag", "medqa"], "knn": ["gsm8k", "svamp"]}
 
 
@@ -180,7 +181,7 @@ def plot_curves(res: dict, path) -> None:
                 continue
             order = np.argsort(pts[:, 0])
             color, fmt = style[key]
-            label = f"{name}-{key.capitalize()}" if key in ROUTER_KEYS else "Oracle"
+            label = f"{name}-{LABELS[key]}" if key in ROUTER_KEYS else "Oracle"
             ax.plot(pts[order, 0], pts[order, 1] * 100, fmt, color=color, ms=3, label=f"{label} ({res['splits'][sp][key]:.1f})")
         ax.set_title(f"{sp} queries")
         ax.set_xlabel("mean cost per query (USD)")

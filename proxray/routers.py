@@ -136,12 +136,8 @@ class _ProxRouter(RouterMixin, BaseEstimator):
 
     def estimate(self, X):
         """Estimated accuracy and cost of every model: (acc_hat (q, M), cost_hat (q, M))."""
-        w, ref = self.weights(X)
-        if ref is None:  # dense weights over all reference elements (clusters)
-            return w @ self.acc_values_, w @ self.cost_values_
-        ref = np.maximum(ref, 0)  # absent neighbours (-1) carry weight 0; any row is fine to gather
-        return (np.einsum("qk,qkm->qm", w, self.acc_values_[ref]),
-                np.einsum("qk,qkm->qm", w, self.cost_values_[ref]))
+        w, _ = self.weights(X)  # dense weights over all reference elements (clusters)
+        return w @ self.acc_values_, w @ self.cost_values_
 
     def outlier_score(self, X) -> np.ndarray:
         """Distance (q,) from each query to its nearest reference element (0 = seen before)."""
@@ -209,6 +205,7 @@ class KNNRouter(_ProxRouter):
             raise ValueError(f"k={self.k!r}: must be >= 1")
         X, acc, cost = self._init_common(X, acc, cost, models, encoder_id)
         self.acc_values_, self.cost_values_ = acc, cost
+        self._values = None
         self.reference_ = prepare(X, self.metric)
         self._build_index()
         return self
@@ -229,6 +226,17 @@ class KNNRouter(_ProxRouter):
         dist, idx = self.index_.search(Xq, self.k_)
         return dist, idx, None  # uniform prior over the k neighbours
 
+    def estimate(self, X):
+        """Estimated accuracy and cost of every model: (acc_hat (q, M), cost_hat (q, M))."""
+        w, ref = self.weights(X)
+        # Gathering the k neighbours' rows is the main cost beyond the search: one gather from a
+        # stacked (n, 2M) copy serves accuracy and cost together. Absent neighbours (-1) weigh 0.
+        if getattr(self, "_values", None) is None:
+            self._values = np.hstack([self.acc_values_, self.cost_values_])
+        out = np.matmul(w[:, None, :], self._values[np.maximum(ref, 0)])[:, 0, :]
+        M = self.acc_values_.shape[1]
+        return out[:, :M], out[:, M:]
+
     def add_queries(self, X, acc, cost=None):
         """Add labeled training queries without refitting (an index add)."""
         self._check_fitted()
@@ -239,12 +247,14 @@ class KNNRouter(_ProxRouter):
         self.acc_values_ = np.vstack([self.acc_values_, acc])
         self.cost_values_ = np.vstack([self.cost_values_, np.zeros_like(acc) if cost is None else cost])
         self.reference_ = np.vstack([self.reference_, R])
+        self._values = None
         self.index_.add(R)
         return self
 
     def _append_model_column(self, acc, cost):
         self.acc_values_ = np.hstack([self.acc_values_, acc])
         self.cost_values_ = np.hstack([self.cost_values_, cost])
+        self._values = None
 
     # State for artifacts: plain arrays only.
     def _state(self):
@@ -253,6 +263,7 @@ class KNNRouter(_ProxRouter):
     def _set_state(self, arrays, meta):
         self.reference_ = arrays["reference"]
         self.acc_values_, self.cost_values_ = arrays["acc_values"], arrays["cost_values"]
+        self._values = None
         self.dim_ = self.reference_.shape[1]
         self._build_index()
 

@@ -270,7 +270,7 @@ def generate_queries(n_per_task: int = 200, seed: int = 0, tasks=None) -> pd.Dat
             seen.add(prompt)
             difficulty = float(np.clip(structural + 0.8 * rng.normal(), -3, 3))
             kind = "number" if t in ("svamp", "gsm8k") else ("exact" if t == "bbh_boolean_expressions" else "choice")
-            rows.append((f"synth-{t}-{i}", t, prompt, str(answer), kind, difficulty))
+            rows.append((f"synth{seed}-{t}-{i}", t, prompt, str(answer), kind, difficulty))
             i += 1
     return pd.DataFrame(rows, columns=["query_id", "task", "prompt", "answer", "answer_type", "difficulty"])
 

@@ -37,22 +37,22 @@ def make_router(kind: str, weighting: str, hp: dict, inv_tau: float = 20.0, n_tr
     raise ValueError(f"router={kind!r}: allowed values are km, knn")
 
 
-def auto_inv_tau(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
-                 seed: int = 42, grid=GRID, min_task_size: int = 10):
-    """Return (chosen 1/tau, {1/tau: mean CV score}) from the training set only (see module doc)."""
+def cv_curves(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
+              seed: int = 42, grid=GRID, min_task_size: int = 10):
+    """Leave-one-training-task-out scores for every 1/tau of ``grid``: (outlier (G,), inlier (G,)),
+    each the mean over folds, or None when fewer than two tasks are large enough to hold out."""
     tasks = np.asarray(tasks)
     names, counts = np.unique(tasks, return_counts=True)
     folds = [t for t, c in zip(names, counts) if c >= min_task_size]
     if len(folds) < 2:
-        return 20.0, {}  # too few training tasks to cross-validate: the paper's default
+        return None
     rng = np.random.default_rng([seed, 17])
-    totals = np.zeros(len(grid))
+    out_scores, in_scores = np.zeros(len(grid)), np.zeros(len(grid))
     for t in folds:
         held = np.flatnonzero(tasks == t)
         rest = rng.permutation(np.flatnonzero(tasks != t))
         cut = int(0.8 * len(rest))
-        train, in_val = rest[:cut], rest[cut:]
-        out_val = held
+        train, in_val, out_val = rest[:cut], rest[cut:], held
         if protocol == "few-shot-outlier" and few_shot > 0:
             held = rng.permutation(held)
             shots = held[: min(few_shot, len(held) // 2)]
@@ -62,11 +62,32 @@ def auto_inv_tau(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "le
         for g, inv_tau in enumerate(grid):
             r = copy.copy(fitted)
             r.inv_tau_ = float(inv_tau)
-            s = []
-            for val in (out_val, in_val):
+            for val, total in ((out_val, out_scores), (in_val, in_scores)):
                 a_hat, c_hat = r.estimate(X[val])
-                s.append(routing_score(a_hat, c_hat, acc[val], None if cost is None else cost[val]))
-            totals[g] += np.mean(s)
-    scores = totals / len(folds)
-    best = int(np.argmax(scores))  # first best: ties go to the smaller 1/tau (more variance reduction)
-    return float(grid[best]), {float(g): float(s) for g, s in zip(grid, scores)}
+                total[g] += routing_score(a_hat, c_hat, acc[val], None if cost is None else cost[val])
+    return out_scores / len(folds), in_scores / len(folds)
+
+
+def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = "mean", max_inlier_loss: float = 0.5) -> float:
+    """Pick 1/tau from CV curves. ``mean``: best (outlier + inlier) / 2. ``guarded``: best outlier
+    score among the 1/tau whose inlier score is within ``max_inlier_loss`` pp of the Base limit's.
+    Ties go to the first (smaller) 1/tau."""
+    grid = np.asarray(grid, dtype=float)
+    if rule == "mean":
+        return float(grid[int(np.argmax((out_cv + in_cv) / 2))])
+    if rule == "guarded":
+        base = int(np.flatnonzero(np.isinf(grid))[0]) if router == "km" else int(np.flatnonzero(grid == 0)[0])
+        ok = in_cv >= in_cv[base] - max_inlier_loss
+        return float(grid[int(np.argmax(np.where(ok, out_cv, -np.inf)))])
+    raise ValueError(f"rule={rule!r}: allowed values are mean, guarded")
+
+
+def auto_inv_tau(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
+                 seed: int = 42, grid=GRID, rule: str = "mean"):
+    """Return (chosen 1/tau, {1/tau: (CV outlier score, CV inlier score)}) from the training set only."""
+    curves = cv_curves(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, grid)
+    if curves is None:
+        return 20.0, {}  # too few training tasks to cross-validate: the paper's default
+    out_cv, in_cv = curves
+    chosen = select_inv_tau(out_cv, in_cv, router, grid, rule)
+    return chosen, {float(g): (float(o), float(i)) for g, o, i in zip(grid, out_cv, in_cv)}

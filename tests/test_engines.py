@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+
+from proxray.engines import Sampling, SimEngine, TransformersEngine, build_tiny_model, vllm_config, vllm_rows
+from proxray.evaljob import ModelSpec
+from proxray.synthetic import SimulatedPool, generate_queries
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=0)
+
+
+def test_transformers_engine_really_generates(tiny_model):
+    eng = TransformersEngine(tiny_model, batch_size=4)
+    rows = generate_queries(1).to_dict("records")[:6]
+    out = eng.generate(rows, Sampling(max_tokens=8))
+    assert len(out) == 6
+    for r, o in zip(rows, out):
+        text = eng._text(r["prompt"])
+        assert o["input_tokens"] == len(eng.tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert 1 <= o["output_tokens"] <= 8 and isinstance(o["response"], str)
+    again = eng.generate(rows, Sampling(max_tokens=8))
+    assert [o["response"] for o in out] == [o["response"] for o in again]  # greedy is deterministic
+    # batching must not change answers (left padding done right)
+    single = TransformersEngine(tiny_model, batch_size=1).generate(rows[:2], Sampling(max_tokens=8))
+    assert [o["response"] for o in single] == [o["response"] for o in out[:2]]
+
+
+def test_sim_engine_follows_the_simulated_skill():
+    q = generate_queries(150, tasks=["gsm8k", "sciq"])
+    rows = q.to_dict("records")
+    from proxray.grading import grade
+
+    for model in ("deepseek-ai/deepseek-math-7b-instruct", "google/gemma-2b-it"):
+        eng = SimEngine(model)
+        out = eng.generate(rows)
+        correct = np.array([grade(o["response"], r["answer"], r["answer_type"]) for o, r in zip(out, rows)])
+        p = SimulatedPool(models=[model]).p_correct(q)[:, 0]
+        assert abs(correct.mean() - p.mean()) < 0.06
+        assert out == SimEngine(model).generate(rows)  # deterministic: retries give the same answers
+    with pytest.raises(ValueError, match="not in the synthetic pool"):
+        SimEngine("gpt-17")
+
+
+def test_vllm_path_config_and_rows():
+    spec = ModelSpec(id="meta-llama/Llama-3.3-70B-Instruct", engine="vllm", price_in=0.15, price_out=0.3,
+                     accelerator_type="H100", gpus_per_replica=4, replicas=2, batch_size=32,
+                     engine_kwargs={"max_model_len": 4096})
+    cfg = vllm_config(spec)
+    assert cfg.model_source == spec.id and cfg.concurrency == 2 and cfg.batch_size == 32
+    assert cfg.accelerator_type == "H100" and cfg.should_continue_on_error
+    assert cfg.engine_kwargs["tensor_parallel_size"] == 4 and cfg.engine_kwargs["max_model_len"] == 4096
+    pre, post = vllm_rows(Sampling(temperature=0.0, max_tokens=7, seed=1))
+    row = pre({"query_id": "q1", "prompt": "2+2?", "answer": "4"})
+    assert row["messages"] == [{"role": "user", "content": "2+2?"}] and row["sampling_params"]["max_tokens"] == 7
+    ok = post({**row, "generated_text": "4", "num_input_tokens": 5, "num_generated_tokens": 1})
+    assert ok == {"query_id": "q1", "response": "4", "input_tokens": 5, "output_tokens": 1, "error": None}
+    bad = post({**row, "__inference_error__": "CUDA OOM"})
+    assert bad["error"] == "CUDA OOM"

@@ -1,0 +1,133 @@
+"""The evaluation job end to end on a local Ray: real Ray Data, real engines (tiny transformers
+model and the sim engine), real files. Marked slow (Ray start-up), run by CI all the same."""
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import ROOT
+from proxray import KNNRouter, RoutingTable
+from proxray.evaljob import ConfigError, JobConfig, load_config, read_parts, run_job
+
+pytestmark = pytest.mark.slow
+
+SIM = ["meta-llama/Llama-3.2-1B-Instruct", "microsoft/Phi-3-small-8k-instruct", "meta-llama/Llama-3.3-70B-Instruct"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def config(models, n_per_task=3, **extra):
+    return JobConfig.model_validate({
+        "output": "unused", "sampling": {"max_tokens": 8},
+        "query_sets": [{"name": "synthetic", "synthetic": {"n_per_task": n_per_task, "seed": 5}}],
+        "models": models, **extra})
+
+
+def sim(model_id, **kw):
+    return {"id": model_id, "engine": "sim", "price_in": 0.1, "price_out": 0.2, "batch_size": 5, "num_cpus": 0.25, **kw}
+
+
+def pairs(out):
+    rows = read_parts(out / "table")
+    return list(zip(rows["query_id"], rows["model"]))
+
+
+def test_cpu_job_builds_a_table_routers_fit_on(tmp_path, encoder):
+    from proxray.engines import build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "tiny", seed=1)
+    cfg = config([{"id": "tiny", "source": tiny, "engine": "transformers", "price_in": 1.0, "price_out": 2.0,
+                   "batch_size": 8, "num_cpus": 0.5}] + [sim(m) for m in SIM])
+    res = run_job(cfg, tmp_path / "out")
+    out = tmp_path / "out"
+    assert res["complete_queries"] == 30 and res["duplicates"] == 0 and res["open_errors"] == 0
+    table = RoutingTable.read(out / "routing_table.parquet")
+    assert table.models == sorted(["tiny", *SIM]) and table.n_queries == 30
+    df = table.df
+    np.testing.assert_allclose(df.cost, (df.input_tokens * 1.0 + df.output_tokens * 2.0) / 1e6 * (df.model == "tiny")
+                               + (df.input_tokens * 0.1 + df.output_tokens * 0.2) / 1e6 * (df.model != "tiny"))
+    assert (df[df.model == "tiny"].output_tokens <= 8).all()
+    # the 70B simulated model is far better than the 1B one, as in the paper's Table 2
+    acc = df.groupby("model").correct.mean()
+    assert acc[SIM[2]] > acc[SIM[0]]
+    assert "| model |" in (out / "summary.md").read_text()
+    # the partitioned table is the same table
+    assert RoutingTable(read_parts(out / "table")).n_queries == 30
+    acc_m, cost_m = table.matrices()
+    r = KNNRouter(k=5).fit(encoder.encode(table.prompts), acc_m, cost_m, models=table.models)
+    assert r.route(encoder.encode(table.prompts[:3]), lam=0.0).shape == (3,)
+
+
+def test_interrupted_job_resumes_without_duplicates(tmp_path):
+    cfg = config([sim(m) for m in SIM[:2]], n_per_task=4)
+    out = tmp_path / "out"
+    first = run_job(cfg, out, max_batches=2)
+    done_first = len(pairs(out))
+    assert 0 < done_first < 80 and first["complete_queries"] < 40
+    second = run_job(cfg, out)
+    assert sum(r["todo"] for r in second["runs"]) == 80 - done_first  # only the missing pairs ran
+    p = pairs(out)
+    assert len(p) == len(set(p)) == 80 and second["complete_queries"] == 40
+    third = run_job(cfg, out)
+    assert third["runs"] == []  # nothing left to do
+
+
+def test_engine_failures_go_to_the_errors_file_and_are_retried(tmp_path):
+    bad = ["synth5-gsm8k-0", "synth5-medqa-2"]
+    out = tmp_path / "out"
+    res = run_job(config([sim(SIM[0]), sim(SIM[1], engine_kwargs={"fail_query_ids": bad})]), out)
+    assert res["open_errors"] == 2 and res["complete_queries"] == 28
+    errors = pd.read_parquet(out / "errors.parquet")
+    assert sorted(errors.query_id) == sorted(bad) and errors.error.str.contains("injected failure").all()
+    assert not set(bad) & {q for q, m in pairs(out) if m == SIM[1]}  # never graded as wrong
+    res = run_job(config([sim(SIM[0]), sim(SIM[1])]), out)
+    assert res["open_errors"] == 0 and res["complete_queries"] == 30
+    assert [r["todo"] for r in res["runs"]] == [2]
+    assert not (out / "errors.parquet").exists()
+
+
+def test_a_killed_worker_loses_nothing(tmp_path):
+    marker = tmp_path / "crashed"
+    out = tmp_path / "out"
+    res = run_job(config([sim(SIM[0], engine_kwargs={"crash_marker": str(marker), "crash_after_rows": 10})],
+                         n_per_task=4), out)
+    assert marker.exists()  # the worker process really died mid-job
+    p = pairs(out)
+    assert len(p) == len(set(p)) == 40 and res["complete_queries"] == 40 and res["duplicates"] == 0
+
+
+def test_adding_a_model_runs_only_that_model(tmp_path):
+    out = tmp_path / "out"
+    run_job(config([sim(SIM[0])]), out)
+    res = run_job(config([sim(SIM[0]), sim(SIM[2])]), out)
+    assert [(r["model"], r["todo"]) for r in res["runs"]] == [(SIM[2], 30)]
+    assert RoutingTable.read(out / "routing_table.parquet").models == sorted([SIM[0], SIM[2]])
+
+
+@pytest.mark.parametrize("patch,message", [
+    ({"models": [{"id": "a", "engine": "sim", "price_in": -1, "price_out": 0}]}, "models.0.price_in"),
+    ({"models": [{"id": "a", "engine": "tgi", "price_in": 1, "price_out": 0}]}, "models.0.engine"),
+    ({"query_sets": [{"path": "a.jsonl", "hf": "gsm8k"}]}, "exactly one of path, hf, synthetic"),
+    ({"models": [{"id": "a", "engine": "sim", "price_in": 1, "price_out": 1}] * 2}, "repeated: a"),
+    ({"sampling": {"max_tokens": 0}}, "sampling.max_tokens"),
+    ({"modles": []}, "modles"),
+])
+def test_config_errors_name_the_field(tmp_path, patch, message):
+    raw = {"output": "o", "query_sets": [{"synthetic": {"n_per_task": 1}}],
+           "models": [{"id": "a", "engine": "sim", "price_in": 1, "price_out": 1}], **patch}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_shipped_configs_validate():
+    for name in ("cpu_tiny", "paper_pool"):
+        cfg = load_config(ROOT / "jobs" / "configs" / f"{name}.yaml")
+        assert len(cfg.models) == (5 if name == "cpu_tiny" else 14)
