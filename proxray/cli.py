@@ -34,18 +34,31 @@ def _cmd_info(a):
 def _cmd_fit(a):
     from .embed import SentenceEncoder
     from .routers import KMeansRouter, KNNRouter
+    from .synthetic import make_table
     from .table import RoutingTable
 
-    table = RoutingTable.read(a.table)
-    acc, cost = table.matrices()
+    table = RoutingTable.read(a.table) if a.table else make_table()
+    if a.table is None:
+        print("no --table: fitting on the embedded SYNTHETIC routing table", file=sys.stderr)
+    acc, cost = table.matrices(models=a.models.split(",") if a.models else None)
+    models = a.models.split(",") if a.models else table.models
     enc = SentenceEncoder(a.encoder)
     X = enc.encode(table.prompts)
     if a.router == "knn":
         r = KNNRouter(k=a.k, weighting=a.weighting, inv_tau=a.inv_tau)
     else:
         r = KMeansRouter(n_clusters=a.clusters, weighting=a.weighting, inv_tau=a.inv_tau)
-    r.fit(X, acc, cost, models=table.models, encoder_id=enc.id).save(a.out)
+    r.fit(X, acc, cost, models=models, encoder_id=enc.id).save(a.out)
     print(f"fitted {r!r} on {table} -> {a.out}")
+
+
+def _cmd_serve(a):
+    import os
+    import subprocess
+
+    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
+    raise SystemExit(subprocess.call([serve_bin, "run", a.config], env=env))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=_cmd_info)
 
     fit = sub.add_parser("fit", help="fit a router on a table and save the artifact")
-    fit.add_argument("--table", required=True)
+    fit.add_argument("--table", default=None, help="routing table (default: the embedded synthetic one)")
+    fit.add_argument("--models", default=None, help="comma-separated subset of the table's models")
     fit.add_argument("--router", choices=["knn", "km"], default="knn")
     fit.add_argument("--weighting", choices=["base", "prox"], default="prox")
     fit.add_argument("--k", type=int, default=100)
@@ -76,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--encoder", default=None, help="sentence-transformers name or path (default: shipped MiniLM)")
     fit.add_argument("--out", required=True, help="artifact folder")
     fit.set_defaults(func=_cmd_fit)
+
+    srv = sub.add_parser("serve", help="run a Serve config (serve run CONFIG) with token auth off for local use")
+    srv.add_argument("config", help="Serve YAML, e.g. serve_configs/cpu_demo.yaml")
+    srv.set_defaults(func=_cmd_serve)
 
     # light modules: their heavy imports happen inside the commands
     from .evaljob import add_parsers as add_job_parsers

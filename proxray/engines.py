@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,13 +36,14 @@ def _unit(*parts) -> float:
 class SimEngine:
     """A simulated model of the synthetic pool. ``model`` must be one of ``proxray.synthetic.MODELS``.
 
-    Fault injection for tests (never on by default): ``fail_query_ids`` raise for those rows;
+    Fault injection for tests (never on by default): ``fail_query_ids`` raise for those rows,
+    ``fail_always`` for every call; ``latency_s`` sleeps per call (a slow model, for autoscaling);
     ``crash_marker`` makes the worker process exit once, the first time it sees a batch after
     ``crash_after_rows`` rows, leaving the marker file so a restarted worker goes on.
     """
 
     def __init__(self, model: str, seed: int = 0, fail_query_ids=(), crash_marker: str | None = None,
-                 crash_after_rows: int = 0):
+                 crash_after_rows: int = 0, latency_s: float = 0.0, fail_always: bool = False):
         from .synthetic import MODELS, SimulatedPool
 
         if model not in MODELS:
@@ -50,6 +52,7 @@ class SimEngine:
         self.pool = SimulatedPool(models=[model], seed=seed)
         self.fail_query_ids = set(fail_query_ids)
         self.crash_marker, self.crash_after_rows = crash_marker, crash_after_rows
+        self.latency_s, self.fail_always = latency_s, fail_always  # serving: a slow or a broken model
         self.rows_seen = 0
 
     def _p_correct(self, rows) -> np.ndarray:
@@ -71,6 +74,10 @@ class SimEngine:
             open(self.crash_marker, "w").close()
             os._exit(17)  # a worker dying mid-job, as a preempted node would
         self.rows_seen += len(rows)
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        if self.fail_always:
+            raise RuntimeError(f"sim engine {self.model}: injected failure (fail_always)")
         bad = [r["query_id"] for r in rows if r["query_id"] in self.fail_query_ids]
         if bad:
             raise RuntimeError(f"sim engine: injected failure for {bad}")
@@ -79,7 +86,9 @@ class SimEngine:
         out = []
         for i, r in enumerate(rows):
             right = _unit(self.seed, self.model, r["query_id"], "correct") < p[i]
-            out.append({"response": _sim_answer(r["answer"], r["answer_type"], right, r["query_id"]),
+            text = (_sim_answer(r["answer"], r["answer_type"], right, r["query_id"]) if "answer" in r
+                    else f"[{self.model}, simulated] An answer to: {r['prompt'][:60]}")  # live traffic has no key
+            out.append({"response": text,
                         "input_tokens": int(n_in[i]), "output_tokens": int(min(n_out[i, 0], sampling.max_tokens * 4))})
         return out
 

@@ -296,7 +296,7 @@ class SimulatedPool:
         """(input_tokens (n,), output_tokens (n, M)): ~1.3 tokens per word in, task length × verbosity out."""
         rng = np.random.default_rng([self.seed, 1])
         n_in = np.array([int(1.3 * len(p.split())) + 12 for p in queries["prompt"]])
-        base = np.array([OUTPUT_TOKENS[t] for t in queries["task"]], dtype=float)
+        base = np.array([OUTPUT_TOKENS.get(t, 40) for t in queries["task"]], dtype=float)
         verb = np.array([MODELS[m][3] for m in self.models])
         n_out = np.maximum(1, np.round(base[:, None] * verb[None, :] * rng.lognormal(0, 0.25, (len(queries), len(self.models)))))
         return n_in, n_out.astype(int)

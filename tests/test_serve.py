@@ -1,0 +1,176 @@
+"""The routed endpoint on a real local Ray Serve, over HTTP on 127.0.0.1, with the openai client.
+Marked slow (Serve start-up), run by CI all the same. Traffic is bounded in count and time."""
+import json
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+
+from proxray import KNNRouter, RoutingTable
+from proxray.synthetic import generate_queries
+
+pytestmark = pytest.mark.slow
+
+WEAK, STRONG = "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"
+SLOW, BROKEN = "google/gemma-7b-it", "microsoft/Phi-3-small-8k-instruct"
+KEY = "sk-test-not-a-real-key-123"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, encoder):
+    import os
+
+    import ray
+    from ray import serve
+
+    from proxray.serve.app import build_app
+
+    tmp = tmp_path_factory.mktemp("serve")
+    # A router whose table says: BROKEN is the best and cheap, STRONG is good and dear, WEAK is cheap and poor.
+    q = generate_queries(8, seed=1)
+    rng = np.random.default_rng(0)
+    n = len(q)
+    acc = np.stack([rng.uniform(size=n) < 0.3, rng.uniform(size=n) < 0.5, np.ones(n, bool),
+                    rng.uniform(size=n) < 0.9], 1).astype(float)
+    cost = np.tile([1e-6, 4e-6, 2e-6, 3e-5], (n, 1))
+    models = [WEAK, SLOW, BROKEN, STRONG]
+    table = RoutingTable.from_matrices(acc, cost, models=models, prompts=list(q.prompt))
+    KNNRouter(k=10).fit(encoder.encode(table.prompts), *table.matrices(models=models), models=models,
+                        encoder_id=encoder.id).save(tmp / "router")
+    os.environ["PROXRAY_TEST_KEY"] = KEY
+    port = free_port()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PROXRAY_TEST_KEY": KEY, "RAY_AUTH_MODE": "disabled"}})
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    fast = {"min_replicas": 1, "max_replicas": 1}
+    args = {"router": str(tmp / "router"), "api_key_env": "PROXRAY_TEST_KEY", "timeout_s": 5, "max_prompt_chars": 2000,
+            "models": [{"id": WEAK, "engine": "sim", "autoscaling": fast},
+                       {"id": SLOW, "engine": "sim", "engine_kwargs": {"latency_s": 0.4},
+                        "autoscaling": {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 1,
+                                        "upscale_delay_s": 0.5, "downscale_delay_s": 3, "metrics_interval_s": 0.5,
+                                        "look_back_period_s": 1}},
+                       {"id": BROKEN, "engine": "sim", "engine_kwargs": {"fail_always": True}, "autoscaling": fast},
+                       {"id": STRONG, "engine": "sim", "autoscaling": fast}]}
+    serve.run(build_app(args), name="proxray", route_prefix="/")
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=30)
+
+
+def post(server, path, body, key=KEY, raw=None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(f"{server}{path}", content=raw if raw is not None else json.dumps(body), headers=headers, timeout=30)
+
+
+def test_routed_chat_with_the_openai_client(client):
+    r = client.chat.completions.with_raw_response.create(
+        model="proxray", messages=[{"role": "user", "content": "Tom has 3 boxes of 4 apples. How many apples?"}],
+        extra_body={"proxray": {"lam": 0.0, "allowed_models": [WEAK, STRONG]}})
+    resp = r.parse()
+    assert resp.model == STRONG  # at λ = 0 the more accurate of the two
+    rep = resp.model_extra["proxray"]
+    assert rep["routed"] and rep["runner_up"] == WEAK and rep["fallback_from"] == []
+    assert 0 <= rep["estimated_accuracy"] <= 1 and rep["estimated_cost"] > 0 and rep["outlier_score"] >= 0
+    assert r.headers["x-proxray-model"] == STRONG and float(r.headers["x-proxray-outlier-score"]) >= 0
+    assert resp.choices[0].message.content and resp.usage.total_tokens > 0
+    # a large λ makes cost dominate: the cheap model
+    cheap = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "2+2?"}],
+                                           extra_body={"proxray": {"lam": 1e6, "allowed_models": [WEAK, STRONG]}})
+    assert cheap.model == WEAK
+
+
+def test_bypass_completions_models_and_health(client, server):
+    resp = client.chat.completions.create(model=WEAK, messages=[{"role": "user", "content": "hello"}])
+    assert resp.model == WEAK and resp.model_extra["proxray"]["routed"] is False
+    comp = client.completions.create(model="proxray", prompt="What is 7 times 6?",
+                                     extra_body={"proxray": {"allowed_models": [WEAK, STRONG]}})
+    assert comp.model in (WEAK, STRONG) and comp.choices[0].text
+    ids = [m.id for m in client.models.list().data]
+    assert ids[0] == "proxray" and set(ids[1:]) == {WEAK, SLOW, BROKEN, STRONG}
+    assert httpx.get(f"{server}/health", timeout=10).json()["status"] == "ok"
+
+
+def test_streaming_matches_the_full_answer(client):
+    kw = dict(model=STRONG, messages=[{"role": "user", "content": "Name a planet."}], seed=3)
+    full = client.chat.completions.create(**kw).choices[0].message.content
+    parts = [c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)]
+    assert len(parts) > 2 and "".join(parts) == full
+
+
+def test_fallback_when_the_chosen_model_fails(client):
+    resp = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "Is the sky blue?"}],
+                                          extra_body={"proxray": {"lam": 0.0}})
+    rep = resp.model_extra["proxray"]
+    assert rep["fallback_from"] == [BROKEN]  # the router's favourite is broken: nobody is left unanswered
+    assert resp.model != BROKEN and "injected failure" in rep["failures"][0]["error"]
+
+
+@pytest.mark.parametrize("body,raw,status,fragment", [
+    (None, b"{not json", 400, "not valid JSON"),
+    ({"model": "proxray", "messages": []}, None, 400, "messages"),
+    ({"model": "proxray", "messages": [{"role": "user", "content": "  "}]}, None, 400, "non-empty content"),
+    ({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, None, 404, "'gpt-9' is not served"),
+    ({"model": "proxray", "messages": [{"role": "user", "content": "hi"}], "proxray": {"lam": -1}}, None, 400, "proxray.lam"),
+    ({"model": "proxray", "messages": [{"role": "user", "content": "x" * 3000}]}, None, 413, "limit is 2000"),
+    ({"model": "proxray", "messages": [{"role": "user", "content": "hi"}], "proxray": {"allowed_models": ["nope"]}}, None, 400, "not routable"),
+    ({"model": "proxray", "messages": [{"role": "user", "content": "hi"}], "proxray": {"max_cost": 0}}, None, 400, "max_cost"),
+    ({"model": "proxray", "messages": [{"role": "wizard", "content": "hi"}]}, None, 400, "messages.0.role"),
+    ({"model": "proxray", "prompt": ["a", "b"]}, None, 400, "exactly one prompt"),
+])
+def test_bad_input_gets_a_4xx_naming_the_problem(server, body, raw, status, fragment):
+    path = "/v1/completions" if body and "prompt" in body else "/v1/chat/completions"
+    r = post(server, path, body, raw=raw)
+    assert r.status_code == status, r.text
+    assert fragment in r.json()["error"]["message"]
+    assert httpx.get(f"{server}/health", timeout=10).status_code == 200  # and the server stays up
+
+
+def test_api_key_is_required(server):
+    body = {"model": WEAK, "messages": [{"role": "user", "content": "hi"}]}
+    assert post(server, "/v1/chat/completions", body, key=None).status_code == 401
+    assert post(server, "/v1/chat/completions", body, key="sk-wrong").status_code == 401
+    assert httpx.get(f"{server}/v1/models", timeout=10).status_code == 401
+    assert post(server, "/v1/chat/completions", body).status_code == 200
+
+
+def test_routed_load_autoscales_one_model_up_and_down(server):
+    from ray import serve
+
+    from proxray.serve.app import deployment_name
+
+    name = deployment_name(SLOW)
+
+    def replicas():
+        st = serve.status().applications["proxray"].deployments[name]
+        return st.replica_states.get("RUNNING", 0)
+
+    body = {"model": "proxray", "messages": [{"role": "user", "content": "Route me to the slow one."}],
+            "proxray": {"allowed_models": [SLOW]}}
+    assert replicas() == 1
+    peak, deadline = 1, time.time() + 25
+    with ThreadPoolExecutor(8) as pool:
+        while time.time() < deadline and peak < 2:
+            codes = list(pool.map(lambda _: post(server, "/v1/chat/completions", body).status_code, range(16)))
+            assert codes == [200] * 16
+            peak = max(peak, replicas())
+    assert peak >= 2, "routed load did not scale the model up"
+    deadline = time.time() + 30
+    while time.time() < deadline and replicas() > 1:
+        time.sleep(1)
+    assert replicas() == 1, "the model did not scale back down"
