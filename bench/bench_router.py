@@ -117,7 +117,7 @@ def main(argv=None):
     for n in map(int, a.sizes.split(",")):
         for d in map(int, a.dims.split(",")):
             print(f"[bench] n={n} d={d} ...", file=sys.stderr, flush=True)
-            rows.append(bench(n, d, rng))
+            rows.append(bench(n, d, rng, n_single=300 if n <= 10000 else 100, n_batch=2048 if n <= 10000 else 1024))
     cols = ["n", "d", "faiss_search_ms_single", "knn_prox_ms_single", "ratio_knn_prox_to_search_single",
             "faiss_search_ms_batch256", "knn_prox_ms_batch256", "ratio_knn_prox_to_search_batch256",
             "knn_base_ms_batch256", "km_prox_ms_single", "km_prox_ms_batch256", "km_base_ms_batch256",

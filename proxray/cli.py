@@ -61,6 +61,19 @@ def _cmd_serve(a):
     raise SystemExit(subprocess.call([serve_bin, "run", a.config], env=env))
 
 
+def _cmd_monitor(a):
+    import json
+
+    import ray
+
+    ray.init(address=a.address, namespace="proxray", log_to_driver=False)
+    actor = ray.get_actor("proxray-monitor", namespace="proxray")
+    if a.what == "status":
+        print(json.dumps(ray.get(actor.status.remote()), indent=2))
+    else:
+        print(ray.get(actor.prometheus.remote()), end="")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="proxray", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -94,6 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="run a Serve config (serve run CONFIG) with token auth off for local use")
     srv.add_argument("config", help="Serve YAML, e.g. serve_configs/cpu_demo.yaml")
     srv.set_defaults(func=_cmd_serve)
+
+    demo = sub.add_parser("demo", help="end-to-end demos")
+    demo.add_argument("name", choices=["drift"])
+    demo.add_argument("rest", nargs=argparse.REMAINDER)
+    demo.set_defaults(func=lambda a: sys.exit(__import__("proxray.drift_demo", fromlist=["main"]).main(a.rest)))
+    mon = sub.add_parser("monitor", help="drift monitor: status (of the running detached actor)")
+    mon.add_argument("what", choices=["status", "metrics"])
+    mon.add_argument("--address", default="auto")
+    mon.set_defaults(func=_cmd_monitor)
 
     # light modules: their heavy imports happen inside the commands
     from .evaljob import add_parsers as add_job_parsers

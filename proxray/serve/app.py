@@ -94,6 +94,13 @@ class RouterIngress:
         if key_env and not self.api_key:
             raise ValueError(f"api_key_env={key_env!r} is set but the environment variable is empty")
         self.requests = 0
+        self.router_path = self.args.router
+        self.monitor = None
+        if self.args.monitor:
+            import ray
+
+            self.monitor = ray.get_actor(self.args.monitor, namespace="proxray")
+        self._watcher = None
 
     # ---- plumbing ----------------------------------------------------------------------------
     def _check_auth(self, request: Request) -> None:
@@ -118,6 +125,30 @@ class RouterIngress:
             msg, loc = _validation_message(e)
             raise HTTPError(400, msg, loc) from None
         return req
+
+    # ---- drift monitor ------------------------------------------------------------------------
+    async def _watch_router(self):
+        """Switch to the monitor's newest router artifact: load it off the event loop, then swap the
+        reference in one assignment, so requests in flight finish on the old router, none is dropped."""
+        from ..artifact import load_router
+
+        while True:
+            await asyncio.sleep(self.args.reload_every_s)
+            try:
+                path = (await self.monitor.status.remote())["router_path"]
+                if path != self.router_path:
+                    new = await asyncio.to_thread(load_router, path, None, self.encoder.id)
+                    self.router, self.router_path = new, path
+                    logger.info("proxray: switched to router %s (%d training queries)", path, new.n_train_)
+            except Exception as e:  # noqa: BLE001 - the monitor is optional; serving goes on
+                logger.warning("proxray: router watch failed: %s", e)
+
+    def _report(self, prompt, X, acc_hat, cost_hat, lam, chosen_index, outlier):
+        """Fire and forget: the request never waits for the monitor."""
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_router())
+        self.monitor.report.remote(uuid.uuid4().hex, prompt, X[0], (acc_hat - lam * cost_hat).tolist(),
+                                   chosen_index, outlier)
 
     # ---- routing -----------------------------------------------------------------------------
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
@@ -159,7 +190,10 @@ class RouterIngress:
         lam = self.args.lam if opts.lam is None else opts.lam
         u = np.where(allowed, acc_hat - lam * cost_hat, -np.inf)
         order = [int(i) for i in np.lexsort((cost_hat, -u)) if allowed[i]]  # best utility, then cheaper
-        report = {"routed": True, "lam": lam, "outlier_score": float(self.router.outlier_score(X)[0]),
+        outlier = float(self.router.outlier_score(X)[0])
+        if self.monitor is not None:
+            self._report(prompt, X, acc_hat, cost_hat, lam, order[0] if order else -1, outlier)
+        report = {"routed": True, "lam": lam, "outlier_score": outlier, "router_path": self.router_path,
                   "estimates": {models[i]: {"accuracy": float(acc_hat[i]), "cost": float(cost_hat[i])} for i in order}}
         report["runner_up"] = models[order[1]] if len(order) > 1 else None
         return [models[i] for i in order], report

@@ -107,6 +107,8 @@ class AppArgs(BaseModel):
     timeout_s: float = Field(30.0, gt=0, description="per model call; then the next-best model answers")
     max_prompt_chars: int = Field(32000, ge=1)
     default_max_tokens: int = Field(256, ge=1)
+    monitor: str | None = Field(None, description="name of a detached proxray.monitor actor (namespace proxray) to report to")
+    reload_every_s: float = Field(2.0, gt=0, description="how often to ask the monitor for a newer router artifact")
     router_num_cpus: float = Field(0.5, gt=0)
     router_replicas: int = Field(1, ge=1)
 
