@@ -47,11 +47,8 @@ def load(url, body, n, concurrency):
             "p50_ms": 1e3 * statistics.median(lat), "p99_ms": 1e3 * lat[int(0.99 * (len(lat) - 1))]}
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=400)
-    p.add_argument("--concurrency", type=int, default=8)
-    a = p.parse_args(argv)
+def start_demo_app():
+    """The cpu_demo app on a local Serve at a free 127.0.0.1 port: (chat URL, prompts, stop())."""
     import ray
     from ray import serve
 
@@ -73,7 +70,15 @@ def main(argv=None):
     auto = {"min_replicas": 1, "max_replicas": 1}
     serve.run(build_app({"router": f"{tmp}/router", "models": [{"id": m, "engine": "sim", "autoscaling": auto} for m in MODELS]}),
               name="proxray", route_prefix="/")
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    return f"http://127.0.0.1:{port}/v1/chat/completions", prompts, lambda: (serve.shutdown(), ray.shutdown())
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=8)
+    a = p.parse_args(argv)
+    url, prompts, stop = start_demo_app()
     msg = lambda i: [{"role": "user", "content": prompts[i % len(prompts)]}]  # noqa: E731
     load(url, lambda i: {"model": "proxray", "messages": msg(i)}, 40, a.concurrency)  # warm-up
     import httpx
@@ -96,7 +101,7 @@ def main(argv=None):
     print(f"routed / pass-through p50 latency: {best['routed']['p50_ms'] / best['pass-through']['p50_ms']:.2f}; "
           f"throughput ratio: {best['pass-through']['rps'] / best['routed']['rps']:.2f}")
     print(f"routing inside the ingress (encode + estimate), sequential: median {statistics.median(route_ms):.1f} ms")
-    serve.shutdown()
+    stop()
 
 
 if __name__ == "__main__":

@@ -9,12 +9,12 @@ def _cmd_import(a):
     from . import importers
 
     if a.format == "routerbench":
-        table = importers.read_routerbench(a.paths, split=a.split, missing=a.missing)
+        table = importers.read_routerbench(a.paths, split=a.split, missing=a.missing, trust_pickle=a.trust_pickle)
     elif a.format == "routerdc":
         table = importers.read_routerdc(a.paths, missing=a.missing)
     else:
         table = importers.load_routerbench_hf(filename=a.paths[0] if a.paths else "routerbench_0shot.pkl",
-                                              missing=a.missing)
+                                              missing=a.missing, trust_pickle=a.trust_pickle)
     out = table.write(a.out)
     print(f"{table} -> {out}\n{table.report}")
 
@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--split", default=None, help="split for every row (default: from each file name)")
     imp.add_argument("--missing", choices=["drop", "error"], default="drop",
                      help="queries lacking some models: drop them (reported) or fail")
+    imp.add_argument("--trust-pickle", action="store_true", help="allow reading a .pkl (unpickling can run code)")
     imp.set_defaults(func=_cmd_import)
 
     info = sub.add_parser("info", help="validate a routing table and print its model × task summary")

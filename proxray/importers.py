@@ -71,16 +71,20 @@ def routerbench_frame(wide: pd.DataFrame, split: str | None = None, few_shot: bo
     return pd.concat(parts, ignore_index=True)
 
 
-def read_routerbench(paths, split: str | None = None, missing: str = "drop", few_shot: bool = False) -> RoutingTable:
+def read_routerbench(paths, split: str | None = None, missing: str = "drop", few_shot: bool = False,
+                     trust_pickle: bool = False) -> RoutingTable:
     """RouterBench wide files (``.csv`` or ``.pkl``) -> RoutingTable. The split is taken from each file
     name (``arc_challenge_train.csv`` -> train) unless ``split`` is given.
 
-    ``.pkl`` is the format withmartian/routerbench publishes; unpickling runs code, so only read
-    pickles from a source you trust.
+    ``.pkl`` is the format withmartian/routerbench publishes; unpickling runs arbitrary code, so a pickle
+    is read only with ``trust_pickle=True`` (``--trust-pickle`` on the command line).
     """
     frames = []
     for path in [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]:
         if path.suffix.lower() in (".pkl", ".pickle"):
+            if not trust_pickle:
+                raise ValueError(f"{path}: refusing to unpickle (it can run code); pass trust_pickle=True "
+                                 "(--trust-pickle) for a file from a source you trust, or convert it to CSV")
             wide = pd.read_pickle(path)
         else:
             wide = pd.read_csv(path)
@@ -108,7 +112,8 @@ def read_routerdc(paths, missing: str = "drop") -> RoutingTable:
 
 
 def load_routerbench_hf(filename: str = "routerbench_0shot.pkl", repo_id: str = "withmartian/routerbench",
-                        revision: str | None = None, missing: str = "drop", download=None) -> RoutingTable:
+                        revision: str | None = None, missing: str = "drop", download=None,
+                        trust_pickle: bool = False) -> RoutingTable:
     """Download a RouterBench file from the Hugging Face Hub and import it.
 
     ``download(repo_id, filename, revision) -> local path`` defaults to ``huggingface_hub``'s
@@ -120,4 +125,4 @@ def load_routerbench_hf(filename: str = "routerbench_0shot.pkl", repo_id: str = 
 
             return hf_hub_download(repo_id=repo_id, filename=filename, revision=revision, repo_type="dataset")
     local = Path(download(repo_id, filename, revision))
-    return read_routerbench([local], split="all", missing=missing)
+    return read_routerbench([local], split="all", missing=missing, trust_pickle=trust_pickle)

@@ -39,7 +39,9 @@ def test_routerbench_pickle_same_as_csv(tmp_path, shared_data):
     csv = shared_data / "raw" / "routerbench_slice" / "winograde_test.csv"
     pkl = tmp_path / "winograde_test.pkl"
     pd.read_csv(csv).to_pickle(pkl)
-    a, b = read_routerbench([csv]), read_routerbench([pkl])
+    with pytest.raises(ValueError, match="refusing to unpickle"):
+        read_routerbench([pkl])
+    a, b = read_routerbench([csv]), read_routerbench([pkl], trust_pickle=True)
     assert a.query_ids == b.query_ids
     for x, y in zip(a.matrices(), b.matrices()):
         np.testing.assert_array_equal(x, y)
@@ -89,6 +91,6 @@ def test_huggingface_loader_offline(tmp_path, shared_data):
         calls.append((repo_id, filename, revision))
         return tmp_path / filename
 
-    t = load_routerbench_hf(download=download)
+    t = load_routerbench_hf(download=download, trust_pickle=True)
     assert calls == [("withmartian/routerbench", "routerbench_0shot.pkl", None)]
     assert t.n_queries > 100 and set(t.tasks) == {"mbpp"}

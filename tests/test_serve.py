@@ -1,69 +1,33 @@
 """The routed endpoint on a real local Ray Serve, over HTTP on 127.0.0.1, with the openai client.
 Marked slow (Serve start-up), run by CI all the same. Traffic is bounded in count and time."""
 import json
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import numpy as np
 import pytest
-
-from proxray import KNNRouter, RoutingTable
-from proxray.synthetic import generate_queries
 
 pytestmark = pytest.mark.slow
 
-WEAK, STRONG = "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"
-SLOW, BROKEN = "google/gemma-7b-it", "microsoft/Phi-3-small-8k-instruct"
-KEY = "sk-test-not-a-real-key-123"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from serve_helpers import BROKEN, KEY, SLOW, STRONG, WEAK, start_app, stop_app
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, encoder):
     import os
 
-    import ray
-    from ray import serve
-
-    from proxray.serve.app import build_app
-
-    tmp = tmp_path_factory.mktemp("serve")
-    # A router whose table says: BROKEN is the best and cheap, STRONG is good and dear, WEAK is cheap and poor.
-    q = generate_queries(8, seed=1)
-    rng = np.random.default_rng(0)
-    n = len(q)
-    acc = np.stack([rng.uniform(size=n) < 0.3, rng.uniform(size=n) < 0.5, np.ones(n, bool),
-                    rng.uniform(size=n) < 0.9], 1).astype(float)
-    cost = np.tile([1e-6, 4e-6, 2e-6, 3e-5], (n, 1))
-    models = [WEAK, SLOW, BROKEN, STRONG]
-    table = RoutingTable.from_matrices(acc, cost, models=models, prompts=list(q.prompt))
-    KNNRouter(k=10).fit(encoder.encode(table.prompts), *table.matrices(models=models), models=models,
-                        encoder_id=encoder.id).save(tmp / "router")
     os.environ["PROXRAY_TEST_KEY"] = KEY
-    port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PROXRAY_TEST_KEY": KEY, "RAY_AUTH_MODE": "disabled"}})
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     fast = {"min_replicas": 1, "max_replicas": 1}
-    args = {"router": str(tmp / "router"), "api_key_env": "PROXRAY_TEST_KEY", "timeout_s": 5, "max_prompt_chars": 2000,
-            "models": [{"id": WEAK, "engine": "sim", "autoscaling": fast},
-                       {"id": SLOW, "engine": "sim", "engine_kwargs": {"latency_s": 0.4},
-                        "autoscaling": {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 1,
-                                        "upscale_delay_s": 0.5, "downscale_delay_s": 3, "metrics_interval_s": 0.5,
-                                        "look_back_period_s": 1}},
-                       {"id": BROKEN, "engine": "sim", "engine_kwargs": {"fail_always": True}, "autoscaling": fast},
-                       {"id": STRONG, "engine": "sim", "autoscaling": fast}]}
-    serve.run(build_app(args), name="proxray", route_prefix="/")
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
-    ray.shutdown()
+    models = [{"id": WEAK, "engine": "sim", "autoscaling": fast},
+              {"id": SLOW, "engine": "sim", "engine_kwargs": {"latency_s": 0.4},
+               "autoscaling": {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 1,
+                               "upscale_delay_s": 0.5, "downscale_delay_s": 3, "metrics_interval_s": 0.5,
+                               "look_back_period_s": 1}},
+              {"id": BROKEN, "engine": "sim", "engine_kwargs": {"fail_always": True}, "autoscaling": fast},
+              {"id": STRONG, "engine": "sim", "autoscaling": fast}]
+    yield start_app(tmp_path_factory.mktemp("serve"), encoder, models, api_key_env="PROXRAY_TEST_KEY",
+                    timeout_s=5, max_prompt_chars=2000)
+    stop_app()
 
 
 @pytest.fixture

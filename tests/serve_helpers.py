@@ -1,0 +1,61 @@
+"""Start a real Serve app on 127.0.0.1 for tests: a kNN router over a small synthetic table and
+simulated model deployments."""
+import socket
+
+import numpy as np
+
+from proxray import KNNRouter, RoutingTable
+from proxray.synthetic import generate_queries
+
+WEAK, STRONG = "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"
+SLOW, BROKEN = "google/gemma-7b-it", "microsoft/Phi-3-small-8k-instruct"
+KEY = "sk-test-not-a-real-key-123"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# model -> (probability of a right answer, cost per query): BROKEN looks best and cheap to the router,
+# STRONG good and dear, WEAK cheap and poor.
+PROFILE = {WEAK: (0.3, 1e-6), SLOW: (0.5, 4e-6), BROKEN: (1.0, 2e-6), STRONG: (0.9, 3e-5)}
+
+
+def fit_router(path, encoder, models):
+    q = generate_queries(8, seed=1)
+    rng = np.random.default_rng(0)
+    n = len(q)
+    acc = np.stack([rng.uniform(size=n) < PROFILE[m][0] for m in models], 1).astype(float)
+    cost = np.tile([PROFILE[m][1] for m in models], (n, 1))
+    table = RoutingTable.from_matrices(acc, cost, models=models, prompts=list(q.prompt))
+    KNNRouter(k=10).fit(encoder.encode(table.prompts), *table.matrices(models=models), models=models,
+                        encoder_id=encoder.id).save(path)
+
+
+def start_app(tmp, encoder, models, request_timeout_s=None, app_name="proxray", **args):
+    """ray.init + serve.start on a free port + serve.run(build_app); returns the base URL."""
+    import ray
+    from ray import serve
+
+    from proxray.serve.app import build_app
+
+    fit_router(tmp / "router", encoder, [m["id"] for m in models])
+    port = free_port()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})  # the API key comes from the environment, never the runtime env
+    http = {"host": "127.0.0.1", "port": port}
+    if request_timeout_s:
+        http["request_timeout_s"] = request_timeout_s  # the proxy answers (408) instead of holding a request forever
+    serve.start(http_options=http)
+    serve.run(build_app({"router": str(tmp / "router"), "models": models, **args}), name=app_name, route_prefix="/")
+    return f"http://127.0.0.1:{port}"
+
+
+def stop_app():
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
