@@ -61,6 +61,12 @@ def _cmd_serve(a):
     raise SystemExit(subprocess.call([serve_bin, "run", a.config], env=env))
 
 
+def _cmd_demo(a):
+    from .drift_demo import main as drift_main
+
+    raise SystemExit(drift_main(a.rest))
+
+
 def _cmd_monitor(a):
     import json
 
@@ -112,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="end-to-end demos")
     demo.add_argument("name", choices=["drift"])
     demo.add_argument("rest", nargs=argparse.REMAINDER)
-    demo.set_defaults(func=lambda a: sys.exit(__import__("proxray.drift_demo", fromlist=["main"]).main(a.rest)))
+    demo.set_defaults(func=_cmd_demo)
     mon = sub.add_parser("monitor", help="drift monitor: status (of the running detached actor)")
     mon.add_argument("what", choices=["status", "metrics"])
     mon.add_argument("--address", default="auto")

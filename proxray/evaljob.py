@@ -340,7 +340,13 @@ def add_parsers(sub) -> None:
     t = sub.add_parser("make-tiny-model", help="build a tiny random causal LM + BPE tokenizer offline (for CPU runs)")
     t.add_argument("path")
     t.add_argument("--seed", type=int, default=0)
-    t.set_defaults(func=lambda a: print(__import__("proxray.engines", fromlist=["x"]).build_tiny_model(a.path, a.seed)))
+    t.set_defaults(func=cmd_make_tiny_model)
+
+
+def cmd_make_tiny_model(a) -> None:
+    from .engines import build_tiny_model
+
+    print(build_tiny_model(a.path, a.seed))
 
 
 def cmd_build_table(a) -> None:
