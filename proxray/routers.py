@@ -128,22 +128,34 @@ class _ProxRouter(RouterMixin, BaseEstimator):
         if not hasattr(self, "models_"):
             raise RuntimeError(f"{type(self).__name__} is not fitted: call fit(X, acc, cost) first")
 
+    def _search(self, X):
+        """(phi (q, n_ref), ref_index (q, n_ref) or None, prior) for raw query embeddings X (q, d)."""
+        self._check_fitted()
+        return self._phi(prepare(as_matrix(X, dim=self.dim_), self.metric))
+
     def weights(self, X):
         """Weights over the reference set: (w (q, n_ref), ref_index (q, n_ref) or None)."""
-        self._check_fitted()
-        phi, ref, prior = self._phi(prepare(as_matrix(X, dim=self.dim_), self.metric))
+        phi, ref, prior = self._search(X)
         return proximity_weights(phi, self.inv_tau_, prior), ref
+
+    def _values_at(self, w, ref):
+        """Σ_i w_i V_i for dense weights over all reference elements (clusters): two (q, M) arrays."""
+        return w @ self.acc_values_, w @ self.cost_values_
 
     def estimate(self, X):
         """Estimated accuracy and cost of every model: (acc_hat (q, M), cost_hat (q, M))."""
-        w, _ = self.weights(X)  # dense weights over all reference elements (clusters)
-        return w @ self.acc_values_, w @ self.cost_values_
+        return self._values_at(*self.weights(X))
 
     def outlier_score(self, X) -> np.ndarray:
         """Distance (q,) from each query to its nearest reference element (0 = seen before)."""
-        self._check_fitted()
-        phi, _, _ = self._phi(prepare(as_matrix(X, dim=self.dim_), self.metric))
-        return phi.min(axis=1)
+        return self._search(X)[0].min(axis=1)
+
+    def estimate_with_outlier_score(self, X):
+        """``estimate`` and ``outlier_score`` from one search (the serving path needs both):
+        (acc_hat (q, M), cost_hat (q, M), outlier (q,))."""
+        phi, ref, prior = self._search(X)
+        acc_hat, cost_hat = self._values_at(proximity_weights(phi, self.inv_tau_, prior), ref)
+        return acc_hat, cost_hat, phi.min(axis=1)
 
     def _check_new_targets(self, acc, cost):
         if acc.shape[1] != len(self.models_):
@@ -226,9 +238,8 @@ class KNNRouter(_ProxRouter):
         dist, idx = self.index_.search(Xq, self.k_)
         return dist, idx, None  # uniform prior over the k neighbours
 
-    def estimate(self, X):
-        """Estimated accuracy and cost of every model: (acc_hat (q, M), cost_hat (q, M))."""
-        w, ref = self.weights(X)
+    def _values_at(self, w, ref):
+        """Σ_i w_i V_i over each query's k neighbours ``ref`` (q, k): two (q, M) arrays."""
         # Gathering the k neighbours' rows is the main cost beyond the search: one gather from a
         # stacked (n, 2M) copy serves accuracy and cost together. Absent neighbours (-1) weigh 0.
         if getattr(self, "_values", None) is None:

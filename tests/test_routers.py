@@ -224,6 +224,16 @@ def test_approximate_indexes_recall(rng):
     assert r.estimate(Q)[0].shape == (200, 2)
 
 
+@pytest.mark.parametrize("cls,kw", [(KNNRouter, {"k": 12}), (KMeansRouter, {"n_clusters": 4})])
+def test_estimate_with_outlier_score_is_both_in_one(rng, cls, kw):
+    X, acc, cost, _ = blobs(rng)
+    r = cls(**kw).fit(X[:200], acc[:200], cost[:200])
+    a, c, o = r.estimate_with_outlier_score(X[200:])
+    for x, y in zip((a, c, o), (*r.estimate(X[200:]), r.outlier_score(X[200:]))):
+        np.testing.assert_array_equal(x, y)
+    assert (r.outlier_score(X[:5]) < 1e-5).all() if cls is KNNRouter else (o >= 0).all()
+
+
 def test_fewer_training_points_than_k(rng):
     X, acc, cost, _ = blobs(rng, n_per=2, centers=2)
     r = KNNRouter(k=100).fit(X, acc, cost)

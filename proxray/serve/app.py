@@ -84,6 +84,9 @@ class RouterIngress:
         self.encoder = SentenceEncoder(self.args.encoder, cache=False, progress=False)
         self.encoder.encode(["warm-up"])  # load the encoder now, not on the first request
         self.router = load_router(self.args.router, encoder_id=self.encoder.id)
+        if not hasattr(self.router, "estimate_with_outlier_score"):
+            raise ValueError(f"{self.args.router}: serving needs a KNNRouter or KMeansRouter artifact "
+                             f"(it reports outlier scores), not a {type(self.router).__name__}")
         self.handles = handles  # model id -> DeploymentHandle
         self.kinds = {m.id: m.engine for m in self.args.models}
         self.routable = [m for m in self.router.models_ if m in handles]
@@ -178,8 +181,8 @@ class RouterIngress:
                                 f"({', '.join(self.routable)})", "proxray.allowed_models")
             allowed &= np.array([m in opts.allowed_models for m in models])
         X = (await self._embed(prompt))[None, :]
-        acc_hat, cost_hat = self.router.estimate(X)
-        acc_hat, cost_hat = acc_hat[0], cost_hat[0]
+        acc_hat, cost_hat, outlier = self.router.estimate_with_outlier_score(X)  # one search for both
+        acc_hat, cost_hat, outlier = acc_hat[0], cost_hat[0], float(outlier[0])
         if opts.max_cost is not None:
             fits = cost_hat <= opts.max_cost
             if not (allowed & fits).any():
@@ -190,7 +193,6 @@ class RouterIngress:
         lam = self.args.lam if opts.lam is None else opts.lam
         u = np.where(allowed, acc_hat - lam * cost_hat, -np.inf)
         order = [int(i) for i in np.lexsort((cost_hat, -u)) if allowed[i]]  # best utility, then cheaper
-        outlier = float(self.router.outlier_score(X)[0])
         if self.monitor is not None:
             self._report(prompt, X, acc_hat, cost_hat, lam, order[0] if order else -1, outlier)
         report = {"routed": True, "lam": lam, "outlier_score": outlier, "router_path": self.router_path,
