@@ -41,6 +41,7 @@ class DriftMonitor:
     ``submit`` ("jobs_api" | "inline"), ``jobs_address``."""
 
     def __init__(self, router_path, table_path, state_dir, z=3, lam=0.0, window=200, n_groups=8, quantile=0.99,
+                 overlap_threshold=None, min_group=5,
                  min_batch=20, max_evals_per_hour=4, cost_budget=1.0, est_cost_per_query=1e-3, job_config=None,
                  labeler=None, submit="jobs_api", jobs_address=None, encoder=None):
         from sklearn.cluster import KMeans
@@ -53,6 +54,7 @@ class DriftMonitor:
         self.router_path, self.state_dir = str(router_path), Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.z, self.lam, self.min_batch = z, lam, min_batch
+        self.overlap_threshold, self.min_group = overlap_threshold, min_group
         self.max_evals_per_hour, self.cost_budget, self.est_cost = max_evals_per_hour, cost_budget, est_cost_per_query
         self.job_config, self.labeler, self.submit, self.jobs_address = job_config, labeler, submit, jobs_address
         router = load_router(router_path)
@@ -111,6 +113,10 @@ class DriftMonitor:
         drifted = bool(outlier_score > self.outlier_threshold)
         self.window.append({"group": group, "utility": [float(u) for u in utility], "drifted": drifted,
                             "outlier_score": float(outlier_score)})
+        if not drifted and self.overlap_threshold is not None:
+            j = self._group_overlap(group)
+            drifted = j is not None and j < self.overlap_threshold
+            self.window[-1]["drifted"] = drifted
         self.stats["reported"] += 1
         if drifted:
             self.stats["drifted"] += 1
@@ -118,17 +124,20 @@ class DriftMonitor:
         self._checkpoint()
         return drifted
 
-    def overlap(self, min_group: int = 5) -> float | None:
-        """J_z over the window: per group, the overlap of its estimated top-z set with the best-matching
-        training task; the mean over groups with at least ``min_group`` queries (None if none)."""
-        by_group: dict[int, list] = {}
-        for r in self.window:
-            by_group.setdefault(r["group"], []).append(r["utility"])
-        scores = []
-        for rows in by_group.values():
-            if len(rows) >= min_group:
-                s = frozenset(np.argsort(-np.mean(rows, 0), kind="stable")[: self.z].tolist())
-                scores.append(max(jaccard(s, t) for t in self.task_sets.values()))
+    def _group_overlap(self, group: int, min_group: int | None = None) -> float | None:
+        """Top-z overlap of one group's recent traffic (by estimated objective) with its best-matching
+        training task, or None with fewer than ``min_group`` queries in the window."""
+        rows = [r["utility"] for r in self.window if r["group"] == group]
+        if len(rows) < (self.min_group if min_group is None else min_group):
+            return None
+        s = frozenset(np.argsort(-np.mean(rows, 0), kind="stable")[: self.z].tolist())
+        return max(jaccard(s, t) for t in self.task_sets.values())
+
+    def overlap(self, min_group: int | None = None) -> float | None:
+        """J_z over the window: the mean of the groups' overlaps (groups with at least ``min_group``
+        queries), or None if no group has enough."""
+        scores = [self._group_overlap(g, min_group) for g in {r["group"] for r in self.window}]
+        scores = [x for x in scores if x is not None]
         return float(np.mean(scores)) if scores else None
 
     def status(self) -> dict:

@@ -83,6 +83,18 @@ def test_monitor_detects_absorbs_and_restores(world, encoder):
     assert after > before + 2.0
 
 
+def test_overlap_threshold_flags_whole_groups(world, encoder):
+    from proxray.artifact import load_router
+
+    tmp, full, X, acc, cost = world
+    mon = make_monitor(tmp, encoder, state="overlap", overlap_threshold=1.01, min_group=3)  # any overlap < 1.01
+    router = load_router(tmp / "r0")
+    inl = np.flatnonzero(full.tasks == "sciq")[:8]
+    a, c, o = router.estimate_with_outlier_score(X[inl])
+    flags = [mon.report(f"s{i}", full.prompts[j], X[j], a[i], int(np.argmax(a[i])), 0.0) for i, j in enumerate(inl)]
+    assert flags[:2] == [False, False] and any(flags[2:])  # flagged once its group has min_group queries
+
+
 def test_budget_and_rate_limits(world, encoder):
     tmp, *_ = world
     mon = make_monitor(tmp, encoder, state="budget", cost_budget=0.0)
