@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -30,27 +29,19 @@ def main(argv=None):
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--concurrency", type=int, default=8)
     a = p.parse_args(argv)
-    import httpx
-
-    from bench_serve import start_demo_app  # same folder
+    from bench_serve import load, start_demo_app  # same folder
 
     url, prompts, stop = start_demo_app()
-    client = httpx.Client(timeout=30)
 
-    def one(i):
-        try:
-            r = client.post(url, json={"model": "proxray", "messages": [{"role": "user", "content": prompts[i % len(prompts)]}]})
-            return r.status_code == 200
-        except httpx.HTTPError:
-            return False
+    def body(i):
+        return {"model": "proxray", "messages": [{"role": "user", "content": prompts[i % len(prompts)]}]}
 
-    with ThreadPoolExecutor(a.concurrency) as pool:
-        list(pool.map(one, range(500)))  # warm-up
-        before, samples, errors, t0 = rss_mb(), [], 0, time.time()
-        chunk = max(1, a.requests // 10)
-        for s in range(0, a.requests, chunk):
-            errors += sum(not ok for ok in pool.map(one, range(s, min(s + chunk, a.requests))))
-            samples.append(round(rss_mb(), 1))
+    load(url, body, 500, a.concurrency)  # warm-up
+    before, samples, errors, t0 = rss_mb(), [], 0, time.time()
+    chunk = max(1, a.requests // 10)
+    for s in range(0, a.requests, chunk):
+        errors += load(url, body, min(chunk, a.requests - s), a.concurrency)["errors"]
+        samples.append(round(rss_mb(), 1))
     wall = time.time() - t0
     res = {"requests": a.requests, "errors": errors, "rps": round(a.requests / wall, 1), "rss_before_mb": round(before, 1),
            "rss_after_mb": samples[-1], "growth_mb": round(samples[-1] - before, 1), "samples_mb": samples}

@@ -40,8 +40,8 @@ def _cmd_fit(a):
     table = RoutingTable.read(a.table) if a.table else make_table()
     if a.table is None:
         print("no --table: fitting on the embedded SYNTHETIC routing table", file=sys.stderr)
-    acc, cost = table.matrices(models=a.models.split(",") if a.models else None)
     models = a.models.split(",") if a.models else table.models
+    acc, cost = table.matrices(models=models)
     enc = SentenceEncoder(a.encoder)
     X = enc.encode(table.prompts)
     if a.router == "knn":

@@ -24,13 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .logs import log as _log
+
 POOL = ["meta-llama/Llama-3.2-1B-Instruct", "google/gemma-7b-it", "deepseek-ai/deepseek-math-7b-instruct",
         "microsoft/Phi-3-small-8k-instruct", "meta-llama/Llama-3.3-70B-Instruct"]
 PRICES = {m: v for m, v in __import__("proxray.synthetic", fromlist=["MODELS"]).MODELS.items()}
 
 
 def log(msg):
-    print(f"[drift-demo {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    _log(msg, "drift-demo")
 
 
 def auc_on(router, X, acc, cost):

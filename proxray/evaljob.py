@@ -33,10 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .engines import Sampling
 from .grading import grade
-
-
-def log(msg: str) -> None:
-    print(f"[proxray {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+from .logs import log
 
 
 # ---- configuration (validated at the boundary) --------------------------------------------------

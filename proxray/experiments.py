@@ -13,12 +13,12 @@ as mean and standard deviation over seeds.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from .logs import log
 from .metrics import baseline_points, cost_range, ndch_auc, routing_score, sweep
 from .tuning import auto_inv_tau, make_router
 
@@ -28,10 +28,6 @@ ROUTER_KEYS = ("base", "prox", "allsee")
 BASELINE_KEYS = ("random", "largest", "oracle")
 LABELS = {"base": "Base", "prox": "Prox", "allsee": "AllSee"}
 DEFAULT_SYNTH_OUTLIERS = {"km": ["hellaswag", "medqa"], "knn": ["gsm8k", "svamp"]}
-
-
-def log(msg: str) -> None:
-    print(f"[proxray {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass

@@ -72,6 +72,11 @@ def check_targets(acc, cost, n: int | None = None):
     return acc, cost
 
 
+def cluster_sums(labels, values, K: int) -> np.ndarray:
+    """Per-cluster sums (K, M) of ``values`` (n, M) for cluster ``labels`` (n,)."""
+    return np.stack([np.bincount(labels, weights=values[:, m], minlength=K) for m in range(values.shape[1])], 1)
+
+
 class RouterMixin:
     """``route`` and ``utility`` for anything with ``estimate(X) -> (acc_hat, cost_hat)``."""
 
@@ -337,8 +342,8 @@ class KMeansRouter(_ProxRouter):
         dist = self._member_distance(R, labels)
         self.spreads_ = np.bincount(labels, weights=dist, minlength=K) / np.maximum(self.sizes_, 1)
         n = np.maximum(self.sizes_, 1)[:, None]
-        self.acc_values_ = np.stack([np.bincount(labels, weights=acc[:, m], minlength=K) for m in range(acc.shape[1])], 1) / n
-        self.cost_values_ = np.stack([np.bincount(labels, weights=cost[:, m], minlength=K) for m in range(cost.shape[1])], 1) / n
+        self.acc_values_ = cluster_sums(labels, acc, K) / n
+        self.cost_values_ = cluster_sums(labels, cost, K) / n
 
     def _member_distance(self, R, labels):
         return pairwise_distance(R, self.centers_, self.metric)[np.arange(len(R)), labels]
@@ -386,22 +391,17 @@ class KMeansRouter(_ProxRouter):
         add_s = np.bincount(labels, weights=self._member_distance(R, labels), minlength=K)
         self.spreads_ = (self.spreads_ * self.sizes_ + add_s) / denom
 
-        def running_mean(values, new):
-            sums = np.stack([np.bincount(labels, weights=new[:, m], minlength=K) for m in range(new.shape[1])], 1)
-            return (values * self.sizes_[:, None] + sums) / denom[:, None]
-
-        self.acc_values_ = running_mean(self.acc_values_, acc)
-        self.cost_values_ = running_mean(self.cost_values_, cost)
+        old_n = self.sizes_[:, None]
+        self.acc_values_ = (self.acc_values_ * old_n + cluster_sums(labels, acc, K)) / denom[:, None]
+        self.cost_values_ = (self.cost_values_ * old_n + cluster_sums(labels, cost, K)) / denom[:, None]
         self.sizes_ = new_n
         self.labels_ = np.concatenate([self.labels_, labels])
         return self
 
     def _append_model_column(self, acc, cost):
-        K = len(self.centers_)
-        n = np.maximum(self.sizes_, 1)
-        col = lambda v: (np.bincount(self.labels_, weights=v[:, 0], minlength=K) / n)[:, None]  # noqa: E731
-        self.acc_values_ = np.hstack([self.acc_values_, col(acc)])
-        self.cost_values_ = np.hstack([self.cost_values_, col(cost)])
+        K, n = len(self.centers_), np.maximum(self.sizes_, 1)[:, None]
+        self.acc_values_ = np.hstack([self.acc_values_, cluster_sums(self.labels_, acc, K) / n])
+        self.cost_values_ = np.hstack([self.cost_values_, cluster_sums(self.labels_, cost, K) / n])
 
     def _state(self):
         return {"centers": self.centers_, "sizes": self.sizes_, "spreads": self.spreads_, "labels": self.labels_,
