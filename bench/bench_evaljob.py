@@ -5,8 +5,7 @@
 Runs the job on synthetic queries with one model per engine (sim; transformers with the tiny model
 that ``proxray make-tiny-model`` builds) and prints rows per second end to end (Ray Data start,
 inference, grading, pricing and the per-batch parquet writes included) and of the engine alone.
-On a GPU machine, compare the vLLM engine with vLLM's own offline throughput on the same prompts
-(``vllm.LLM.generate``) to get the job's overhead ratio (target >= 0.9).
+The vLLM engine against vLLM's own offline throughput on the same prompts: ``bench/bench_vllm.py job``.
 """
 from __future__ import annotations
 

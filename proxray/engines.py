@@ -150,15 +150,21 @@ class TransformersEngine:
         return out
 
 
-def build_tiny_model(path, seed: int = 0, vocab_size: int = 512, hidden: int = 64, layers: int = 2) -> str:
+def build_tiny_model(path, seed: int = 0, vocab_size: int = 512, hidden: int = 64, layers: int = 2,
+                     heads: int = 2, kv_heads: int = 1, max_positions: int = 1024) -> str:
     """A tiny Llama-architecture causal LM with a trained byte-level BPE tokenizer and a chat template,
-    saved to ``path`` in the Hugging Face layout. Random weights: real code path, not a real model."""
+    saved to ``path`` in the Hugging Face layout. Random weights: real code path, not a real model.
+
+    The default head size (hidden / heads = 32) is one vLLM's CPU attention supports (32, 64, 80, ...);
+    ``hidden`` and ``layers`` make a wider model for throughput measurements."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     from .synthetic import generate_queries
 
+    if hidden % heads or heads % kv_heads:
+        raise ValueError(f"hidden={hidden} must be a multiple of heads={heads}, and heads of kv_heads={kv_heads}")
     os.makedirs(path, exist_ok=True)
     corpus = generate_queries(30, seed=seed)["prompt"].tolist() + ["The answer is 42.", "(A)", "(B)", "True", "False"]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -168,13 +174,13 @@ def build_tiny_model(path, seed: int = 0, vocab_size: int = 512, hidden: int = 6
     tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>")
+                                   pad_token="<pad>", model_max_length=max_positions)
     fast.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                           "{% if add_generation_prompt %}assistant:{% endif %}")
     fast.save_pretrained(path)
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(fast), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
                       bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id)
     LlamaForCausalLM(cfg).save_pretrained(path)
     return str(path)
@@ -189,38 +195,239 @@ def make_engine(spec) -> object:
     raise ValueError(f"engine {spec.engine!r} has no in-process engine (vllm runs through ray.data.llm)")
 
 
-def vllm_config(spec):
-    """The ``ray.data.llm.vLLMEngineProcessorConfig`` of a model spec: ``replicas`` engines of
-    ``gpus_per_replica`` GPUs each (tensor parallel) on ``accelerator_type`` nodes; a row the engine
-    fails on lands in an error column instead of failing the job."""
+# ---- vLLM (ray.data.llm in the job, ray.serve.llm in the endpoint) ---------------------------------
+# Every difference between a GPU and a CPU build of the same model lives in its config (engine_kwargs such
+# as dtype / enforce_eager, placement_group_config bundles, accelerator_type, runtime_env such as
+# VLLM_CPU_KVCACHE_SPACE), never in a code branch here.
+
+def vllm_engine_kwargs(spec) -> dict:
+    """Engine kwargs for vLLM: tensor parallel size from ``gpus_per_replica`` (job specs), then the
+    config's own kwargs, which win."""
+    base = {}
+    if getattr(spec, "gpus_per_replica", 0) > 1:
+        base["tensor_parallel_size"] = spec.gpus_per_replica
+    return {**base, **spec.engine_kwargs}
+
+
+def vllm_config(spec, source: str | None = None):
+    """The ``ray.data.llm.vLLMEngineProcessorConfig`` of a job model spec: exactly ``replicas`` engines
+    (a fixed pool: ``concurrency=(n, n)``; an int would be an autoscaling pool 1..n) on the resources its
+    ``placement_group_config`` names (CPU bundles on a CPU cluster; without it the stage asks for a GPU)
+    or ``gpus_per_replica`` GPUs on ``accelerator_type`` nodes. A row the engine fails on lands in
+    ``__inference_error__`` instead of failing the job."""
     from ray.data.llm import vLLMEngineProcessorConfig
 
-    engine_kwargs = {"tensor_parallel_size": max(1, spec.gpus_per_replica), **spec.engine_kwargs}
+    extra = {"placement_group_config": spec.placement_group_config} if spec.placement_group_config else {}
+    if spec.runtime_env:
+        extra["runtime_env"] = spec.runtime_env
+    # the processor's CPU stages (chat template, tokenize, detokenize) each take num_cpus per actor;
+    # Ray's default of a whole CPU each starves a small CPU cluster before the engine even starts
+    cpu_stage = {"num_cpus": spec.num_cpus}
+    extra.update(chat_template_stage=cpu_stage, tokenize_stage=cpu_stage, detokenize_stage=cpu_stage)
+    # engine stats off in batch jobs (Ray 2.60, ray-project/ray#61656): a batch whose every row failed has a
+    # null ``metrics`` column that cannot be joined with a successful batch's struct
+    engine_kwargs = {"disable_log_stats": True, **vllm_engine_kwargs(spec)}
     return vLLMEngineProcessorConfig(
-        model_source=spec.source or spec.id, engine_kwargs=engine_kwargs, concurrency=spec.replicas,
-        batch_size=spec.batch_size, accelerator_type=spec.accelerator_type, should_continue_on_error=True)
+        model_source=source or spec.source or spec.id, engine_kwargs=engine_kwargs,
+        concurrency=(spec.replicas, spec.replicas), batch_size=spec.batch_size,
+        accelerator_type=spec.accelerator_type, should_continue_on_error=True, log_engine_metrics=False, **extra)
+
+
+OUTPUT_COLUMNS = ("query_id", "response", "input_tokens", "output_tokens", "error")
+
+
+def vllm_output_row(row: dict) -> dict:
+    """One job output row (``OUTPUT_COLUMNS``) from any row ``ray.data.llm`` yields: a successful row
+    (``generated_text``, vLLM's own token counts), a failed one (with ``should_continue_on_error`` it skips
+    ``postprocess`` and arrives as the raw row with ``__inference_error__`` set and none of the standard
+    columns), or a row already in this shape. Idempotent, so it serves as postprocess and after it.
+    ``error`` is "" for a successful row (a string column in every block)."""
+    err = row.get("__inference_error__")
+    err = "" if err is None or (isinstance(err, float) and err != err) else str(err)
+    if not err and "response" in row and "generated_text" not in row:
+        return {k: row.get(k) for k in OUTPUT_COLUMNS} | {"error": str(row.get("error") or "")}
+    if err:
+        return {"query_id": row["query_id"], "response": "", "input_tokens": 0, "output_tokens": 0, "error": err}
+
+    def count(v):
+        return 0 if v is None or (isinstance(v, float) and v != v) else int(v)
+
+    return {"query_id": row["query_id"], "response": row.get("generated_text") or "",
+            "input_tokens": count(row.get("num_input_tokens")),
+            "output_tokens": count(row.get("num_generated_tokens")), "error": ""}
 
 
 def vllm_rows(sampling: Sampling):
-    """(preprocess, postprocess) row functions between query rows and ``ray.data.llm`` rows.
-    Output rows: query_id, response, input_tokens, output_tokens (vLLM's own counts), error."""
+    """(preprocess, postprocess) row functions between query rows and ``ray.data.llm`` rows."""
     params = {"temperature": sampling.temperature, "max_tokens": sampling.max_tokens, "seed": sampling.seed}
 
     def preprocess(row):
         return {**row, "messages": [{"role": "user", "content": row["prompt"]}], "sampling_params": params}
 
-    def postprocess(row):
-        err = row.get("__inference_error__")
-        return {"query_id": row["query_id"], "response": row.get("generated_text") or "",
-                "input_tokens": int(row.get("num_input_tokens") or 0),
-                "output_tokens": int(row.get("num_generated_tokens") or 0), "error": str(err) if err else None}
-
-    return preprocess, postprocess
+    return preprocess, vllm_output_row
 
 
-def vllm_processor(spec, sampling: Sampling):
-    """A ``ray.data.llm`` processor running ``spec`` on vLLM (GPU nodes)."""
+def vllm_processor(spec, sampling: Sampling, source: str | None = None):
+    """A ``ray.data.llm`` processor running ``spec`` on vLLM. Apply it, then map ``vllm_output_row``
+    (failed rows bypass ``postprocess``)."""
     from ray.data.llm import build_processor
 
     preprocess, postprocess = vllm_rows(sampling)
-    return build_processor(vllm_config(spec), preprocess=preprocess, postprocess=postprocess)
+    light = {"num_cpus": spec.num_cpus}  # the row maps are light; Ray's default (1 CPU a task) starves small clusters
+    return build_processor(vllm_config(spec, source), preprocess=preprocess, postprocess=postprocess,
+                           preprocess_map_kwargs=light, postprocess_map_kwargs=light)
+
+
+# ---- checks before Ray starts ---------------------------------------------------------------------
+_HUB_ID = __import__("re").compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# keys Ray itself puts into engine_kwargs (not vLLM EngineArgs fields)
+_RAY_ENGINE_KEYS = {"task_type"}
+
+
+def local_source(source: str):
+    """``(path, problem)``: the absolute folder of a local model, or ``(None, None)`` for a Hub id.
+    A source is local when it starts with ``/``, ``./``, ``../`` or ``~``, exists, or its first path part is
+    an existing folder (``out/tiny-llama-a`` with ``out/`` present); write local folders as ``./path``."""
+    from pathlib import Path
+
+    if source.startswith("file://"):
+        source = source[len("file://"):]
+    p = Path(source).expanduser()
+    first = Path(source).parts[0] if Path(source).parts else ""
+    local = (source.startswith(("/", "./", "../", "~")) or p.exists() or not _HUB_ID.match(source)
+             or (len(Path(source).parts) > 1 and Path(first).is_dir()))
+    if not local:
+        return None, None
+    if not p.is_dir():
+        return None, f"source {source!r}: no such model folder ({p.resolve()})"
+    if not (p / "config.json").is_file():
+        return None, f"source {source!r}: the folder has no config.json (not a Hugging Face model folder)"
+    return str(p.resolve()), None
+
+
+def _model_config(source: str, local: str | None) -> dict | None:
+    """The model's config.json: from the local folder, else from the Hugging Face cache (no download)."""
+    import json
+
+    path = os.path.join(local, "config.json") if local else None
+    if path is None:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(source, "config.json")
+            path = cached if isinstance(cached, str) else None
+        except Exception:  # noqa: BLE001 - no cache: nothing to check against
+            path = None
+    if not path:
+        return None
+    with open(path) as f:
+        cfg = json.load(f)
+    return {**cfg.get("text_config", {}), **cfg} if "text_config" in cfg else cfg
+
+
+def _vllm_source(module: str):
+    """The parsed source of a vLLM module, found without importing vLLM (importing it takes ~10 s)."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], *module.split(".")) + ".py"
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return ast.parse(f.read())
+
+
+def _vllm_engine_fields() -> set | None:
+    """Names of vLLM's engine arguments (the ``EngineArgs`` / ``AsyncEngineArgs`` dataclass fields), read
+    from the installed vLLM's source; None where vLLM is not installed (checked where it runs)."""
+    import ast
+
+    tree = _vllm_source("engine.arg_utils")
+    if tree is None:
+        return None
+    fields = {node.target.id for cls in tree.body if isinstance(cls, ast.ClassDef)
+              and cls.name in ("EngineArgs", "AsyncEngineArgs")
+              for node in cls.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    return fields or None
+
+
+def _cpu_head_sizes() -> list | None:
+    """The head sizes vLLM's CPU attention backend supports, read from the installed vLLM's source."""
+    import ast
+
+    tree = _vllm_source("v1.attention.backends.cpu_attn")
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.FunctionDef) and node.name == "get_supported_head_sizes":
+            for ret in ast.walk(node):
+                if isinstance(ret, ast.Return) and isinstance(ret.value, ast.List):
+                    return [ast.literal_eval(e) for e in ret.value.elts]
+    return None
+
+
+def check_vllm_model(name: str, source: str, engine_kwargs: dict, placement_group_config: dict | None,
+                     max_tokens: int | None = None, known_fields: set | None = None) -> tuple[str | None, list]:
+    """Problems a vLLM model would only show from inside a Ray actor, found before Ray starts:
+    a local source that does not exist, a Hub id with the Hub offline and no cached copy, an engine
+    kwarg vLLM does not know, ``max_model_len`` above the model's context, ``max_tokens`` that leaves no
+    room in the context, a head size vLLM's CPU attention cannot run (CPU bundles only).
+    Returns ``(resolved local source or None, [problem, ...])``, each problem naming the model."""
+    problems = []
+    local, problem = local_source(source)
+    if problem:
+        return None, [f"model {name!r}: {problem}"]
+    if local is None and os.environ.get("HF_HUB_OFFLINE") and _model_config(source, None) is None:
+        problems.append(f"model {name!r}: source {source!r} is not a local folder, and the Hugging Face Hub is "
+                        "offline (HF_HUB_OFFLINE) with no cached copy")
+    if known_fields:
+        unknown = sorted(set(engine_kwargs) - known_fields - _RAY_ENGINE_KEYS)
+        if unknown:
+            import difflib
+
+            hints = {k: difflib.get_close_matches(k, known_fields, n=1) for k in unknown}
+            problems.append(f"model {name!r}: engine_kwargs {unknown} are not vLLM engine arguments"
+                            + "".join(f"; did you mean {h[0]!r} for {k!r}?" for k, h in hints.items() if h))
+    cfg = _model_config(source, local)
+    if cfg:
+        ctx = cfg.get("max_position_embeddings") or cfg.get("max_sequence_length") or cfg.get("seq_length")
+        max_len = engine_kwargs.get("max_model_len") or ctx
+        if ctx and engine_kwargs.get("max_model_len") and engine_kwargs["max_model_len"] > ctx \
+                and not cfg.get("rope_scaling"):
+            problems.append(f"model {name!r}: engine_kwargs.max_model_len={engine_kwargs['max_model_len']} is above "
+                            f"the model's context of {ctx} tokens (max_position_embeddings)")
+        elif max_len and max_tokens is not None and max_tokens >= max_len:
+            problems.append(f"model {name!r}: max_tokens={max_tokens} leaves no room for a prompt in the model's "
+                            f"context of {max_len} tokens (max_model_len); allowed: max_tokens < {max_len}")
+        bundles = (placement_group_config or {}).get("bundles") or []
+        on_cpu = bool(bundles) and not any(b.get("GPU") for b in bundles) or engine_kwargs.get("device") == "cpu"
+        heads = cfg.get("num_attention_heads")
+        head_dim = cfg.get("head_dim") or (cfg.get("hidden_size") // heads if heads and cfg.get("hidden_size") else None)
+        sizes = _cpu_head_sizes() if on_cpu and head_dim else None
+        if sizes and head_dim not in sizes:
+            problems.append(f"model {name!r}: head size {head_dim} is not supported by vLLM's CPU attention "
+                            f"(supported: {', '.join(map(str, sizes))})")
+    return local, problems
+
+
+def check_models(models, max_tokens: int | None) -> tuple[dict, list]:
+    """Check every model of a job config or a Serve app before anything starts: vLLM models as
+    ``check_vllm_model`` does, transformers models' local folders. ``models`` have ``id``, ``source``,
+    ``engine``, ``engine_kwargs`` and ``placement_group_config``. Returns ``({model id: source with local
+    folders made absolute}, [every problem])`` — the caller raises its own error type."""
+    problems, sources = [], {}
+    fields = _vllm_engine_fields() if any(m.engine == "vllm" for m in models) else None
+    for m in models:
+        source, local = m.source or m.id, None
+        if m.engine == "vllm":
+            local, found = check_vllm_model(m.id, source, m.engine_kwargs, m.placement_group_config, max_tokens, fields)
+            problems += found
+        elif m.engine == "transformers":
+            local, problem = local_source(source)
+            problems += [f"model {m.id!r}: {problem}"] if problem else []
+        sources[m.id] = local or source
+    return sources, problems

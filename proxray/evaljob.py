@@ -45,11 +45,15 @@ class ModelSpec(BaseModel):
     price_out: float = Field(ge=0, description="USD per million output tokens")
     engine: Literal["vllm", "transformers", "sim"]
     engine_kwargs: dict = Field(default_factory=dict)
-    accelerator_type: str | None = Field(None, description="e.g. H100, V100 (vllm)")
-    gpus_per_replica: int = Field(1, ge=0)
+    accelerator_type: str | None = Field(None, description="e.g. H100, A100 (vllm)")
+    gpus_per_replica: int = Field(1, ge=0, description="vllm: GPUs per engine (tensor parallel when > 1)")
+    placement_group_config: dict | None = Field(
+        None, description="vllm: Ray placement bundles per engine, e.g. {bundles: [{CPU: 1}]} on a CPU cluster")
+    runtime_env: dict | None = Field(None, description="vllm: Ray runtime_env of the engine workers (env_vars, ...)")
     replicas: int = Field(1, ge=1)
     batch_size: int = Field(16, ge=1)
-    num_cpus: float = Field(1.0, gt=0, description="CPUs per replica (CPU engines)")
+    num_cpus: float = Field(1.0, gt=0, description="CPUs per replica (sim, transformers); vllm: CPUs per actor "
+                            "of the processor's chat-template, tokenize and detokenize stages")
 
 
 class SyntheticSet(BaseModel):
@@ -100,6 +104,18 @@ class JobConfig(BaseModel):
 
 class ConfigError(ValueError):
     pass
+
+
+def check_config(config: JobConfig) -> dict:
+    """Everything about the models that would otherwise fail inside a Ray actor, checked before Ray
+    starts; every problem is reported at once (``ConfigError``). Returns ``{model id: source}`` with
+    local folders resolved to absolute paths (Ray workers may run in another directory)."""
+    from .engines import check_models
+
+    sources, problems = check_models(config.models, config.sampling.max_tokens)
+    if problems:
+        raise ConfigError("invalid job config:\n" + "\n".join(f"  {p}" for p in problems))
+    return sources
 
 
 def load_config(path) -> JobConfig:
@@ -175,13 +191,13 @@ class EngineWorker:
         rows = batch.to_dict("records")
         try:
             outs = self.engine.generate(rows, self.sampling)
-            errors = [None] * len(rows)
+            errors = [""] * len(rows)
         except Exception:  # noqa: BLE001 - isolate the failing rows
             outs, errors = [], []
             for r in rows:
                 try:
                     outs.append(self.engine.generate([r], self.sampling)[0])
-                    errors.append(None)
+                    errors.append("")
                 except Exception as e:  # noqa: BLE001
                     outs.append({"response": "", "input_tokens": 0, "output_tokens": 0})
                     errors.append(f"{type(e).__name__}: {e}")
@@ -192,16 +208,19 @@ class EngineWorker:
                              "error": errors})
 
 
-def _dataset(spec: ModelSpec, todo: pd.DataFrame, sampling: Sampling):
+def _dataset(spec: ModelSpec, todo: pd.DataFrame, sampling: Sampling, source: str | None = None):
     import ray
 
     cols = [c for c in ("query_id", "task", "prompt", "answer", "answer_type", "difficulty") if c in todo]
     items = todo[cols].to_dict("records")
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // spec.batch_size, 64)))
     if spec.engine == "vllm":
-        from .engines import vllm_processor
+        from .engines import vllm_output_row, vllm_processor
 
-        return vllm_processor(spec, sampling)(ds)
+        # failed rows skip the processor's postprocess: map every row to the output columns after it
+        return vllm_processor(spec, sampling, source)(ds).map(vllm_output_row, num_cpus=spec.num_cpus)
+    if source:
+        spec = spec.model_copy(update={"source": source})
     return ds.map_batches(
         EngineWorker, fn_constructor_kwargs={"spec": spec.model_dump(), "sampling": vars(sampling)},
         batch_size=spec.batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=spec.replicas),
@@ -223,13 +242,16 @@ def graded_rows(spec: ModelSpec, out: pd.DataFrame, todo: pd.DataFrame) -> pd.Da
 
 
 def run_model(spec: ModelSpec, todo: pd.DataFrame, sampling: Sampling, out: Path, run_id: str,
-              max_batches: int | None = None) -> dict:
+              max_batches: int | None = None, source: str | None = None) -> dict:
     """Run one model on ``todo``; write each finished batch at once. Returns counts."""
-    ds = _dataset(spec, todo, sampling)
+    ds = _dataset(spec, todo, sampling, source)
     written = failed = 0
     t0 = time.time()
+    first = None  # (seconds, rows) at the first finished batch: engine start-up vs steady state
     for i, batch in enumerate(ds.iter_batches(batch_size=None, batch_format="pandas")):
-        err = batch["error"].notna().to_numpy() if "error" in batch else np.zeros(len(batch), bool)
+        first = first or (time.time() - t0, len(batch))
+        err = (batch["error"].fillna("").astype(str).str.len() > 0).to_numpy() if "error" in batch \
+            else np.zeros(len(batch), bool)
         ok, bad = batch[~err], batch[err]
         if len(ok):
             _write_atomic(graded_rows(spec, ok.reset_index(drop=True), todo),
@@ -244,7 +266,8 @@ def run_model(spec: ModelSpec, todo: pd.DataFrame, sampling: Sampling, out: Path
         if max_batches is not None and i + 1 >= max_batches:
             log(f"{spec.id}: stopping after {max_batches} batches (max_batches)")
             break
-    return {"model": spec.id, "todo": len(todo), "written": written, "errors": failed, "seconds": time.time() - t0}
+    return {"model": spec.id, "todo": len(todo), "written": written, "errors": failed, "seconds": time.time() - t0,
+            "first_batch_s": first[0] if first else None, "first_batch_rows": first[1] if first else 0}
 
 
 # ---- the job -------------------------------------------------------------------------------------
@@ -253,11 +276,12 @@ def run_job(config: JobConfig, output=None, models=None, max_batches: int | None
     import ray
 
     out = Path(output or config.output)
-    queries = load_queries(config, load_dataset)
-    specs = [m for m in config.models if models is None or m.id in models]
     unknown = sorted(set(models or []) - {m.id for m in config.models})
     if unknown:
         raise ConfigError(f"--models names {unknown}, not in the config ({', '.join(m.id for m in config.models)})")
+    sources = check_config(config)  # before Ray starts: a bad model fails here, not inside an actor
+    queries = load_queries(config, load_dataset)
+    specs = [m for m in config.models if models is None or m.id in models]
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS")
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
@@ -271,7 +295,7 @@ def run_job(config: JobConfig, output=None, models=None, max_batches: int | None
         todo = queries[~queries["query_id"].isin(done)].reset_index(drop=True)
         log(f"{spec.id} ({spec.engine}): {len(done)} done, {len(todo)} to run")
         if len(todo):
-            stats.append(run_model(spec, todo, sampling, out, run_id, max_batches))
+            stats.append(run_model(spec, todo, sampling, out, run_id, max_batches, sources[spec.id]))
     result = consolidate(out, queries, [m.id for m in config.models])
     result["runs"] = stats
     return result
@@ -337,13 +361,16 @@ def add_parsers(sub) -> None:
     t = sub.add_parser("make-tiny-model", help="build a tiny random causal LM + BPE tokenizer offline (for CPU runs)")
     t.add_argument("path")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--hidden", type=int, default=64, help="hidden size (head size = hidden / heads)")
+    t.add_argument("--layers", type=int, default=2)
+    t.add_argument("--heads", type=int, default=2)
     t.set_defaults(func=cmd_make_tiny_model)
 
 
 def cmd_make_tiny_model(a) -> None:
     from .engines import build_tiny_model
 
-    print(build_tiny_model(a.path, a.seed))
+    print(build_tiny_model(a.path, a.seed, hidden=a.hidden, layers=a.layers, heads=a.heads))
 
 
 def cmd_build_table(a) -> None:

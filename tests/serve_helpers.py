@@ -23,25 +23,26 @@ def free_port():
 PROFILE = {WEAK: (0.3, 1e-6), SLOW: (0.5, 4e-6), BROKEN: (1.0, 2e-6), STRONG: (0.9, 3e-5)}
 
 
-def fit_router(path, encoder, models):
+def fit_router(path, encoder, models, profile=None):
+    profile = {**PROFILE, **(profile or {})}
     q = generate_queries(8, seed=1)
     rng = np.random.default_rng(0)
     n = len(q)
-    acc = np.stack([rng.uniform(size=n) < PROFILE[m][0] for m in models], 1).astype(float)
-    cost = np.tile([PROFILE[m][1] for m in models], (n, 1))
+    acc = np.stack([rng.uniform(size=n) < profile[m][0] for m in models], 1).astype(float)
+    cost = np.tile([profile[m][1] for m in models], (n, 1))
     table = RoutingTable.from_matrices(acc, cost, models=models, prompts=list(q.prompt))
     KNNRouter(k=10).fit(encoder.encode(table.prompts), *table.matrices(models=models), models=models,
                         encoder_id=encoder.id).save(path)
 
 
-def start_app(tmp, encoder, models, request_timeout_s=None, app_name="proxray", **args):
+def start_app(tmp, encoder, models, request_timeout_s=None, app_name="proxray", profile=None, **args):
     """ray.init + serve.start on a free port + serve.run(build_app); returns the base URL."""
     import ray
     from ray import serve
 
     from proxray.serve.app import build_app
 
-    fit_router(tmp / "router", encoder, [m["id"] for m in models])
+    fit_router(tmp / "router", encoder, [m["id"] for m in models], profile)
     port = free_port()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})  # the API key comes from the environment, never the runtime env

@@ -48,13 +48,26 @@ def test_vllm_path_config_and_rows():
                      accelerator_type="H100", gpus_per_replica=4, replicas=2, batch_size=32,
                      engine_kwargs={"max_model_len": 4096})
     cfg = vllm_config(spec)
-    assert cfg.model_source == spec.id and cfg.concurrency == 2 and cfg.batch_size == 32
-    assert cfg.accelerator_type == "H100" and cfg.should_continue_on_error
+    assert cfg.model_source == spec.id and cfg.batch_size == 32
+    assert cfg.concurrency == (2, 2)  # exactly `replicas` engines: an int would be an autoscaling pool 1..n
+    assert cfg.accelerator_type == "H100" and cfg.should_continue_on_error and cfg.placement_group_config is None
     assert cfg.engine_kwargs["tensor_parallel_size"] == 4 and cfg.engine_kwargs["max_model_len"] == 4096
+    assert cfg.engine_kwargs["disable_log_stats"] is True and cfg.log_engine_metrics is False  # ray#61656
+    cpu = ModelSpec(id="t", source="/m", engine="vllm", price_in=0, price_out=0, gpus_per_replica=0, num_cpus=0.1,
+                    placement_group_config={"bundles": [{"CPU": 1}]}, runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
+    cfg = vllm_config(cpu, source="/abs/m")
+    b = cfg.placement_group_config["bundles"]
+    assert cfg.model_source == "/abs/m" and len(b) == 1 and b[0]["CPU"] == 1 and not b[0].get("GPU")
+    assert "tensor_parallel_size" not in cfg.engine_kwargs and cfg.runtime_env["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert cfg.chat_template_stage["num_cpus"] == 0.1  # the CPU stages must not take a whole core each
     pre, post = vllm_rows(Sampling(temperature=0.0, max_tokens=7, seed=1))
     row = pre({"query_id": "q1", "prompt": "2+2?", "answer": "4"})
     assert row["messages"] == [{"role": "user", "content": "2+2?"}] and row["sampling_params"]["max_tokens"] == 7
     ok = post({**row, "generated_text": "4", "num_input_tokens": 5, "num_generated_tokens": 1})
-    assert ok == {"query_id": "q1", "response": "4", "input_tokens": 5, "output_tokens": 1, "error": None}
-    bad = post({**row, "__inference_error__": "CUDA OOM"})
-    assert bad["error"] == "CUDA OOM"
+    assert ok == {"query_id": "q1", "response": "4", "input_tokens": 5, "output_tokens": 1, "error": ""}
+    assert post(ok) == ok  # idempotent: also mapped after the processor
+    # a failed row skips postprocess and arrives raw, without the standard columns (NaN counts, no text)
+    bad = post({**row, "__inference_error__": "VLLMValidationError: too long", "num_input_tokens": float("nan")})
+    assert bad == {"query_id": "q1", "response": "", "input_tokens": 0, "output_tokens": 0,
+                   "error": "VLLMValidationError: too long"}
+    assert post({**row, "generated_text": None, "num_input_tokens": None, "__inference_error__": ""})["error"] == ""

@@ -128,6 +128,10 @@ def test_config_errors_name_the_field(tmp_path, patch, message):
 
 
 def test_shipped_configs_validate():
-    for name in ("cpu_tiny", "paper_pool"):
+    for name, n in (("cpu_tiny", 5), ("cpu_vllm", 3), ("paper_pool", 14)):
         cfg = load_config(ROOT / "jobs" / "configs" / f"{name}.yaml")
-        assert len(cfg.models) == (5 if name == "cpu_tiny" else 14)
+        assert len(cfg.models) == n
+    pool = load_config(ROOT / "jobs" / "configs" / "paper_pool.yaml")
+    assert {m.accelerator_type for m in pool.models} == {"A100", "H100"}  # vLLM 0.29 cannot run on V100
+    assert "microsoft/Phi-3-small-8k-instruct" not in {m.id for m in pool.models}  # vLLM 0.29 cannot load it
+    assert all(m.engine_kwargs["max_model_len"] <= 4096 for m in pool.models)

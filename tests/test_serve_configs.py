@@ -5,7 +5,17 @@ from conftest import ROOT
 from proxray.serve.schemas import AppArgs
 
 
-@pytest.mark.parametrize("name", ["cpu_demo", "paper_pool_h100", "paper_pool_v100"])
+# each model's own context (max_position_embeddings): vLLM refuses a larger max_model_len
+CONTEXT = {"Qwen/Qwen2-1.5B-Instruct": 32768, "Qwen/Qwen2-7B-Instruct": 32768,
+           "deepseek-ai/deepseek-math-7b-instruct": 4096, "google/gemma-2b-it": 8192, "google/gemma-7b-it": 8192,
+           "microsoft/Phi-3-mini-4k-instruct": 4096, "meta-llama/Llama-2-7b-chat-hf": 4096,
+           "meta-llama/Llama-2-13b-chat-hf": 4096, "meta-llama/Llama-3.2-1B-Instruct": 131072,
+           "meta-llama/Llama-3.2-3B-Instruct": 131072, "meta-llama/Llama-3.1-8B-Instruct": 131072,
+           "meta-llama/Llama-3.3-70B-Instruct": 131072, "mistralai/Mistral-7B-Instruct-v0.3": 32768,
+           "mistralai/Mixtral-8x7B-Instruct-v0.1": 32768}
+
+
+@pytest.mark.parametrize("name", ["cpu_demo", "cpu_vllm", "paper_pool_h100", "paper_pool_a100"])
 def test_serve_configs_are_valid(name):
     from ray.serve.schema import ServeDeploySchema
 
@@ -14,10 +24,14 @@ def test_serve_configs_are_valid(name):
     app = raw["applications"][0]
     assert app["import_path"] == "proxray.serve.app:build_app"
     args = AppArgs.model_validate(app["args"])
-    if name != "cpu_demo":
+    if name.startswith("paper_pool"):
         assert len(args.models) == 14 and all(m.engine == "vllm" for m in args.models)
-        acc = "H100" if "h100" in name else "V100"
+        acc = "H100" if "h100" in name else "A100"
         assert {m.accelerator_type for m in args.models} == {acc}
+        # models vLLM 0.29 loads (not Phi-3-small), contexts within each model's own, no fp16-only V100 leftovers
+        assert set(CONTEXT) == {m.id for m in args.models}
+        assert all(m.engine_kwargs.get("max_model_len", 0) <= CONTEXT[m.id] for m in args.models)
+        assert all("dtype" not in m.engine_kwargs for m in args.models)
         tp = {m.id: m.engine_kwargs.get("tensor_parallel_size", 1) for m in args.models}
         assert tp["meta-llama/Llama-3.3-70B-Instruct"] >= 4
 
@@ -33,4 +47,14 @@ def test_cluster_yaml_has_cpu_head_and_gpu_workers():
     c = yaml.safe_load((ROOT / "cluster.yaml").read_text())
     types = c["available_node_types"]
     assert types[c["head_node_type"]]["resources"] == {"CPU": 0}
-    assert {"v100_worker", "h100_worker"} <= set(types)
+    assert {"a100_worker", "h100_worker"} <= set(types) and "v100_worker" not in types
+
+
+def test_cpu_vllm_config_is_cpu_only_in_its_config():
+    """The CPU build of a vLLM model differs from a GPU one only in its config."""
+    raw = yaml.safe_load((ROOT / "serve_configs" / "cpu_vllm.yaml").read_text())
+    args = AppArgs.model_validate(raw["applications"][0]["args"])
+    v = [m for m in args.models if m.engine == "vllm"]
+    assert v and all(m.accelerator_type is None and m.engine_kwargs["dtype"] == "float32" for m in v)
+    assert all(b == {"CPU": 0.1} for m in v for b in m.placement_group_config["bundles"])
+    assert {m.engine for m in args.models} == {"vllm", "transformers", "sim"}

@@ -319,28 +319,47 @@ class RouterIngress:
         return {"status": "ok", "models": sorted(self.handles), "router_models": self.routable, "requests": self.requests}
 
 
-def _vllm_deployment(m: ServedModel):
-    """A ray.serve.llm deployment for a GPU model, bound with its autoscaling config."""
+def _vllm_deployment(m: ServedModel, source: str):
+    """A ray.serve.llm deployment (``LLMServer``) for a vLLM model, named like every other model
+    deployment and bound with its autoscaling config. GPU or CPU is the config's business
+    (``placement_group_config`` bundles, ``accelerator_type``, ``engine_kwargs``, ``runtime_env``)."""
     from ray.serve.llm import LLMConfig, build_llm_deployment
 
+    from ..engines import vllm_engine_kwargs
+
     extra = {"placement_group_config": m.placement_group_config} if m.placement_group_config else {}
-    cfg = LLMConfig(model_loading_config={"model_id": m.id, "model_source": m.source or m.id},
-                    engine_kwargs=m.engine_kwargs, accelerator_type=m.accelerator_type,
+    if m.runtime_env:
+        extra["runtime_env"] = m.runtime_env
+    cfg = LLMConfig(model_loading_config={"model_id": m.id, "model_source": source},
+                    engine_kwargs=vllm_engine_kwargs(m), accelerator_type=m.accelerator_type,
                     deployment_config={"autoscaling_config": m.autoscaling.model_dump(exclude_none=True)}, **extra)
-    return build_llm_deployment(cfg, name_prefix=f"{deployment_name(m.id)}-")
+    # name_prefix="" falls back to "LLMServer:"; override_serve_options gives the plain name
+    return build_llm_deployment(cfg, override_serve_options={"name": deployment_name(m.id)})
+
+
+def check_models(a: AppArgs) -> dict:
+    """What would fail inside a replica, checked when the app is built (before any replica starts):
+    every problem at once. Returns ``{model id: source}`` with local folders made absolute."""
+    from ..engines import check_models as check
+
+    sources, problems = check(a.models, a.default_max_tokens)
+    if problems:
+        raise ValueError("invalid app args:\n" + "\n".join(f"  {p}" for p in problems))
+    return sources
 
 
 def build_app(args: dict):
     """The Serve application: one deployment per model plus the router ingress."""
     a = AppArgs.model_validate(args)
+    sources = check_models(a)
     handles = {}
     for m in a.models:
         if m.engine == "vllm":
-            handles[m.id] = _vllm_deployment(m)
+            handles[m.id] = _vllm_deployment(m, sources[m.id])
         else:
             handles[m.id] = ModelServer.options(
                 name=deployment_name(m.id), autoscaling_config=m.autoscaling.model_dump(exclude_none=True),
                 ray_actor_options={"num_cpus": m.num_cpus, "num_gpus": m.num_gpus},
-            ).bind(m.model_dump())
+            ).bind({**m.model_dump(), "source": sources[m.id] if m.engine == "transformers" else m.source})
     return RouterIngress.options(num_replicas=a.router_replicas,
                                  ray_actor_options={"num_cpus": a.router_num_cpus}).bind(a.model_dump(), handles)

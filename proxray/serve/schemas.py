@@ -91,7 +91,9 @@ class ServedModel(BaseModel):
     num_cpus: float = Field(0.1, gt=0)
     num_gpus: float = Field(0, ge=0)
     accelerator_type: str | None = None
-    placement_group_config: dict | None = Field(None, description="vllm: LLMConfig bundles, e.g. a half GPU")
+    placement_group_config: dict | None = Field(
+        None, description="vllm: LLMConfig bundles, e.g. a half GPU, or {bundles: [{CPU: 0.1}]} on a CPU machine")
+    runtime_env: dict | None = Field(None, description="vllm: runtime_env of the engine (env_vars, ...)")
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
 
 
