@@ -160,7 +160,33 @@ def bench_serve(a):
         print(f"| {mode} | {len(xs)} | {p50[mode]:.1f} | {1e3 * xs[int(0.99 * (len(xs) - 1))]:.1f} |")
     routed, direct = p50.values()
     print(f"routed / pass-through p50: {routed / direct:.2f} (+{routed - direct:.1f} ms)")
-    print(json.dumps({"routed_p50_ms": round(routed, 1), "direct_p50_ms": round(direct, 1)}))
+
+    def ttft(model, i):
+        """Seconds to the first chunk with text of a streamed request, and to its end."""
+        t0, first = time.perf_counter(), None
+        with httpx.stream("POST", url, json={**body(model, i), "stream": True}, timeout=120) as r:
+            assert r.status_code == 200, r.read()[:300]
+            for line in r.iter_lines():
+                if first is None and line.startswith("data: {") and '"content":"' in line.replace(" ", "") \
+                        and '"content":""' not in line.replace(" ", ""):
+                    first = time.perf_counter() - t0
+        return first if first is not None else float("nan"), time.perf_counter() - t0
+
+    streams = {"routed stream": [], "pass-through stream": []}
+    for i in range(a.requests):
+        for mode, model in zip(streams, ["proxray", models[0]]):
+            streams[mode].append(ttft(model, i))
+    print("\n| stream | requests | time to first token p50 ms | p99 ms | whole stream p50 ms |")
+    print("|---|---|---|---|---|")
+    t50 = {}
+    for mode, xs in streams.items():
+        firsts = sorted(x for x, _ in xs)
+        t50[mode] = 1e3 * statistics.median(firsts)
+        print(f"| {mode} | {len(xs)} | {t50[mode]:.1f} | {1e3 * firsts[int(0.99 * (len(firsts) - 1))]:.1f} | "
+              f"{1e3 * statistics.median(w for _, w in xs):.1f} |")
+    print(json.dumps({"routed_p50_ms": round(routed, 1), "direct_p50_ms": round(direct, 1),
+                      "routed_ttft_p50_ms": round(t50["routed stream"], 1),
+                      "direct_ttft_p50_ms": round(t50["pass-through stream"], 1)}))
     serve.shutdown()
     ray.shutdown()
 

@@ -25,6 +25,21 @@ class Sampling:
     temperature: float = 0.0
     max_tokens: int = 64
     seed: int = 42
+    top_p: float = 1.0
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The end of one streamed generation: token counts and why it ended (``stop`` or ``length``)."""
+    input_tokens: int
+    output_tokens: int
+    reason: str
+
+
+def _cut_at_stop(text: str, stop) -> int:
+    """Index of the first stop string in ``text``, or -1."""
+    hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    return min(hits) if hits else -1
 
 
 def _unit(*parts) -> float:
@@ -39,11 +54,13 @@ class SimEngine:
     Fault injection for tests (never on by default): ``fail_query_ids`` raise for those rows,
     ``fail_always`` for every call; ``latency_s`` sleeps per call (a slow model, for autoscaling);
     ``crash_marker`` makes the worker process exit once, the first time it sees a batch after
-    ``crash_after_rows`` rows, leaving the marker file so a restarted worker goes on.
+    ``crash_after_rows`` rows, leaving the marker file so a restarted worker goes on;
+    ``fail_mid_stream`` (serving) fails a stream after its first word.
     """
 
     def __init__(self, model: str, seed: int = 0, fail_query_ids=(), crash_marker: str | None = None,
-                 crash_after_rows: int = 0, latency_s: float = 0.0, fail_always: bool = False):
+                 crash_after_rows: int = 0, latency_s: float = 0.0, fail_always: bool = False,
+                 fail_mid_stream: bool = False):
         from .synthetic import MODELS, SimulatedPool
 
         if model not in MODELS:
@@ -53,6 +70,7 @@ class SimEngine:
         self.fail_query_ids = set(fail_query_ids)
         self.crash_marker, self.crash_after_rows = crash_marker, crash_after_rows
         self.latency_s, self.fail_always = latency_s, fail_always  # serving: a slow or a broken model
+        self.fail_mid_stream = fail_mid_stream
         self.rows_seen = 0
 
     def _p_correct(self, rows) -> np.ndarray:
@@ -93,6 +111,28 @@ class SimEngine:
         return out
 
 
+    def stream(self, messages, prompt, sampling: Sampling = Sampling(), stop=()):
+        """Serving: the simulated answer to the last user turn (or ``prompt``), word by word; a word
+        counts as a token, so ``max_tokens`` cuts it (``length``) and ``stop`` strings end it."""
+        text = prompt if messages is None else [m["content"] for m in messages if m["role"] == "user"][-1]
+        key = hashlib.sha256(f"{sampling.seed}\x1f{text}".encode()).hexdigest()[:16]
+        out = self.generate([{"query_id": key, "task": "live", "prompt": text}], sampling)[0]
+        words = out["response"].split(" ")
+        reason = "length" if len(words) > sampling.max_tokens else "stop"
+        answer = " ".join(words[:sampling.max_tokens])
+        cut = _cut_at_stop(answer, stop)
+        if cut >= 0:
+            answer, reason = answer[:cut], "stop"
+        pieces = answer.split(" ")
+        for i, w in enumerate(pieces):
+            if i == 1 and self.fail_mid_stream:
+                raise RuntimeError(f"sim engine {self.model}: injected failure mid-stream (fail_mid_stream)")
+            if w or i:
+                yield w if i == 0 else " " + w
+        n_out = min(out["output_tokens"], sampling.max_tokens) if reason == "stop" else sampling.max_tokens
+        yield Finish(out["input_tokens"], max(n_out, 1), reason)
+
+
 def _sim_answer(answer: str, answer_type: str, right: bool, key: str) -> str:
     if answer_type == "number":
         value = answer if right else str(int(float(answer)) + 1 + int(_unit(key, "off") * 9))
@@ -120,10 +160,74 @@ class TransformersEngine:
         self.device, self.batch_size = device, batch_size
 
     def _text(self, prompt: str) -> str:
+        return self._render([{"role": "user", "content": prompt}])
+
+    def _render(self, messages) -> str:
+        """The model's input for a conversation: its chat template over every message, or the plain
+        text of the messages when the tokenizer has no template."""
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                      add_generation_prompt=True)
-        return prompt
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return "\n".join(m["content"] for m in messages)
+
+    def stream(self, messages, prompt, sampling: Sampling = Sampling(), stop=()):
+        """Serving: generate for a conversation (its chat template over all messages) or a raw ``prompt``,
+        yielding text as tokens come out of ``generate`` (a ``TextIteratorStreamer``), then a ``Finish``.
+        A stop string ends the text before it and halts generation at the next token."""
+        import threading
+
+        import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+        text = prompt if messages is None else self._render(messages)
+        enc = self.tokenizer([text], return_tensors="pt", add_special_tokens=False).to(self.device)
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        halt, result = threading.Event(), {}
+
+        class Halt(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kw):
+                return halt.is_set()
+
+        def run():
+            try:
+                torch.manual_seed(sampling.seed)
+                with torch.no_grad():
+                    result["ids"] = self.model.generate(
+                        **enc, max_new_tokens=sampling.max_tokens, do_sample=sampling.temperature > 0,
+                        temperature=sampling.temperature if sampling.temperature > 0 else None,
+                        top_p=sampling.top_p if sampling.temperature > 0 else None, top_k=None, streamer=streamer,
+                        stopping_criteria=StoppingCriteriaList([Halt()]), pad_token_id=self.tokenizer.pad_token_id)
+            except Exception as e:  # noqa: BLE001 - re-raised in the caller's thread below
+                result["error"] = e
+                streamer.end()
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        acc, sent, stopped = "", 0, False
+        hold = max((len(s) - 1 for s in stop if s), default=0)  # a tail that may begin a stop string
+        for piece in streamer:
+            if stopped:
+                continue  # drain what comes after the halt
+            acc += piece
+            cut = _cut_at_stop(acc, stop)
+            if cut >= 0:
+                halt.set()
+                stopped, acc = True, acc[:cut]
+                if len(acc) > sent:
+                    yield acc[sent:]
+                sent = len(acc)
+            elif len(acc) - hold > sent:
+                yield acc[sent:len(acc) - hold]
+                sent = len(acc) - hold
+        if not stopped and len(acc) > sent:
+            yield acc[sent:]
+        worker.join()
+        if "error" in result:
+            raise result["error"]
+        new = result["ids"][0, enc["input_ids"].shape[1]:]
+        eos = (new == self.tokenizer.eos_token_id).nonzero()
+        n_out = int(eos[0, 0]) + 1 if len(eos) else len(new)
+        reason = "stop" if stopped or len(eos) else ("length" if n_out >= sampling.max_tokens else "stop")
+        yield Finish(int(enc["input_ids"].shape[1]), n_out, reason)
 
     def generate(self, rows, sampling: Sampling = Sampling()):
         import torch

@@ -88,7 +88,7 @@ def test_fallback_when_the_chosen_model_fails(client):
 @pytest.mark.parametrize("body,raw,status,fragment", [
     (None, b"{not json", 400, "not valid JSON"),
     ({"model": "proxray", "messages": []}, None, 400, "messages"),
-    ({"model": "proxray", "messages": [{"role": "user", "content": "  "}]}, None, 400, "non-empty content"),
+    ({"model": "proxray", "messages": [{"role": "user", "content": "  "}]}, None, 400, "non-empty text"),
     ({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, None, 404, "'gpt-9' is not served"),
     ({"model": "proxray", "messages": [{"role": "user", "content": "hi"}], "proxray": {"lam": -1}}, None, 400, "proxray.lam"),
     ({"model": "proxray", "messages": [{"role": "user", "content": "x" * 3000}]}, None, 413, "limit is 2000"),

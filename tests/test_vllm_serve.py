@@ -58,18 +58,61 @@ def test_routed_answer_from_the_vllm_model(client, app):
     rep = resp.model_extra["proxray"]
     assert rep["routed"] and rep["fallback_from"] == [] and rep["runner_up"] in (CPU_MODEL, SIM_MODEL)
     assert isinstance(resp.choices[0].message.content, str)
-    # vLLM's own usage: the prompt it tokenized is the chat template over the system prompt + user turn
-    assert resp.usage.prompt_tokens == chat_template_tokens(app[1][VLLM_MODEL],
-                                                            [{"role": "user", "content": "\n".join(m["content"] for m in MESSAGES)}])
+    # vLLM's own usage: the prompt it tokenized is the chat template over the conversation as sent
+    assert resp.usage.prompt_tokens == chat_template_tokens(app[1][VLLM_MODEL], MESSAGES)
     assert 1 <= resp.usage.completion_tokens <= 12
+    assert seen(VLLM_MODEL)["body"] == {"model": VLLM_MODEL, "messages": MESSAGES, "max_tokens": 12,
+                                        "temperature": 0.0, "seed": 1}
+
+
+def seen(model):
+    from ray import serve
+
+    from proxray.serve.app import deployment_name
+
+    return serve.get_deployment_handle(deployment_name(model), "proxray").seen.remote().result()[-1]
 
 
 def test_routed_stream_from_the_vllm_model_equals_the_full_answer(client):
     kw = dict(model="proxray", messages=MESSAGES, max_tokens=12, temperature=0.0, seed=1)
     full = client.chat.completions.create(**kw)
-    chunks = list(client.chat.completions.create(stream=True, **kw))
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
     assert {c.model for c in chunks} == {VLLM_MODEL}
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
+        [full.choices[0].finish_reason]
+
+
+def test_vllm_honours_what_the_client_sent(client):
+    """Content parts, n, stop, max_completion_tokens, tools and response_format reach vLLM as sent and come
+    back as vLLM answers them (a random-weight model: the text is noise, the contract is not)."""
+    tools = [{"type": "function", "function": {"name": "add", "description": "add two numbers",
+                                               "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
+    msgs = [MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "Add 2 and 3."}]}]
+    r = client.chat.completions.create(model="proxray", messages=msgs, n=2, stop=["\n\n"], max_completion_tokens=5,
+                                       tools=tools, tool_choice="none", response_format={"type": "json_object"},
+                                       temperature=0.8, seed=3)  # vLLM: n > 1 needs sampling, not greedy
+    body = seen(VLLM_MODEL)["body"]
+    assert body["messages"] == msgs and body["tools"] == tools and body["tool_choice"] == "none"
+    assert body["response_format"] == {"type": "json_object"} and body["n"] == 2 and body["stop"] == ["\n\n"]
+    assert body["max_completion_tokens"] == 5 and "max_tokens" not in body
+    assert r.model == VLLM_MODEL and len(r.choices) == 2 and r.usage.completion_tokens <= 10
+    assert {c.finish_reason for c in r.choices} <= {"length", "stop"}
+    cut = client.chat.completions.create(model=VLLM_MODEL, messages=MESSAGES, max_tokens=3, temperature=0.0,
+                                         extra_body={"ignore_eos": True})
+    assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 3
+
+
+def test_vllm_refuses_by_name_and_the_gateway_passes_its_4xx(client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=VLLM_MODEL, messages=MESSAGES, max_tokens=2, extra_body={"frobnicate": 1})
+    assert "frobnicate" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:  # vLLM's own check: no room in a 512-token context
+        client.chat.completions.create(model=VLLM_MODEL, messages=MESSAGES, max_tokens=100_000)
+    assert "max_tokens" in e.value.message or "context" in e.value.message
 
 
 def test_pass_through_by_model_id_and_models_list(client):

@@ -1,4 +1,8 @@
-"""Request and configuration models of the routed endpoint (validated at the HTTP/YAML boundary)."""
+"""Request and configuration models of the routed endpoint (validated at the HTTP/YAML boundary).
+
+The request models check only what the gateway itself needs and the limits that bound a request's work;
+every other field is kept as sent (``extra="allow"``) and passed through to the chosen model, which
+honours it or refuses it by name."""
 from __future__ import annotations
 
 from typing import Literal
@@ -6,64 +10,149 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ROUTER_MODEL = "proxray"  # the model name that asks for routing
+INT64 = 2**63  # integers in a request must fit a signed 64-bit int (seed, logit_bias, ...)
+MAX_MESSAGES = 512
+MAX_PARTS = 64
+MAX_CONTENT_CHARS = 200_000  # one message's or one prompt's text
+
+
+class TextPart(BaseModel):
+    """``{"type": "text", "text": ...}``; other part types (images, audio) pass through to the model."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str = Field(min_length=1, max_length=64)
+    text: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
+
+    @model_validator(mode="after")
+    def _text_has_text(self):
+        if self.type == "text" and self.text is None:
+            raise ValueError("a content part of type 'text' needs a 'text' string")
+        return self
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    """One chat message as sent; ``name``, ``tool_calls``, ``tool_call_id`` and the like pass through."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _bounded(cls, v):
+        if isinstance(v, str) and len(v) > MAX_CONTENT_CHARS:
+            raise ValueError(f"at most {MAX_CONTENT_CHARS} characters per message (got {len(v)})")
+        if isinstance(v, list):
+            if len(v) > MAX_PARTS:
+                raise ValueError(f"at most {MAX_PARTS} content parts per message (got {len(v)})")
+            if sum(len(p.text or "") for p in v) > MAX_CONTENT_CHARS:
+                raise ValueError(f"a message's text parts may hold at most {MAX_CONTENT_CHARS} characters")
+        return v
+
+    def text(self) -> str:
+        """The message's text: the string, or its text parts joined by newlines (other parts left out)."""
+        if isinstance(self.content, list):
+            return "\n".join(p.text for p in self.content if p.type == "text" and p.text)
+        return self.content or ""
 
 
 class RoutingOptions(BaseModel):
     """Per-request routing options, sent in the body as ``"proxray": {...}`` (the openai client's
-    ``extra_body``)."""
+    ``extra_body``). Never passed to the model."""
 
     model_config = ConfigDict(extra="forbid")
     lam: float | None = Field(None, ge=0, le=1e9, description="λ of acc − λ·cost; default: the app's")
-    allowed_models: list[str] | None = Field(None, min_length=1, description="route only among these")
+    allowed_models: list[str] | None = Field(None, min_length=1, max_length=256, description="route only among these")
     max_cost: float | None = Field(None, ge=0, description="USD: skip models whose estimated cost is higher")
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = None
+
+
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, le=32768)
-    temperature: float = Field(0.0, ge=0, le=2)
-    seed: int | None = None
-    stream: bool = False
+    """Fields the gateway reads or bounds; everything else is kept (``extra``) and passed through."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1, max_length=512)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    n: int | None = Field(None, ge=1, le=16)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = Field(None, ge=-INT64, lt=INT64)
     proxray: RoutingOptions = Field(default_factory=RoutingOptions)
+
+    def forward(self, model: str, default_max_tokens: int) -> dict:
+        """The body the chosen model gets: the request as sent with ``model`` rewritten and the routing
+        options removed; a request without a token limit gets the app's ``default_max_tokens``."""
+        body = self.model_dump(exclude={"proxray"}, exclude_unset=True, mode="json")
+        body["model"] = model
+        if self.max_tokens is None and self.max_completion_tokens is None:
+            body["max_tokens"] = default_max_tokens
+        return body
 
 
 class ChatRequest(_Common):
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
 
     @model_validator(mode="after")
     def _has_user_text(self):
-        if not any(m.role == "user" and m.content.strip() for m in self.messages):
-            raise ValueError("messages: at least one user message with non-empty content is required")
+        if not any(m.role == "user" and m.text().strip() for m in self.messages):
+            raise ValueError("messages: at least one user message with non-empty text is required")
         return self
-
-    def prompt(self) -> str:
-        """The text the router embeds and the model answers: the last user message (with any system
-        prompt before it, so the model sees it too)."""
-        system = [m.content for m in self.messages if m.role in ("system", "developer")]
-        user = [m.content for m in self.messages if m.role == "user"][-1]
-        return "\n".join([*system, user]) if system else user
 
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
+    suffix: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
 
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, v):
-        if isinstance(v, list):
-            if len(v) != 1:
-                raise ValueError("prompt: exactly one prompt per request is supported")
-            v = v[0]
-        if not v.strip():
+        if isinstance(v, list) and len(v) != 1:
+            raise ValueError("prompt: exactly one prompt per request is supported (each would route on its own)")
+        text = v[0] if isinstance(v, list) else v
+        if not text.strip():
             raise ValueError("prompt: must not be empty")
+        if len(text) > MAX_CONTENT_CHARS:
+            raise ValueError(f"prompt: at most {MAX_CONTENT_CHARS} characters")
         return v
+
+    def text(self) -> str:
+        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+
+
+ROUTING_TEXT = ("system+last_user", "last_user", "all_user", "all")
+
+
+def routing_text(req: ChatRequest | CompletionRequest, policy: str = "system+last_user") -> str:
+    """The text the router embeds — a stated function of the request, text parts only:
+
+    * ``system+last_user`` (default): the system / developer messages, then the last user turn;
+    * ``last_user``: the last user turn only;
+    * ``all_user``: every user turn, in order;
+    * ``all``: every message's text, in order (assistant and tool turns too).
+
+    A completion request's router text is its prompt. Nothing the policy excludes reaches the encoder."""
+    if isinstance(req, CompletionRequest):
+        return req.text()
+    ms = req.messages
+    users = [m.text() for m in ms if m.role == "user" and m.text().strip()]
+    if policy == "last_user":
+        parts = users[-1:]
+    elif policy == "all_user":
+        parts = users
+    elif policy == "all":
+        parts = [m.text() for m in ms if m.text()]
+    elif policy == "system+last_user":
+        parts = [m.text() for m in ms if m.role in ("system", "developer") and m.text()] + users[-1:]
+    else:
+        raise ValueError(f"routing_text: unknown policy {policy!r}; one of {ROUTING_TEXT}")
+    return "\n".join(parts)
 
 
 class AutoscalingSpec(BaseModel):
@@ -95,6 +184,9 @@ class ServedModel(BaseModel):
         None, description="vllm: LLMConfig bundles, e.g. a half GPU, or {bundles: [{CPU: 0.1}]} on a CPU machine")
     runtime_env: dict | None = Field(None, description="vllm: runtime_env of the engine (env_vars, ...)")
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    max_ongoing_requests: int | None = Field(
+        None, ge=1, description="per replica; default 8 for the CPU engines, ray.serve.llm's own for vllm")
+    max_queued_requests: int = Field(256, ge=1, description="per deployment; past it a call fails fast (next model)")
 
 
 class AppArgs(BaseModel):
@@ -106,13 +198,19 @@ class AppArgs(BaseModel):
     models: list[ServedModel] = Field(min_length=1)
     lam: float = Field(0.0, ge=0, description="default λ when a request gives none")
     api_key_env: str | None = Field(None, description="env var holding the bearer token; unset = no auth")
-    timeout_s: float = Field(30.0, gt=0, description="per model call; then the next-best model answers")
-    max_prompt_chars: int = Field(32000, ge=1)
-    default_max_tokens: int = Field(256, ge=1)
+    timeout_s: float = Field(30.0, gt=0, description=(
+        "one deadline per request across fallbacks: for the whole answer, or a stream's first chunk"))
+    max_prompt_chars: int = Field(32000, ge=1, description="limit on the routing text (413 past it)")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="request body limit, checked before parsing (413)")
+    default_max_tokens: int = Field(256, ge=1, description="added when a request sets no token limit")
+    routing_text: Literal[ROUTING_TEXT] = Field("system+last_user", description="what the router embeds")
+    docs: bool = Field(False, description="serve /docs and /openapi.json")
     monitor: str | None = Field(None, description="name of a detached proxray.monitor actor (namespace proxray) to report to")
     reload_every_s: float = Field(2.0, gt=0, description="how often to ask the monitor for a newer router artifact")
     router_num_cpus: float = Field(0.5, gt=0)
     router_replicas: int = Field(1, ge=1)
+    router_max_ongoing_requests: int = Field(64, ge=1)
+    router_max_queued_requests: int = Field(512, ge=1, description="past it the proxy answers 503 at once")
 
     @model_validator(mode="after")
     def _unique(self):

@@ -1,0 +1,46 @@
+"""The model client: calls a model deployment through its handle, the same way for every engine
+(``respond(endpoint, body)``, see ``proxray.serve.models``), and sorts out which failures another model
+could fix (fall back) from those that belong to the request (answer the client)."""
+from __future__ import annotations
+
+import asyncio
+import re
+
+RETRYABLE = {408, 429, 500, 502, 503, 504}  # the model's trouble, not the request's
+_PATH = re.compile(r"(?<![\w.])/(?:[\w.\-]+/)+[\w.\-]*")
+
+
+def scrub(text: str, limit: int = 200) -> str:
+    """A failure reason fit for a client: first line only, no filesystem paths, bounded."""
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return _PATH.sub("<path>", line)[:limit]
+
+
+def failure_reason(e: BaseException) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return "timeout"
+    cause = getattr(e, "cause", None) or e  # a RayTaskError wraps the replica's exception
+    return f"{type(cause).__name__}: {scrub(str(cause))}"
+
+
+class ModelError(Exception):
+    """A model answered with an OpenAI error object; ``retryable`` when another model could do better."""
+
+    def __init__(self, obj: dict):
+        err = obj.get("error") or {}
+        self.status = int(err.get("code") or 500) if str(err.get("code") or "500").isdigit() else 500
+        self.obj = {"error": {**err, "message": scrub(err.get("message", ""), 2000), "code": self.status}}
+        self.retryable = self.status in RETRYABLE
+        super().__init__(f"{self.status} {err.get('type')}: {scrub(err.get('message', ''))}")
+
+
+class ModelClient:
+    def __init__(self, handles: dict):
+        self.handles = handles  # model id -> DeploymentHandle (every one with ``respond``)
+
+    def stream(self, model: str, endpoint: str, body: dict):
+        """The deployment's stream of OpenAI objects (a DeploymentResponseGenerator: ``cancel()`` stops it)."""
+        return self.handles[model].options(stream=True).respond.remote(endpoint, body)
+
+    async def seen(self, model: str) -> list:
+        return await self.handles[model].seen.remote()

@@ -1,0 +1,35 @@
+"""The gateway's metrics, exported with ``ray.util.metrics`` (Ray's Prometheus endpoint serves them with a
+``ray_`` prefix; ``dashboards/proxray_grafana.json`` charts them)."""
+from __future__ import annotations
+
+ROUTING_MS_BOUNDARIES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+OUTLIER_BOUNDARIES = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0]
+NAMES = {"decisions": "proxray_routing_decisions", "routing_ms": "proxray_routing_latency_ms",
+         "fallbacks": "proxray_fallbacks", "outlier": "proxray_outlier_score", "errors": "proxray_request_errors"}
+
+
+class GatewayMetrics:
+    def __init__(self):
+        from ray.util.metrics import Counter, Histogram
+
+        self.decisions = Counter(NAMES["decisions"], "requests answered, by model and whether routed",
+                                 tag_keys=("model", "routed"))
+        self.routing_ms = Histogram(NAMES["routing_ms"], "time to route a request (encode + estimate + plan), ms",
+                                    boundaries=ROUTING_MS_BOUNDARIES)
+        self.fallbacks = Counter(NAMES["fallbacks"], "model calls that failed and passed the request on",
+                                 tag_keys=("model",))
+        self.outlier = Histogram(NAMES["outlier"], "outlier score of routed requests", boundaries=OUTLIER_BOUNDARIES)
+        self.errors = Counter(NAMES["errors"], "requests answered with an error, by HTTP status", tag_keys=("code",))
+
+    def answered(self, model: str, routed: bool) -> None:
+        self.decisions.inc(1, {"model": model, "routed": str(routed).lower()})
+
+    def routed(self, ms: float, outlier: float) -> None:
+        self.routing_ms.observe(ms)
+        self.outlier.observe(outlier)
+
+    def fallback(self, model: str) -> None:
+        self.fallbacks.inc(1, {"model": model})
+
+    def error(self, code: int) -> None:
+        self.errors.inc(1, {"code": str(code)})

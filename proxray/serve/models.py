@@ -1,0 +1,160 @@
+"""The model deployments, all behind one interface (what the ingress calls, whatever the engine):
+
+    respond(endpoint, body)  ->  async stream of OpenAI JSON objects
+
+``endpoint`` is ``"chat"`` or ``"completions"``, ``body`` the client's request as sent (only ``model``
+rewritten). Without ``stream`` it yields one response object; with it, the chunks as they are generated.
+A request the model refuses yields one ``{"error": {...}}`` object with the HTTP status as ``code``.
+
+* ``ModelServer`` (here): the CPU engines (sim, transformers), which implement the OpenAI semantics
+  themselves: chat template over the whole conversation, ``n``, ``stop``, ``max_tokens`` /
+  ``max_completion_tokens``, ``finish_reason``, usage, ``stream_options.include_usage``. What they cannot
+  honour (``tools``, ``response_format``, ``logprobs``, ...) is refused by name.
+* ``proxray.serve.vllm_server.VLLMModelServer``: ray.serve.llm's ``LLMServer`` (vLLM's own OpenAI
+  serving), the same interface on top.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import deque
+
+from ray import serve
+
+from ..engines import Finish, Sampling, make_engine
+from .schemas import ServedModel
+
+
+def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+class OpenAIModel:
+    """What every model deployment shares: it remembers the last requests it received, so a test (or an
+    operator) can see exactly what the gateway passed through."""
+
+    def _remember(self, endpoint: str, body: dict) -> None:
+        if not hasattr(self, "_seen"):
+            self._seen = deque(maxlen=32)
+        self._seen.append({"endpoint": endpoint, "body": body})
+
+    async def seen(self) -> list:
+        """The last (up to 32) requests this replica received, oldest first."""
+        return list(getattr(self, "_seen", ()))
+
+
+# Parameters the CPU engines honour; anything else with a value other than "not asked" is refused by name.
+CPU_HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+                "stop", "n", "stream", "stream_options", "user"}
+NOT_ASKED = {"logprobs": (False,), "echo": (False,), "presence_penalty": (0,), "frequency_penalty": (0,),
+             "response_format": ({"type": "text"},), "tool_choice": ("none",), "parallel_tool_calls": (True, False),
+             "store": (False,), "metadata": ({},)}
+
+
+def refused_parameters(body: dict) -> list:
+    return sorted(k for k, v in body.items()
+                  if k not in CPU_HONOURED and v is not None and v not in NOT_ASKED.get(k, ()))
+
+
+def _sampling(body: dict) -> tuple[Sampling, list]:
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else list(stop)
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    seed = body.get("seed")
+    t, p = body.get("temperature"), body.get("top_p")
+    return Sampling(temperature=0.0 if t is None else float(t), max_tokens=int(max_tokens or 256),
+                    seed=42 if seed is None else int(seed) % 2**32, top_p=1.0 if p is None else float(p)), stop
+
+
+def _messages(body: dict):
+    """The conversation as role / text pairs (text parts joined), or an error naming a part it cannot read."""
+    out = []
+    for i, m in enumerate(body["messages"]):
+        content = m.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if part.get("type") != "text":
+                    return None, error(400, f"messages.{i}.content.{j}: this model reads text parts only, "
+                                            f"not {part.get('type')!r}", f"messages.{i}.content.{j}.type")
+            content = "\n".join(p["text"] for p in content)
+        if m.get("tool_calls"):
+            return None, error(400, f"messages.{i}.tool_calls: this model cannot read tool calls",
+                               f"messages.{i}.tool_calls")
+        out.append({"role": m["role"], "content": content or ""})
+    return out, None
+
+
+@serve.deployment
+class ModelServer(OpenAIModel):
+    """One pool model on a CPU engine (sim, transformers). Generation runs in worker threads, so a replica
+    keeps accepting requests (what the autoscaler counts) while it streams."""
+
+    def __init__(self, spec: dict):
+        self.spec = ServedModel(**spec)
+        self.engine = make_engine(self.spec)
+
+    async def respond(self, endpoint: str, body: dict):
+        self._remember(endpoint, body)
+        refused = refused_parameters(body)
+        if refused:
+            yield error(400, f"model {self.spec.id!r} ({self.spec.engine} engine) cannot honour: "
+                             f"{', '.join(refused)}", refused[0])
+            return
+        messages, problem = _messages(body) if endpoint == "chat" else (None, None)
+        if problem:
+            yield problem
+            return
+        prompt = None
+        if endpoint == "completions":
+            prompt = body["prompt"][0] if isinstance(body["prompt"], list) else body["prompt"]
+        sampling, stop = _sampling(body)
+        n = int(body.get("n") or 1)
+        chat = endpoint == "chat"
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": self.spec.id}
+        usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        texts, reasons = [""] * n, ["stop"] * n
+        for i in range(n):
+            s = Sampling(sampling.temperature, sampling.max_tokens, sampling.seed + i, sampling.top_p)
+            it = iter(self.engine.stream(messages, prompt, s, stop))
+            first = True
+            while True:
+                item = await asyncio.to_thread(next, it, None)
+                if item is None:
+                    break
+                if isinstance(item, Finish):
+                    usage["prompt_tokens"] = item.input_tokens
+                    usage["completion_tokens"] += item.output_tokens
+                    reasons[i] = item.reason
+                    break
+                texts[i] += item
+                if body.get("stream"):
+                    yield {**head, "choices": [self._delta(chat, i, item, first)]}
+                    first = False
+            if body.get("stream"):
+                if first and chat:  # nothing was generated: the role still opens the choice
+                    yield {**head, "choices": [self._delta(chat, i, "", True)]}
+                end = {"index": i, "delta": {}, "finish_reason": reasons[i]} if chat else \
+                    {"index": i, "text": "", "finish_reason": reasons[i], "logprobs": None}
+                yield {**head, "choices": [end]}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        if body.get("stream"):
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield {**head, "choices": [], "usage": usage}
+            return
+        if chat:
+            choices = [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": r, "logprobs": None}
+                       for i, (t, r) in enumerate(zip(texts, reasons))]
+        else:
+            choices = [{"index": i, "text": t, "finish_reason": r, "logprobs": None}
+                       for i, (t, r) in enumerate(zip(texts, reasons))]
+        yield {**head, "object": "chat.completion" if chat else "text_completion", "choices": choices, "usage": usage}
+
+    @staticmethod
+    def _delta(chat: bool, i: int, text: str, first: bool) -> dict:
+        if not chat:
+            return {"index": i, "text": text, "finish_reason": None, "logprobs": None}
+        return {"index": i, "delta": {"role": "assistant", "content": text} if first else {"content": text},
+                "finish_reason": None}

@@ -1,0 +1,70 @@
+"""The routing plan: which models, in which order, for one request. Transport-free (no HTTP, no Ray):
+the ingress gives it the request's options and the router's estimates, it gives back the candidates.
+The choice itself is ``routers.choose`` — the same decision rule as evaluation and tuning."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..routers import choose
+
+
+class RequestError(Exception):
+    """A request the gateway refuses: HTTP status, a message naming the problem, the parameter."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+
+
+@dataclass
+class Plan:
+    candidates: list  # model ids, best first; fallbacks follow in order
+    report: dict = field(default_factory=dict)  # what the response's "proxray" object shows
+
+
+def pass_through(model: str, served) -> Plan:
+    """A request that names a served model goes there and nowhere else (no fallback, no encoder)."""
+    if model not in served:
+        raise RequestError(404, f"model {model!r} is not served; use 'proxray' for routing or one of: "
+                           f"{', '.join(sorted(served))}", "model", "not_found_error")
+    return Plan([model], {"routed": False})
+
+
+def candidate_order(acc_hat, cost_hat, lam: float, allowed) -> list:
+    """Indices of the allowed models in ``routers.choose`` order: its choice, then its choice among the
+    rest, and so on (the fallback order keeps the same rule, ties to the cheaper model)."""
+    allowed = np.asarray(allowed, dtype=bool).copy()
+    order = []
+    while allowed.any():
+        i = int(choose(acc_hat[None, :], cost_hat[None, :], lam, allowed[None, :])[0])
+        order.append(i)
+        allowed[i] = False
+    return order
+
+
+def routed(models, served, acc_hat, cost_hat, outlier: float, lam: float, opts, router_path: str) -> Plan:
+    """The plan for ``model: proxray`` from one query's estimates (``acc_hat``, ``cost_hat``: (M,))."""
+    allowed = np.array([m in served for m in models])
+    routable = [m for m, a in zip(models, allowed) if a]
+    if opts.allowed_models is not None:
+        unknown = sorted(set(opts.allowed_models) - set(routable))
+        if unknown:
+            raise RequestError(400, f"proxray.allowed_models: {unknown} are not routable models "
+                               f"({', '.join(routable)})", "proxray.allowed_models")
+        allowed &= np.array([m in opts.allowed_models for m in models])
+    if opts.max_cost is not None:
+        fits = cost_hat <= opts.max_cost
+        if not (allowed & fits).any():
+            raise RequestError(400, f"proxray.max_cost={opts.max_cost}: no allowed model is estimated that cheap "
+                               f"(cheapest: {float(cost_hat[allowed].min()):.3g} USD)", "proxray.max_cost")
+        allowed &= fits
+    order = candidate_order(acc_hat, cost_hat, lam, allowed)
+    report = {"routed": True, "lam": lam, "outlier_score": outlier, "router_path": router_path,
+              "estimates": {models[i]: {"accuracy": float(acc_hat[i]), "cost": float(cost_hat[i])} for i in order},
+              "runner_up": models[order[1]] if len(order) > 1 else None}
+    return Plan([models[i] for i in order], report)

@@ -1,0 +1,43 @@
+"""Server-sent events in OpenAI's stream format: one ``data: {json}`` event per chunk, an error event if
+the model fails mid-stream, ``data: [DONE]`` at the end."""
+from __future__ import annotations
+
+import json
+import logging
+
+from .client import ModelError, failure_reason
+
+logger = logging.getLogger("ray.serve")
+DONE = "data: [DONE]\n\n"
+
+
+def event(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+async def relay(first: list, rest, on_done=None):
+    """The events of a stream whose first chunks (``first``) were already pulled from ``rest``. A failure
+    after that ends the stream with an OpenAI-shaped error event (the answer cannot change model any more);
+    a client that goes away cancels the model's generation. ``on_done(ok)`` is told how it ended."""
+    ok = failed = False
+    try:
+        for obj in first:
+            yield event(obj)
+        async for obj in rest:
+            if "error" in obj:
+                raise ModelError(obj)
+            yield event(obj)
+        ok = True
+        yield DONE
+    except Exception as e:  # noqa: BLE001 - reported to the client as an error event
+        failed = True
+        logger.warning("proxray: stream failed after its first chunk: %s", e)
+        body = e.obj if isinstance(e, ModelError) else {
+            "error": {"message": f"the model failed mid-stream ({failure_reason(e)})", "type": "server_error",
+                      "param": None, "code": 502}}
+        yield event(body)
+    finally:
+        if not ok and hasattr(rest, "cancel"):
+            rest.cancel()
+        if on_done:
+            on_done(not failed)  # a client that went away is not a failure

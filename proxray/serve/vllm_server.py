@@ -1,0 +1,58 @@
+"""vLLM models: ray.serve.llm's ``LLMServer`` (vLLM's own OpenAI serving) behind the gateway's one model
+interface, ``respond(endpoint, body)`` (see ``proxray.serve.models``). Imported only when an app has a
+vLLM model (it imports ray.serve.llm)."""
+from __future__ import annotations
+
+import json
+
+from pydantic import ValidationError
+from ray.serve.llm import LLMServer
+
+from .models import OpenAIModel, error
+
+
+def _objects(item):
+    """What LLMServer yields, as OpenAI JSON objects: a response or error object, or (streaming) a batch of
+    ``data: {...}`` server-sent-event strings."""
+    for x in item if isinstance(item, list) else [item]:
+        if isinstance(x, str):
+            for line in x.splitlines():
+                if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+                    yield json.loads(line[6:])
+        elif hasattr(x, "model_dump"):
+            yield x.model_dump(mode="json", exclude_none=False)
+        else:
+            yield x
+
+
+class VLLMModelServer(OpenAIModel, LLMServer):
+    """``LLMServer`` plus ``respond``: the body is validated against vLLM's own request model (a parameter
+    vLLM does not know is refused by name instead of being dropped with a log line), then served by
+    vLLM's OpenAI layer, whose responses, chunks, usage and finish reasons come back unchanged."""
+
+    async def respond(self, endpoint: str, body: dict):
+        from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
+
+        self._remember(endpoint, body)
+        cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
+        unknown = sorted(k for k, v in body.items() if k not in cls.model_fields and v is not None)
+        if unknown:
+            yield error(400, f"model {body.get('model')!r} (vllm) does not know the parameter(s): {', '.join(unknown)}",
+                        unknown[0])
+            return
+        try:
+            request = cls.model_validate(body)
+        except ValidationError as e:
+            first = e.errors()[0]
+            yield error(400, "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5]),
+                        ".".join(map(str, first["loc"])) or None)
+            return
+        stream = await (self.chat(request) if endpoint == "chat" else self.completions(request))
+        async for item in stream:
+            for obj in _objects(item):
+                if isinstance(obj, dict) and "error" in obj and obj["error"] is not None:
+                    err = obj["error"]
+                    code = err.get("code")
+                    obj = error(int(code) if isinstance(code, int) or str(code).isdigit() else 500,
+                                err.get("message", ""), err.get("param"), err.get("type") or "server_error")
+                yield obj

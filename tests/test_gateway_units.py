@@ -1,0 +1,106 @@
+"""The gateway's transport-free pieces: what the router reads, what the model is sent, the routing plan's
+order, the JSON limits, what a CPU engine refuses, what a client may see of a failure. Fast; no Ray."""
+import json
+
+import numpy as np
+import pytest
+
+from proxray.routers import choose
+from proxray.serve.app import MAX_DEPTH, parse_json
+from proxray.serve.client import ModelError, scrub
+from proxray.serve.models import refused_parameters
+from proxray.serve.plan import RequestError, candidate_order, pass_through, routed
+from proxray.serve.schemas import ChatRequest, CompletionRequest, RoutingOptions, routing_text
+
+CONV = [{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "first answer", "name": "bot"},
+        {"role": "tool", "content": "tool output", "tool_call_id": "c1"},
+        {"role": "user", "content": [{"type": "text", "text": "second"}, {"type": "image_url", "image_url": {"url": "x"}},
+                                     {"type": "text", "text": "question"}]}]
+
+
+@pytest.mark.parametrize("policy,expected", [
+    ("system+last_user", "Be brief.\nsecond\nquestion"),
+    ("last_user", "second\nquestion"),
+    ("all_user", "first question\nsecond\nquestion"),
+    ("all", "Be brief.\nfirst question\nfirst answer\ntool output\nsecond\nquestion"),
+])
+def test_routing_text_reads_what_the_policy_says_and_text_parts_only(policy, expected):
+    assert routing_text(ChatRequest(model="proxray", messages=CONV), policy) == expected
+
+
+def test_the_model_gets_the_request_as_sent_with_only_the_model_rewritten():
+    raw = {"model": "proxray", "messages": CONV, "n": 2, "stop": ["\n"], "tools": [{"type": "function"}],
+           "response_format": {"type": "json_object"}, "logprobs": True, "max_completion_tokens": 9,
+           "some_vendor_extra": {"a": 1}, "proxray": {"lam": 3.0}}
+    body = ChatRequest.model_validate(raw).forward("m1", default_max_tokens=256)
+    assert body == {**{k: v for k, v in raw.items() if k != "proxray"}, "model": "m1"}
+    # no token limit at all: the app's default is the one addition
+    bare = ChatRequest.model_validate({"model": "proxray", "messages": CONV}).forward("m1", 256)
+    assert bare == {"model": "m1", "messages": CONV, "max_tokens": 256}
+    comp = CompletionRequest.model_validate({"model": "m1", "prompt": ["hi"], "echo": False}).forward("m1", 5)
+    assert comp == {"model": "m1", "prompt": ["hi"], "echo": False, "max_tokens": 5}
+
+
+def test_candidate_order_is_routers_choose_applied_again_and_again():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        acc, cost = rng.uniform(size=6).round(1), rng.uniform(size=6).round(1)  # rounding makes ties
+        allowed = rng.uniform(size=6) < 0.8
+        allowed[0] = True
+        lam = float(rng.uniform(0, 2))
+        order, left = candidate_order(acc, cost, lam, allowed), allowed.copy()
+        for i in order:
+            assert i == choose(acc[None], cost[None], lam, left[None])[0]
+            left[i] = False
+        assert sorted(order) == list(np.flatnonzero(allowed))
+
+
+def test_plan_errors_name_the_option():
+    models, served = ["a", "b", "c"], {"a": 1, "b": 1}
+    acc, cost = np.array([0.5, 0.9, 1.0]), np.array([1.0, 2.0, 0.1])
+    p = routed(models, served, acc, cost, 0.3, 0.0, RoutingOptions(), "r")
+    assert p.candidates == ["b", "a"] and p.report["runner_up"] == "a"  # c is not served
+    with pytest.raises(RequestError, match="proxray.allowed_models") as e:
+        routed(models, served, acc, cost, 0.3, 0.0, RoutingOptions(allowed_models=["c"]), "r")
+    assert e.value.status == 400
+    with pytest.raises(RequestError, match="cheapest: 1 USD"):
+        routed(models, served, acc, cost, 0.3, 0.0, RoutingOptions(max_cost=0.5), "r")
+    with pytest.raises(RequestError) as e:
+        pass_through("zz", served)
+    assert e.value.status == 404 and e.value.param == "model"
+
+
+@pytest.mark.parametrize("raw,fragment", [
+    (b"{" * 2, "not valid JSON"),
+    (b'{"a": ' + b"1" * 5000 + b"}", "not valid JSON"),
+    (b'{"a": ' + b"1" * 25 + b"}", "64 bits"),
+    (b'{"a": ' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}", "nested deeper"),
+    (b"[" * 200_000 + b"]" * 200_000, "nested deeper"),
+    (b"[1, 2]", "JSON object"),
+    (b"\xff\xfe", "not valid JSON"),
+])
+def test_json_limits(raw, fragment):
+    with pytest.raises(RequestError, match=fragment) as e:
+        parse_json(raw)
+    assert e.value.status == 400
+    assert parse_json(json.dumps({"a": [[1, 2**62]], "b": True}).encode())["b"] is True
+
+
+def test_cpu_engines_refuse_what_they_cannot_honour_and_accept_not_asked():
+    asked = {"model": "m", "messages": [], "tools": [{}], "response_format": {"type": "json_object"},
+             "logprobs": True, "presence_penalty": 0.5, "frobnicate": 1}
+    assert refused_parameters(asked) == ["frobnicate", "logprobs", "presence_penalty", "response_format", "tools"]
+    not_asked = {"model": "m", "messages": [], "tools": None, "response_format": {"type": "text"}, "logprobs": False,
+                 "presence_penalty": 0, "tool_choice": "none", "n": 2, "stop": "x", "stream_options": {"include_usage": True}}
+    assert refused_parameters(not_asked) == []
+
+
+def test_what_a_client_sees_of_a_failure():
+    assert scrub("FileNotFoundError: /home/u/models/x/config.json missing\n  Traceback ...") == \
+        "FileNotFoundError: <path> missing"
+    assert scrub("model meta-llama/Llama-3.2-1B failed") == "model meta-llama/Llama-3.2-1B failed"
+    e = ModelError({"error": {"message": "too long", "type": "BadRequestError", "code": 400}})
+    assert e.status == 400 and not e.retryable
+    assert ModelError({"error": {"message": "busy", "code": 503}}).retryable
