@@ -16,7 +16,9 @@ dominates the job's fixed costs shows. Both generate the same tokens (printed), 
 
 serve: the cpu_vllm.yaml app (tiny vLLM model through ray.serve.llm + a sim model, kNN router over MiniLM)
 on a local Serve at 127.0.0.1; sequential chat requests routed to the vLLM model (``model: proxray``) and
-passed through by its id; p50/p99 latency of each and their ratio.
+passed through by its id; p50/p99 latency of each and their ratio. Then streams (``ignore_eos``, so each is
+``--max-tokens`` long): time to first token of a routed stream against a direct stream to the same
+deployment, and the whole stream's time.
 """
 from __future__ import annotations
 
@@ -164,12 +166,15 @@ def bench_serve(a):
     def ttft(model, i):
         """Seconds to the first chunk with text of a streamed request, and to its end."""
         t0, first = time.perf_counter(), None
-        with httpx.stream("POST", url, json={**body(model, i), "stream": True}, timeout=120) as r:
+        # ignore_eos (a vLLM parameter, passed through): every stream generates max_tokens tokens
+        with httpx.stream("POST", url, json={**body(model, i), "stream": True, "ignore_eos": True}, timeout=120) as r:
             assert r.status_code == 200, r.read()[:300]
             for line in r.iter_lines():
-                if first is None and line.startswith("data: {") and '"content":"' in line.replace(" ", "") \
-                        and '"content":""' not in line.replace(" ", ""):
-                    first = time.perf_counter() - t0
+                if first is None and line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    if any((c.get("delta") or {}).get("content") or c.get("finish_reason")
+                           for c in chunk.get("choices") or []):  # first text (or an empty answer's end)
+                        first = time.perf_counter() - t0
         return first if first is not None else float("nan"), time.perf_counter() - t0
 
     streams = {"routed stream": [], "pass-through stream": []}
