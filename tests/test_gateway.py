@@ -142,6 +142,16 @@ def test_what_a_cpu_engine_cannot_honour_is_refused_by_name(client, extra, name)
     assert name in e.value.message and e.value.body["param"] == name
 
 
+def test_routing_leaves_out_models_that_cannot_honour_the_request(client):
+    import openai
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as e:  # every routable model here is a CPU engine
+        client.chat.completions.create(model="proxray", messages=CONVERSATION, tools=tools,
+                                       extra_body={"proxray": {"allowed_models": [TINY, WEAK]}})
+    assert "no routable model honours: tools" in e.value.message and e.value.body["param"] == "tools"
+
+
 # ---- streaming failures ---------------------------------------------------------------------------
 def test_stream_falls_back_before_its_first_chunk(client):
     chunks = list(client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "Hi there"}],
@@ -181,6 +191,18 @@ def test_langchain_chat_openai(server):
     assert "".join(c.content for c in streamed) == out.content
     assert sum((c.usage_metadata or {}).get("output_tokens", 0) for c in streamed) == 4
     assert seen(TINY)["body"]["stream_options"] == {"include_usage": True}
+    # content parts, n, stop reach the model; tools are refused by name by an engine that cannot call them
+    parts = [HumanMessage(content=[{"type": "text", "text": "Name"}, {"type": "text", "text": "a colour."}])]
+    r = llm.bind(stop=["zz"]).invoke(parts)
+    body = seen(TINY)["body"]
+    assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "Name"}, {"type": "text", "text": "a colour."}]}]
+    assert body["stop"] == ["zz"] and r.response_metadata["finish_reason"] == "length"
+    gens = ChatOpenAI(model=TINY, base_url=f"{server}/v1", api_key=KEY, max_retries=0, n=2, max_tokens=2).generate([msgs])
+    assert len(gens.generations[0]) == 2 and seen(TINY)["body"]["n"] == 2
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="tools"):
+        llm.bind_tools([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]).invoke(msgs)
 
 
 def test_litellm_openai_provider(server):
@@ -194,6 +216,12 @@ def test_litellm_openai_provider(server):
     assert seen(TINY)["body"]["messages"] == CONVERSATION
     parts = list(litellm.completion(stream=True, stream_options={"include_usage": True}, **kw))
     assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == r.choices[0].message.content
+    assert seen(TINY)["body"]["stream_options"] == {"include_usage": True}
+    two = litellm.completion(**{**kw, "n": 2, "stop": ["zz"], "max_tokens": None, "max_completion_tokens": 2})
+    body = seen(TINY)["body"]
+    assert len(two.choices) == 2 and body["n"] == 2 and body["stop"] == ["zz"] and body["max_completion_tokens"] == 2
+    with pytest.raises(litellm.BadRequestError, match="response_format"):
+        litellm.completion(**kw, response_format={"type": "json_object"})
 
 
 # ---- bounded work ----------------------------------------------------------------------------------

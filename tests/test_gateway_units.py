@@ -104,3 +104,14 @@ def test_what_a_client_sees_of_a_failure():
     e = ModelError({"error": {"message": "too long", "type": "BadRequestError", "code": 400}})
     assert e.status == 400 and not e.retryable
     assert ModelError({"error": {"message": "busy", "code": 503}}).retryable
+
+
+def test_the_plan_leaves_out_models_that_cannot_honour_the_request():
+    models, served = ["a", "b", "c"], {"a": 1, "b": 1, "c": 1}
+    acc, cost = np.array([0.9, 0.5, 0.7]), np.array([1.0, 1.0, 1.0])
+    p = routed(models, served, acc, cost, 0.1, 0.0, RoutingOptions(), "r", refusals={"a": ["tools"], "b": [], "c": []})
+    assert p.candidates == ["c", "b"] and p.report["excluded"] == {"a": ["tools"]}
+    with pytest.raises(RequestError, match="no routable model honours: response_format, tools") as e:
+        routed(models, served, acc, cost, 0.1, 0.0, RoutingOptions(allowed_models=["a", "b"]), "r",
+               refusals={"a": ["tools"], "b": ["response_format"], "c": []})
+    assert e.value.status == 400 and e.value.param == "response_format"

@@ -98,6 +98,9 @@ def test_vllm_honours_what_the_client_sent(client):
     assert body["response_format"] == {"type": "json_object"} and body["n"] == 2 and body["stop"] == ["\n\n"]
     assert body["max_completion_tokens"] == 5 and "max_tokens" not in body
     assert r.model == VLLM_MODEL and len(r.choices) == 2 and r.usage.completion_tokens <= 10
+    # the CPU engines cannot honour tools / response_format: the plan left them out of the candidates
+    excluded = r.model_extra["proxray"]["excluded"]
+    assert excluded == {CPU_MODEL: ["response_format", "tools"], SIM_MODEL: ["response_format", "tools"]}
     assert {c.finish_reason for c in r.choices} <= {"length", "stop"}
     cut = client.chat.completions.create(model=VLLM_MODEL, messages=MESSAGES, max_tokens=3, temperature=0.0,
                                          extra_body={"ignore_eos": True})
@@ -125,3 +128,39 @@ def test_pass_through_by_model_id_and_models_list(client):
     other = client.chat.completions.create(model="proxray", messages=MESSAGES, max_tokens=4,
                                            extra_body={"proxray": {"allowed_models": [CPU_MODEL, SIM_MODEL]}})
     assert other.model in (CPU_MODEL, SIM_MODEL)
+
+
+def test_langchain_and_litellm_reach_vllm_with_tools_and_response_format(app):
+    """The other clients users point at the gateway: what they send reaches vLLM as sent."""
+    import os
+
+    from langchain_core.messages import HumanMessage, SystemMessage
+    from langchain_openai import ChatOpenAI
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    llm = ChatOpenAI(model="proxray", base_url=f"{app[0]}/v1", api_key="unused", max_retries=0, timeout=300,
+                     max_tokens=4, temperature=0.0)
+    msgs = [SystemMessage("You are terse."), HumanMessage("Add 2 and 3.")]
+    out = llm.bind_tools(tools, tool_choice="none").invoke(msgs)
+    body = seen(VLLM_MODEL)["body"]
+    assert out.response_metadata["model_name"] == VLLM_MODEL
+    assert [t["function"]["name"] for t in body["tools"]] == ["add"] and body["tool_choice"] == "none"
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    # (LangChain sends tools + response_format together only for strict tools, through its parse API)
+    import openai
+
+    try:  # LangChain parses JSON-mode answers itself and raises when one is cut at max_tokens (client side)
+        llm.bind(response_format={"type": "json_object"}).invoke(msgs)
+    except openai.LengthFinishReasonError:
+        pass
+    assert seen(VLLM_MODEL)["body"]["response_format"] == {"type": "json_object"}
+
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    import litellm
+
+    r = litellm.completion(model="openai/proxray", api_base=f"{app[0]}/v1", api_key="unused", messages=MESSAGES,
+                           max_tokens=3, tools=tools, tool_choice="none", response_format={"type": "json_object"},
+                           num_retries=0, timeout=300)
+    body = seen(VLLM_MODEL)["body"]
+    assert r.model.endswith(VLLM_MODEL) and body["messages"] == MESSAGES and body["tools"] == tools
+    assert body["response_format"] == {"type": "json_object"} and r.usage.completion_tokens <= 3

@@ -26,7 +26,7 @@ from ray import serve
 
 from . import plan as planning
 from .client import ModelClient, ModelError, failure_reason
-from .models import ModelServer
+from .models import ModelServer, refused_parameters
 from .plan import RequestError
 from .schemas import ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, ServedModel, routing_text
 from .sse import relay
@@ -116,6 +116,8 @@ class RouterIngress:
             raise ValueError(f"{self.args.router}: serving needs a KNNRouter or KMeansRouter artifact "
                              f"(it reports outlier scores), not a {type(self.router).__name__}")
         self.client = ModelClient(handles)
+        self.caps = {}  # model id -> {endpoint: frozenset of parameters it honours}, asked lazily
+        self.caps_retry = {}  # model id -> when to ask again a model that did not answer
         self.kinds = {m.id: m.engine for m in self.args.models}
         self.routable = [m for m in self.router.models_ if m in handles]
         if not self.routable:
@@ -178,7 +180,19 @@ class RouterIngress:
         X = await asyncio.to_thread(self.encoder.encode, texts)
         return list(X)
 
-    async def _plan(self, req) -> planning.Plan:
+    async def _refusals(self, req, endpoint: str) -> dict:
+        """``{model: [parameters of this request it cannot honour]}`` from each model's ``capabilities()``
+        (asked once per model, the first time a routed request needs it)."""
+        now = time.monotonic()
+        missing = [m for m in self.routable if m not in self.caps and self.caps_retry.get(m, 0) <= now]
+        if missing:  # a model that does not answer (not up yet) counts as capable; asked again in 30 s
+            self.caps.update(await self.client.capabilities(missing, timeout_s=2.0))
+            self.caps_retry.update({m: now + 30 for m in missing if m not in self.caps})
+        extra = req.model_extra or {}
+        body = {k: extra[k] if k in extra else getattr(req, k) for k in (req.model_fields_set | set(extra)) - {"proxray"}}
+        return {m: refused_parameters(body, c[endpoint]) for m, c in self.caps.items()}
+
+    async def _plan(self, req, endpoint: str) -> planning.Plan:
         if req.model != ROUTER_MODEL:
             return planning.pass_through(req.model, self.client.handles)
         t0 = time.perf_counter()
@@ -187,11 +201,12 @@ class RouterIngress:
             raise RequestError(413, f"the routing text has {len(text)} characters; the limit is "
                                f"{self.args.max_prompt_chars}", "messages" if isinstance(req, ChatRequest) else "prompt")
         router, path = self.router, self.router_path
+        refusals = await self._refusals(req, endpoint)
         X = (await self._embed(text))[None, :]
         acc, cost, outlier = router.estimate_with_outlier_score(X)  # one search for both
         lam = self.args.lam if req.proxray.lam is None else req.proxray.lam
         p = planning.routed(router.models_, self.client.handles, acc[0], cost[0], float(outlier[0]), lam,
-                            req.proxray, path)
+                            req.proxray, path, refusals)
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
         self.metrics.routed(p.report["route_ms"], p.report["outlier_score"])
         if self.monitor is not None:
@@ -268,7 +283,7 @@ class RouterIngress:
         try:
             self._check_auth(request)
             req = await self._parse(request, model_cls)
-            p = await self._plan(req)
+            p = await self._plan(req, endpoint)
             model, head, gen = await self._first(req, p, endpoint, deadline)
         except RequestError as e:
             self.metrics.error(e.status)

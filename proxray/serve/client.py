@@ -44,3 +44,15 @@ class ModelClient:
 
     async def seen(self, model: str) -> list:
         return await self.handles[model].seen.remote()
+
+    async def capabilities(self, models, timeout_s: float = 10.0) -> dict:
+        """``{model: {endpoint: [parameters it honours]}}`` for those of ``models`` that answer in time (a
+        model not yet up is left out and asked again next time)."""
+        async def one(m):
+            try:
+                caps = await asyncio.wait_for(self.handles[m].capabilities.remote(), timeout_s)
+                return m, {endpoint: frozenset(names) for endpoint, names in caps.items()}
+            except Exception:  # noqa: BLE001 - unknown for now: the plan treats it as capable
+                return m, None
+
+        return {m: c for m, c in await asyncio.gather(*(one(m) for m in models)) if c is not None}

@@ -43,6 +43,11 @@ class OpenAIModel:
         """The last (up to 32) requests this replica received, oldest first."""
         return list(getattr(self, "_seen", ()))
 
+    async def capabilities(self) -> dict:
+        """The request parameters this model honours, per endpoint: the routing plan leaves a model out
+        of a request that sets anything else (``refused_parameters``)."""
+        raise NotImplementedError
+
 
 # Parameters the CPU engines honour; anything else with a value other than "not asked" is refused by name.
 CPU_HONOURED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
@@ -52,9 +57,11 @@ NOT_ASKED = {"logprobs": (False,), "echo": (False,), "presence_penalty": (0,), "
              "store": (False,), "metadata": ({},)}
 
 
-def refused_parameters(body: dict) -> list:
+def refused_parameters(body: dict, honoured=CPU_HONOURED) -> list:
+    """The parameters of ``body`` set to something other than "not asked" that a model honouring only
+    ``honoured`` would have to drop: it refuses them by name instead."""
     return sorted(k for k, v in body.items()
-                  if k not in CPU_HONOURED and v is not None and v not in NOT_ASKED.get(k, ()))
+                  if k not in honoured and v is not None and v not in NOT_ASKED.get(k, ()))
 
 
 def _sampling(body: dict) -> tuple[Sampling, list]:
@@ -93,6 +100,9 @@ class ModelServer(OpenAIModel):
     def __init__(self, spec: dict):
         self.spec = ServedModel(**spec)
         self.engine = make_engine(self.spec)
+
+    async def capabilities(self) -> dict:
+        return {"chat": sorted(CPU_HONOURED), "completions": sorted(CPU_HONOURED)}
 
     async def respond(self, endpoint: str, body: dict):
         self._remember(endpoint, body)

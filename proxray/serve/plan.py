@@ -47,8 +47,10 @@ def candidate_order(acc_hat, cost_hat, lam: float, allowed) -> list:
     return order
 
 
-def routed(models, served, acc_hat, cost_hat, outlier: float, lam: float, opts, router_path: str) -> Plan:
-    """The plan for ``model: proxray`` from one query's estimates (``acc_hat``, ``cost_hat``: (M,))."""
+def routed(models, served, acc_hat, cost_hat, outlier: float, lam: float, opts, router_path: str,
+           refusals: dict | None = None) -> Plan:
+    """The plan for ``model: proxray`` from one query's estimates (``acc_hat``, ``cost_hat``: (M,)).
+    ``refusals``: ``{model: [parameters of this request it cannot honour]}`` — such models are left out."""
     allowed = np.array([m in served for m in models])
     routable = [m for m, a in zip(models, allowed) if a]
     if opts.allowed_models is not None:
@@ -57,6 +59,14 @@ def routed(models, served, acc_hat, cost_hat, outlier: float, lam: float, opts, 
             raise RequestError(400, f"proxray.allowed_models: {unknown} are not routable models "
                                f"({', '.join(routable)})", "proxray.allowed_models")
         allowed &= np.array([m in opts.allowed_models for m in models])
+    excluded = {m: r for m, r in (refusals or {}).items() if r and m in models and allowed[models.index(m)]}
+    if excluded:
+        capable = allowed & np.array([m not in excluded for m in models])
+        if not capable.any():
+            names = sorted({p for r in excluded.values() for p in r})
+            raise RequestError(400, f"no routable model honours: {', '.join(names)} (refused by "
+                               f"{', '.join(sorted(excluded))})", names[0])
+        allowed = capable
     if opts.max_cost is not None:
         fits = cost_hat <= opts.max_cost
         if not (allowed & fits).any():
@@ -67,4 +77,6 @@ def routed(models, served, acc_hat, cost_hat, outlier: float, lam: float, opts, 
     report = {"routed": True, "lam": lam, "outlier_score": outlier, "router_path": router_path,
               "estimates": {models[i]: {"accuracy": float(acc_hat[i]), "cost": float(cost_hat[i])} for i in order},
               "runner_up": models[order[1]] if len(order) > 1 else None}
+    if excluded:
+        report["excluded"] = excluded  # left out: they cannot honour these parameters of the request
     return Plan([models[i] for i in order], report)

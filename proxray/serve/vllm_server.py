@@ -8,7 +8,7 @@ import json
 from pydantic import ValidationError
 from ray.serve.llm import LLMServer
 
-from .models import OpenAIModel, error
+from .models import OpenAIModel, error, refused_parameters
 
 
 def _objects(item):
@@ -30,12 +30,17 @@ class VLLMModelServer(OpenAIModel, LLMServer):
     vLLM does not know is refused by name instead of being dropped with a log line), then served by
     vLLM's OpenAI layer, whose responses, chunks, usage and finish reasons come back unchanged."""
 
+    async def capabilities(self) -> dict:
+        from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
+
+        return {"chat": sorted(ChatCompletionRequest.model_fields), "completions": sorted(CompletionRequest.model_fields)}
+
     async def respond(self, endpoint: str, body: dict):
         from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
 
         self._remember(endpoint, body)
         cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
-        unknown = sorted(k for k, v in body.items() if k not in cls.model_fields and v is not None)
+        unknown = refused_parameters(body, cls.model_fields)
         if unknown:
             yield error(400, f"model {body.get('model')!r} (vllm) does not know the parameter(s): {', '.join(unknown)}",
                         unknown[0])
