@@ -50,6 +50,17 @@ def test_cluster_yaml_has_cpu_head_and_gpu_workers():
     assert {"a100_worker", "h100_worker"} <= set(types) and "v100_worker" not in types
 
 
+def test_cluster_yaml_keeps_ray_auth_on_and_the_dashboard_private():
+    """Tests and CI may switch Ray's token auth off for their own local cluster; the shipped cluster may not."""
+    text = (ROOT / "cluster.yaml").read_text()
+    c = yaml.safe_load(text)
+    starts = c["head_start_ray_commands"] + c["worker_start_ray_commands"]
+    assert "disabled" not in text and "0.0.0.0" not in text
+    assert all("RAY_AUTH_MODE=token" in cmd for cmd in starts if "ray start" in cmd)
+    assert any("--dashboard-host=127.0.0.1" in cmd for cmd in c["head_start_ray_commands"])
+    assert c["file_mounts"]["/home/ubuntu/.ray/auth_token"] == "~/.ray/auth_token"  # the same token on every node
+
+
 def test_cpu_vllm_config_is_cpu_only_in_its_config():
     """The CPU build of a vLLM model differs from a GPU one only in its config."""
     raw = yaml.safe_load((ROOT / "serve_configs" / "cpu_vllm.yaml").read_text())
