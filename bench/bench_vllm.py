@@ -28,6 +28,7 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -73,7 +74,7 @@ def job(model, tmp, n_per_task, max_tokens):
     t0 = time.perf_counter()
     run = run_job(cfg, out)["runs"][0]
     wall = time.perf_counter() - t0
-    rows = read_parts(__import__("pathlib").Path(out) / "table")
+    rows = read_parts(Path(out) / "table")
     return wall, int(rows.output_tokens.sum()), len(rows), run["first_batch_s"]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -109,7 +110,6 @@ class SimEngine:
             out.append({"response": text,
                         "input_tokens": int(n_in[i]), "output_tokens": int(min(n_out[i, 0], sampling.max_tokens * 4))})
         return out
-
 
     def stream(self, messages, prompt, sampling: Sampling = Sampling(), stop=()):
         """Serving: the simulated answer to the last user turn (or ``prompt``), word by word; a word
@@ -313,6 +313,15 @@ def vllm_engine_kwargs(spec) -> dict:
     return {**base, **spec.engine_kwargs}
 
 
+def vllm_placement(spec) -> dict:
+    """Where a vLLM engine runs, from the spec (job or app): its ``placement_group_config`` bundles and
+    ``runtime_env``, for ``vLLMEngineProcessorConfig`` and ``LLMConfig`` alike (both take these names)."""
+    extra = {"placement_group_config": spec.placement_group_config} if spec.placement_group_config else {}
+    if spec.runtime_env:
+        extra["runtime_env"] = spec.runtime_env
+    return extra
+
+
 def vllm_config(spec, source: str | None = None):
     """The ``ray.data.llm.vLLMEngineProcessorConfig`` of a job model spec: exactly ``replicas`` engines
     (a fixed pool: ``concurrency=(n, n)``; an int would be an autoscaling pool 1..n) on the resources its
@@ -321,9 +330,7 @@ def vllm_config(spec, source: str | None = None):
     ``__inference_error__`` instead of failing the job."""
     from ray.data.llm import vLLMEngineProcessorConfig
 
-    extra = {"placement_group_config": spec.placement_group_config} if spec.placement_group_config else {}
-    if spec.runtime_env:
-        extra["runtime_env"] = spec.runtime_env
+    extra = vllm_placement(spec)
     # the processor's CPU stages (chat template, tokenize, detokenize) each take num_cpus per actor;
     # Ray's default of a whole CPU each starves a small CPU cluster before the engine even starts
     cpu_stage = {"num_cpus": spec.num_cpus}
@@ -383,7 +390,7 @@ def vllm_processor(spec, sampling: Sampling, source: str | None = None):
 
 
 # ---- checks before Ray starts ---------------------------------------------------------------------
-_HUB_ID = __import__("re").compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 # keys Ray itself puts into engine_kwargs (not vLLM EngineArgs fields)
 _RAY_ENGINE_KEYS = {"task_type"}
 
@@ -485,7 +492,8 @@ def check_vllm_model(name: str, source: str, engine_kwargs: dict, placement_grou
     local, problem = local_source(source)
     if problem:
         return None, [f"model {name!r}: {problem}"]
-    if local is None and os.environ.get("HF_HUB_OFFLINE") and _model_config(source, None) is None:
+    cfg = _model_config(source, local)
+    if local is None and os.environ.get("HF_HUB_OFFLINE") and cfg is None:
         problems.append(f"model {name!r}: source {source!r} is not a local folder, and the Hugging Face Hub is "
                         "offline (HF_HUB_OFFLINE) with no cached copy")
     if known_fields:
@@ -496,7 +504,6 @@ def check_vllm_model(name: str, source: str, engine_kwargs: dict, placement_grou
             hints = {k: difflib.get_close_matches(k, known_fields, n=1) for k in unknown}
             problems.append(f"model {name!r}: engine_kwargs {unknown} are not vLLM engine arguments"
                             + "".join(f"; did you mean {h[0]!r} for {k!r}?" for k, h in hints.items() if h))
-    cfg = _model_config(source, local)
     if cfg:
         ctx = cfg.get("max_position_embeddings") or cfg.get("max_sequence_length") or cfg.get("seq_length")
         max_len = engine_kwargs.get("max_model_len") or ctx

@@ -54,6 +54,15 @@ def start_app(tmp, encoder, models, request_timeout_s=None, app_name="proxray", 
     return f"http://127.0.0.1:{port}"
 
 
+def seen(model, app_name="proxray"):
+    """The last request the model's deployment received: what the gateway passed through to it."""
+    from ray import serve
+
+    from proxray.serve.app import deployment_name
+
+    return serve.get_deployment_handle(deployment_name(model), app_name).seen.remote().result()[-1]
+
+
 def stop_app():
     import ray
     from ray import serve

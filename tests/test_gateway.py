@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+import serve_helpers
 from serve_helpers import BROKEN, KEY, SLOW, STRONG, WEAK, start_app, stop_app
 
 pytestmark = pytest.mark.slow
@@ -51,12 +52,7 @@ def client(server):
 
 
 def seen(model):
-    """The last request the model's deployment received (what the gateway passed through)."""
-    from ray import serve
-
-    from proxray.serve.app import deployment_name
-
-    return serve.get_deployment_handle(deployment_name(model), APP).seen.remote().result()[-1]
+    return serve_helpers.seen(model, APP)
 
 
 def post(server, body, path="/v1/chat/completions", raw=None, headers=None):

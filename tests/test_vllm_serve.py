@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from serve_helpers import seen
 
 pytestmark = pytest.mark.slow
 
@@ -63,14 +64,6 @@ def test_routed_answer_from_the_vllm_model(client, app):
     assert 1 <= resp.usage.completion_tokens <= 12
     assert seen(VLLM_MODEL)["body"] == {"model": VLLM_MODEL, "messages": MESSAGES, "max_tokens": 12,
                                         "temperature": 0.0, "seed": 1}
-
-
-def seen(model):
-    from ray import serve
-
-    from proxray.serve.app import deployment_name
-
-    return serve.get_deployment_handle(deployment_name(model), "proxray").seen.remote().result()[-1]
 
 
 def test_routed_stream_from_the_vllm_model_equals_the_full_answer(client):

@@ -28,7 +28,8 @@ from . import plan as planning
 from .client import ModelClient, ModelError, failure_reason
 from .models import ModelServer, refused_parameters
 from .plan import RequestError
-from .schemas import ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, ServedModel, routing_text
+from .schemas import (ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, ServedModel, routing_text,
+                      validation_message)
 from .sse import relay
 
 logger = logging.getLogger("ray.serve")
@@ -44,13 +45,6 @@ def deployment_name(model_id: str) -> str:
 
 def error_response(e: RequestError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
-
-
-def _validation_message(err: ValidationError) -> tuple[str, str | None]:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or None
-    msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in err.errors()[:5])
-    return msgs, loc
 
 
 def check_json(value) -> None:
@@ -169,7 +163,7 @@ class RouterIngress:
         try:
             return model_cls.model_validate(raw)
         except ValidationError as e:
-            msg, loc = _validation_message(e)
+            msg, loc = validation_message(e)
             raise RequestError(400, msg, loc) from None
 
     # ---- routing -------------------------------------------------------------------------------
@@ -180,19 +174,17 @@ class RouterIngress:
         X = await asyncio.to_thread(self.encoder.encode, texts)
         return list(X)
 
-    async def _refusals(self, req, endpoint: str) -> dict:
-        """``{model: [parameters of this request it cannot honour]}`` from each model's ``capabilities()``
+    async def _refusals(self, body: dict, endpoint: str) -> dict:
+        """``{model: [parameters of ``body`` it cannot honour]}`` from each model's ``capabilities()``
         (asked once per model, the first time a routed request needs it)."""
         now = time.monotonic()
         missing = [m for m in self.routable if m not in self.caps and self.caps_retry.get(m, 0) <= now]
         if missing:  # a model that does not answer (not up yet) counts as capable; asked again in 30 s
             self.caps.update(await self.client.capabilities(missing, timeout_s=2.0))
             self.caps_retry.update({m: now + 30 for m in missing if m not in self.caps})
-        extra = req.model_extra or {}
-        body = {k: extra[k] if k in extra else getattr(req, k) for k in (req.model_fields_set | set(extra)) - {"proxray"}}
         return {m: refused_parameters(body, c[endpoint]) for m, c in self.caps.items()}
 
-    async def _plan(self, req, endpoint: str) -> planning.Plan:
+    async def _plan(self, req, body: dict, endpoint: str) -> planning.Plan:
         if req.model != ROUTER_MODEL:
             return planning.pass_through(req.model, self.client.handles)
         t0 = time.perf_counter()
@@ -201,7 +193,7 @@ class RouterIngress:
             raise RequestError(413, f"the routing text has {len(text)} characters; the limit is "
                                f"{self.args.max_prompt_chars}", "messages" if isinstance(req, ChatRequest) else "prompt")
         router, path = self.router, self.router_path
-        refusals = await self._refusals(req, endpoint)
+        refusals = await self._refusals(body, endpoint)
         X = (await self._embed(text))[None, :]
         acc, cost, outlier = router.estimate_with_outlier_score(X)  # one search for both
         lam = self.args.lam if req.proxray.lam is None else req.proxray.lam
@@ -215,12 +207,12 @@ class RouterIngress:
         return p
 
     # ---- answering -----------------------------------------------------------------------------
-    async def _first(self, req, p: planning.Plan, endpoint: str, deadline: float):
+    async def _first(self, req, body: dict, p: planning.Plan, endpoint: str, deadline: float):
         """Try the candidates in order until one gives a usable start: the whole response, or a stream's
         chunks up to its first content. Falls back on what another model can fix (errors, overload,
         timeouts); a model's 4xx about the request itself goes back to the client."""
         for model in p.candidates:
-            gen = self.client.stream(model, endpoint, req.forward(model, self.args.default_max_tokens))
+            gen = self.client.stream(model, endpoint, {**body, "model": model})
             head = []
             try:
                 while True:
@@ -240,7 +232,7 @@ class RouterIngress:
                 if not e.retryable:
                     raise RequestError(e.status, e.obj["error"].get("message", ""), e.obj["error"].get("param"),
                                        e.obj["error"].get("type") or "invalid_request_error") from None
-                self._failed(p, model, f"{e.status} {e.obj['error'].get('type')}: {e.obj['error'].get('message', '')[:200]}")
+                self._failed(p, model, str(e))
                 continue
             except Exception as e:  # noqa: BLE001 - replica died, overloaded, timed out: try the next
                 gen.cancel()
@@ -283,8 +275,9 @@ class RouterIngress:
         try:
             self._check_auth(request)
             req = await self._parse(request, model_cls)
-            p = await self._plan(req, endpoint)
-            model, head, gen = await self._first(req, p, endpoint, deadline)
+            body = req.forward(req.model, self.args.default_max_tokens)  # what every candidate gets, model aside
+            p = await self._plan(req, body, endpoint)
+            model, head, gen = await self._first(req, body, p, endpoint, deadline)
         except RequestError as e:
             self.metrics.error(e.status)
             return error_response(e)
@@ -345,15 +338,13 @@ def _vllm_deployment(m: ServedModel, source: str):
     ``engine_kwargs``, ``runtime_env``)."""
     from ray.serve.llm import LLMConfig, build_llm_deployment
 
-    from ..engines import vllm_engine_kwargs
+    from ..engines import vllm_engine_kwargs, vllm_placement
     from .vllm_server import VLLMModelServer
 
-    extra = {"placement_group_config": m.placement_group_config} if m.placement_group_config else {}
-    if m.runtime_env:
-        extra["runtime_env"] = m.runtime_env
     cfg = LLMConfig(model_loading_config={"model_id": m.id, "model_source": source},
                     engine_kwargs=vllm_engine_kwargs(m), accelerator_type=m.accelerator_type,
-                    deployment_config={"autoscaling_config": m.autoscaling.model_dump(exclude_none=True)}, **extra)
+                    deployment_config={"autoscaling_config": m.autoscaling.model_dump(exclude_none=True)},
+                    **vllm_placement(m))
     # name_prefix="" falls back to "LLMServer:"; override_serve_options gives the plain name
     serve_options = {"name": deployment_name(m.id), "max_queued_requests": m.max_queued_requests}
     if m.max_ongoing_requests:

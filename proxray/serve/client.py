@@ -42,9 +42,6 @@ class ModelClient:
         """The deployment's stream of OpenAI objects (a DeploymentResponseGenerator: ``cancel()`` stops it)."""
         return self.handles[model].options(stream=True).respond.remote(endpoint, body)
 
-    async def seen(self, model: str) -> list:
-        return await self.handles[model].seen.remote()
-
     async def capabilities(self, models, timeout_s: float = 10.0) -> dict:
         """``{model: {endpoint: [parameters it honours]}}`` for those of ``models`` that answer in time (a
         model not yet up is left out and asked again next time)."""

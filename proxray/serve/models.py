@@ -23,11 +23,8 @@ from collections import deque
 from ray import serve
 
 from ..engines import Finish, Sampling, make_engine
+from .plan import error
 from .schemas import ServedModel
-
-
-def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
 class OpenAIModel:

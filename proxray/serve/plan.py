@@ -10,6 +10,11 @@ import numpy as np
 from ..routers import choose
 
 
+def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
+    """An OpenAI error object; ``code`` is the HTTP status."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
 class RequestError(Exception):
     """A request the gateway refuses: HTTP status, a message naming the problem, the parameter."""
 
@@ -18,7 +23,7 @@ class RequestError(Exception):
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+        return error(self.status, self.message, self.param, self.kind)
 
 
 @dataclass

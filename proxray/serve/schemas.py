@@ -7,13 +7,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ROUTER_MODEL = "proxray"  # the model name that asks for routing
 INT64 = 2**63  # integers in a request must fit a signed 64-bit int (seed, logit_bias, ...)
 MAX_MESSAGES = 512
 MAX_PARTS = 64
 MAX_CONTENT_CHARS = 200_000  # one message's or one prompt's text
+
+
+def validation_message(err: ValidationError) -> tuple[str, str | None]:
+    """A pydantic error as (message naming every field at fault, up to five; the first field's path)."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or None
+    msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in err.errors()[:5])
+    return msgs, loc
 
 
 class TextPart(BaseModel):

@@ -8,7 +8,9 @@ import json
 from pydantic import ValidationError
 from ray.serve.llm import LLMServer
 
-from .models import OpenAIModel, error, refused_parameters
+from .models import OpenAIModel, refused_parameters
+from .plan import error
+from .schemas import validation_message
 
 
 def _objects(item):
@@ -48,9 +50,7 @@ class VLLMModelServer(OpenAIModel, LLMServer):
         try:
             request = cls.model_validate(body)
         except ValidationError as e:
-            first = e.errors()[0]
-            yield error(400, "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5]),
-                        ".".join(map(str, first["loc"])) or None)
+            yield error(400, *validation_message(e))
             return
         stream = await (self.chat(request) if endpoint == "chat" else self.completions(request))
         async for item in stream:
