@@ -1,12 +1,14 @@
 """Bounded load on the routed endpoint at 127.0.0.1 (not a timed test).
 
-    python bench/bench_serve.py [--requests 400] [--concurrency 8]
+    python bench/bench_serve.py [--requests 400] [--concurrency 8] [--backend onnx] [--cache-entries 10000]
 
 Starts the cpu_demo application (four simulated models, kNN router over MiniLM embeddings) on a local
-Ray Serve, sends ``--requests`` chat completions with ``--concurrency`` client threads, once routed
-(``model: proxray``) and once passed through (``model: <pool model>``, the same app without the
-encoder and router), and prints throughput, p50/p99 latency and errors of both, and the ratio of
-routed to pass-through latency (the router's overhead; target <= 1.3).
+Ray Serve, sends ``--requests`` chat completions with ``--concurrency`` client threads in three modes,
+interleaved over two rounds: routed with every prompt new (``routed, new text``: the encoder runs for
+each request), routed over the demo's 40 prompts again and again (``routed, repeated text``: the
+embedding LRU answers), and passed through (``model: <pool model>``). Prints throughput, p50/p99 latency
+and errors, the ratio of routed to pass-through p50 (target <= 1.3), and where a routed request's time
+goes (the ``proxray.timings`` the ingress reports, medians).
 """
 from __future__ import annotations
 
@@ -34,9 +36,13 @@ def load(url, body, n, concurrency):
         try:
             r = client.post(url, content=json.dumps(body(i)), headers={"content-type": "application/json"})
             ok = r.status_code == 200
+            report = r.json().get("proxray", {}) if ok else {}
         except httpx.HTTPError:
-            ok = False
-        return time.perf_counter() - t0, ok
+            ok, report = False, {}
+        elapsed = time.perf_counter() - t0
+        if report:
+            report["timings"]["outside_ms"] = 1e3 * (elapsed - report["latency_s"])  # HTTP, proxy, client
+        return elapsed, ok, report.get("timings", {})
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -44,10 +50,18 @@ def load(url, body, n, concurrency):
     wall = time.perf_counter() - t0
     lat = sorted(r[0] for r in res)
     return {"requests": n, "errors": sum(not r[1] for r in res), "rps": n / wall,
-            "p50_ms": 1e3 * statistics.median(lat), "p99_ms": 1e3 * lat[int(0.99 * (len(lat) - 1))]}
+            "p50_ms": 1e3 * statistics.median(lat), "p99_ms": 1e3 * lat[int(0.99 * (len(lat) - 1))],
+            "timings": [r[2] for r in res if r[2]]}
 
 
-def start_demo_app():
+def breakdown(timings: list) -> str:
+    keys = ["parse_ms", "embed_ms", "estimate_ms", "model_ms", "outside_ms"]
+    med = {k: statistics.median(t.get(k, 0.0) for t in timings) for k in keys}
+    hits = sum(t.get("embedding_cache") == "hit" for t in timings)
+    return " | ".join(f"{k[:-3]} {v:.1f}" for k, v in med.items()) + f" | cache hits {hits}/{len(timings)}"
+
+
+def start_demo_app(**app_args):
     """The cpu_demo app on a local Serve at a free 127.0.0.1 port: (chat URL, prompts, stop())."""
     import ray
     from ray import serve
@@ -68,7 +82,8 @@ def start_demo_app():
     ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     auto = {"min_replicas": 1, "max_replicas": 1}
-    serve.run(build_app({"router": f"{tmp}/router", "models": [{"id": m, "engine": "sim", "autoscaling": auto} for m in MODELS]}),
+    serve.run(build_app({"router": f"{tmp}/router", **app_args,
+                         "models": [{"id": m, "engine": "sim", "autoscaling": auto} for m in MODELS]}),
               name="proxray", route_prefix="/")
     return f"http://127.0.0.1:{port}/v1/chat/completions", prompts, lambda: (serve.shutdown(), ray.shutdown())
 
@@ -77,20 +92,30 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--backend", default="onnx", choices=["torch", "onnx", "onnx-int8"])
+    p.add_argument("--cache-entries", type=int, default=10000)
+    p.add_argument("--batch-wait-s", type=float, default=0.0)
     a = p.parse_args(argv)
-    url, prompts, stop = start_demo_app()
-    msg = lambda i: [{"role": "user", "content": prompts[i % len(prompts)]}]  # noqa: E731
-    load(url, lambda i: {"model": "proxray", "messages": msg(i)}, 40, a.concurrency)  # warm-up
-    import httpx
+    from proxray.synthetic import generate_queries
 
-    route_ms = [httpx.post(url, json={"model": "proxray", "messages": msg(i)}, timeout=30).json()["proxray"]["route_ms"]
-                for i in range(30)]
+    url, prompts, stop = start_demo_app(encoder_backend=a.backend, embedding_cache_entries=a.cache_entries,
+                                        embed_batch_wait_s=a.batch_wait_s)
+    fresh = iter(dict.fromkeys(p for s in range(1000, 1100) for p in generate_queries(40, seed=s).prompt
+                               if p not in set(prompts)))  # never sent before: every one a cache miss
+    new_text = lambda i: next(fresh)  # noqa: E731
+    msg = lambda text: [{"role": "user", "content": text}]  # noqa: E731
+    load(url, lambda i: {"model": "proxray", "messages": msg(prompts[i % len(prompts)])}, 40, a.concurrency)  # warm-up
+    modes = {
+        "routed, new text": lambda i: {"model": "proxray", "messages": msg(new_text(i))},
+        "routed, repeated text": lambda i: {"model": "proxray", "messages": msg(prompts[i % len(prompts)])},
+        "pass-through": lambda i: {"model": MODELS[i % 4], "messages": msg(prompts[i % len(prompts)])},
+    }
     rows = {}
-    for _ in range(2):  # alternate, so drift hits both alike
-        rows.setdefault("routed", []).append(load(url, lambda i: {"model": "proxray", "messages": msg(i)}, a.requests, a.concurrency))
-        rows.setdefault("pass-through", []).append(
-            load(url, lambda i: {"model": MODELS[i % 4], "messages": msg(i)}, a.requests, a.concurrency))
-    print(f"| mode | requests | errors | req/s | p50 ms | p99 ms |  (concurrency {a.concurrency}, {os.cpu_count()} CPUs)")
+    for _ in range(2):  # alternate, so drift hits all alike
+        for mode, body in modes.items():
+            rows.setdefault(mode, []).append(load(url, body, a.requests, a.concurrency))
+    print(f"| mode | requests | errors | req/s | p50 ms | p99 ms |  (concurrency {a.concurrency}, {os.cpu_count()} CPUs, "
+          f"encoder backend {a.backend})")
     print("|---|---|---|---|---|---|")
     best = {}
     for mode, runs in rows.items():
@@ -98,9 +123,11 @@ def main(argv=None):
         best[mode] = r
         print(f"| {mode} | {sum(x['requests'] for x in runs)} | {sum(x['errors'] for x in runs)} | {r['rps']:.1f} | "
               f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
-    print(f"routed / pass-through p50 latency: {best['routed']['p50_ms'] / best['pass-through']['p50_ms']:.2f}; "
-          f"throughput ratio: {best['pass-through']['rps'] / best['routed']['rps']:.2f}")
-    print(f"routing inside the ingress (encode + estimate), sequential: median {statistics.median(route_ms):.1f} ms")
+    base = best["pass-through"]["p50_ms"]
+    for mode in ("routed, new text", "routed, repeated text"):
+        print(f"{mode}: routed / pass-through p50 {best[mode]['p50_ms'] / base:.2f}; "
+              f"medians ms: {breakdown(sum((r['timings'] for r in rows[mode]), []))}")
+    print(f"pass-through medians ms: {breakdown(sum((r['timings'] for r in rows['pass-through']), []))}")
     stop()
 
 

@@ -59,6 +59,29 @@ def test_routed_chat_with_the_openai_client(client):
     assert cheap.model == WEAK
 
 
+def test_the_fast_encoder_routes_as_the_fitted_one_and_repeats_skip_it(client, encoder):
+    """The ingress embeds with ONNX Runtime (the default backend) against a router fitted on torch
+    embeddings: its estimates are the torch ones; a repeated routing text comes from the LRU."""
+    from proxray.artifact import load_router
+
+    text = "A train leaves at 3 pm going 60 km/h; when has it covered 150 km?"
+    reports = [client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": text}],
+                                              extra_body={"proxray": {"lam": 0.0}}).model_extra["proxray"]
+               for _ in range(2)]
+    first, second = (r["timings"] for r in reports)
+    assert first["embedding_cache"] == "miss" and second["embedding_cache"] == "hit"
+    assert first["embed_ms"] > second["embed_ms"] and second["embed_ms"] < 1.0  # no encoder, no thread hop
+    assert all(first[k] >= 0 for k in ("parse_ms", "estimate_ms", "model_ms"))
+    router = load_router(reports[0]["router_path"])
+    acc, cost = router.estimate(encoder.encode([text]))
+    for r in reports:
+        got = {m: e["accuracy"] for m, e in r["estimates"].items()}
+        want = {m: float(acc[0, router.models_.index(m)]) for m in got}
+        assert got == pytest.approx(want, abs=1e-4)
+    passed = client.chat.completions.create(model=WEAK, messages=[{"role": "user", "content": text}])
+    assert "embed_ms" not in passed.model_extra["proxray"]["timings"]  # nothing router-related on its path
+
+
 def test_bypass_completions_models_and_health(client, server):
     resp = client.chat.completions.create(model=WEAK, messages=[{"role": "user", "content": "hello"}])
     assert resp.model == WEAK and resp.model_extra["proxray"]["routed"] is False

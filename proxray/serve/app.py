@@ -99,12 +99,22 @@ class RouterIngress:
 
     def __init__(self, args: dict, handles: dict):
         from ..artifact import load_router
-        from ..embed import SentenceEncoder
+        from ..embed import LRUEmbeddings, SentenceEncoder
         from .metrics import GatewayMetrics
 
         self.args = AppArgs(**args)
-        self.encoder = SentenceEncoder(self.args.encoder, cache=False, progress=False)
-        self.encoder.encode(["warm-up"])  # load the encoder now, not on the first request
+        self.encoder = SentenceEncoder(self.args.encoder, cache=False, progress=False,
+                                       backend=self.args.encoder_backend, threads=self.args.encoder_threads)
+        try:
+            self.encoder.encode(["warm-up"])  # load (or export) the encoder now, not on the first request
+        except Exception as e:  # noqa: BLE001 - no writable cache, a pipeline ONNX cannot hold: serve anyway
+            if self.args.encoder_backend == "torch":
+                raise
+            logger.warning("proxray: encoder backend %s unavailable (%s); using torch", self.args.encoder_backend, e)
+            self.encoder = SentenceEncoder(self.args.encoder, cache=False, progress=False)
+            self.encoder.encode(["warm-up"])
+        self.embeddings = LRUEmbeddings(self.args.embedding_cache_entries)
+        self._embed.set_batch_wait_timeout_s(self.args.embed_batch_wait_s)
         self.router = load_router(self.args.router, encoder_id=self.encoder.id)
         if not hasattr(self.router, "estimate_with_outlier_score"):
             raise ValueError(f"{self.args.router}: serving needs a KNNRouter or KMeansRouter artifact "
@@ -167,12 +177,24 @@ class RouterIngress:
             raise RequestError(400, msg, loc) from None
 
     # ---- routing -------------------------------------------------------------------------------
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.0)  # the wait is set from the args in __init__
     async def _embed(self, texts: list) -> list:
         """Concurrent requests share one encoder forward pass (the encoder is most of the routing
         cost); it runs in a thread so the replica keeps accepting requests meanwhile."""
         X = await asyncio.to_thread(self.encoder.encode, texts)
         return list(X)
+
+    async def _vector(self, text: str, timings: dict):
+        """The routing text's embedding: from the LRU (no thread hop, no batch) or the encoder."""
+        t0 = time.perf_counter()
+        key = self.embeddings.key(text)
+        v = self.embeddings.get(key)
+        timings["embedding_cache"] = "hit" if v is not None else "miss"
+        if v is None:
+            v = await self._embed(text)
+            self.embeddings.put(key, v)
+        timings["embed_ms"] = 1e3 * (time.perf_counter() - t0)
+        return v
 
     async def _refusals(self, body: dict, endpoint: str) -> dict:
         """``{model: [parameters of ``body`` it cannot honour]}`` from each model's ``capabilities()``
@@ -184,8 +206,8 @@ class RouterIngress:
             self.caps_retry.update({m: now + 30 for m in missing if m not in self.caps})
         return {m: refused_parameters(body, c[endpoint]) for m, c in self.caps.items()}
 
-    async def _plan(self, req, body: dict, endpoint: str) -> planning.Plan:
-        if req.model != ROUTER_MODEL:
+    async def _plan(self, req, body: dict, endpoint: str, timings: dict) -> planning.Plan:
+        if req.model != ROUTER_MODEL:  # nothing router-related on a pass-through request's path
             return planning.pass_through(req.model, self.client.handles)
         t0 = time.perf_counter()
         text = routing_text(req, self.args.routing_text)
@@ -194,8 +216,10 @@ class RouterIngress:
                                f"{self.args.max_prompt_chars}", "messages" if isinstance(req, ChatRequest) else "prompt")
         router, path = self.router, self.router_path
         refusals = await self._refusals(body, endpoint)
-        X = (await self._embed(text))[None, :]
+        X = (await self._vector(text, timings))[None, :]
+        t1 = time.perf_counter()
         acc, cost, outlier = router.estimate_with_outlier_score(X)  # one search for both
+        timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
         lam = self.args.lam if req.proxray.lam is None else req.proxray.lam
         p = planning.routed(router.models_, self.client.handles, acc[0], cost[0], float(outlier[0]), lam,
                             req.proxray, path, refusals)
@@ -272,18 +296,23 @@ class RouterIngress:
     async def _handle(self, request: Request, model_cls, endpoint: str):
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.args.timeout_s
+        timings = {}  # where the gateway's time went: parse, embed (+ cache), estimate, route, model
         try:
             self._check_auth(request)
             req = await self._parse(request, model_cls)
             body = req.forward(req.model, self.args.default_max_tokens)  # what every candidate gets, model aside
-            p = await self._plan(req, body, endpoint)
+            timings["parse_ms"] = 1e3 * (time.perf_counter() - t0)
+            p = await self._plan(req, body, endpoint, timings)
+            t_model = time.perf_counter()
             model, head, gen = await self._first(req, body, p, endpoint, deadline)
+            timings["model_ms"] = 1e3 * (time.perf_counter() - t_model)  # the answer, or a stream's first content
         except RequestError as e:
             self.metrics.error(e.status)
             return error_response(e)
         self.requests += 1
         self.metrics.answered(model, p.report["routed"])
         p.report["latency_s"] = time.perf_counter() - t0
+        p.report["timings"] = timings
         if req.stream:
             head[0] = {**head[0], "proxray": p.report}
             done = lambda ok: ok or self.metrics.error(502)  # noqa: E731 - a stream that ended in an error event

@@ -203,6 +203,15 @@ class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     router: str = Field(description="router artifact folder (proxray fit / KNNRouter.save)")
     encoder: str | None = Field(None, description="sentence-transformers name or path; default: shipped MiniLM")
+    encoder_backend: Literal["torch", "onnx", "onnx-int8"] = Field("onnx", description=(
+        "how the ingress runs the encoder: onnx = the same model exported to ONNX Runtime (equal output, "
+        "~3x faster; exported on first start into the proxray cache), torch = sentence-transformers, "
+        "onnx-int8 = int8 weights (an approximation; see bench/bench_encoder.py)"))
+    encoder_threads: int | None = Field(None, ge=1, description="ONNX Runtime threads; default min(2, CPUs)")
+    embedding_cache_entries: int = Field(10000, ge=0, description=(
+        "LRU of routing-text embeddings in each ingress replica (~1.6 KB each); 0 = off"))
+    embed_batch_wait_s: float = Field(0.0, ge=0, le=0.1, description=(
+        "how long a routed request waits for others to share its encoder pass; 0 = take what is queued"))
     models: list[ServedModel] = Field(min_length=1)
     lam: float = Field(0.0, ge=0, description="default λ when a request gives none")
     api_key_env: str | None = Field(None, description="env var holding the bearer token; unset = no auth")
