@@ -100,8 +100,9 @@ def main(argv=None):
 
     url, prompts, stop = start_demo_app(encoder_backend=a.backend, embedding_cache_entries=a.cache_entries,
                                         embed_batch_wait_s=a.batch_wait_s)
+    sent = set(prompts)
     fresh = iter(dict.fromkeys(p for s in range(1000, 1100) for p in generate_queries(40, seed=s).prompt
-                               if p not in set(prompts)))  # never sent before: every one a cache miss
+                               if p not in sent))  # never sent before: every one a cache miss
     new_text = lambda i: next(fresh)  # noqa: E731
     msg = lambda text: [{"role": "user", "content": text}]  # noqa: E731
     load(url, lambda i: {"model": "proxray", "messages": msg(prompts[i % len(prompts)])}, 40, a.concurrency)  # warm-up

@@ -79,20 +79,18 @@ def _resolve(model: str | None) -> tuple[str, str]:
 
 class LRUEmbeddings:
     """At most ``capacity`` vectors keyed by sha256 of their text, least recently used evicted first
-    (a 384-d float32 vector and its key take ~1.6 KB: 10,000 entries ~16 MB)."""
+    (a 384-d float32 vector and its key take ~1.7 KB: 10,000 entries ~17 MB)."""
 
     def __init__(self, capacity: int):
         if capacity < 0:
             raise ValueError(f"capacity={capacity}: must be >= 0 (0 = no cache)")
         self.capacity = capacity
-        self._d: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._d: OrderedDict[str, np.ndarray] = OrderedDict()
         self.hits = self.misses = 0
 
-    @staticmethod
-    def key(text: str) -> bytes:
-        return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).digest()
+    key = staticmethod(EmbeddingCache.key)  # the on-disk cache's text key
 
-    def get(self, key: bytes):
+    def get(self, key: str):
         v = self._d.get(key)
         if v is None:
             self.misses += 1
@@ -101,7 +99,7 @@ class LRUEmbeddings:
             self.hits += 1
         return v
 
-    def put(self, key: bytes, vec: np.ndarray) -> None:
+    def put(self, key: str, vec: np.ndarray) -> None:
         if not self.capacity:
             return
         self._d[key] = vec
@@ -195,8 +193,6 @@ class SentenceEncoder:
         if self.backend == "torch":
             return self.model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
                                      convert_to_numpy=True, show_progress_bar=self.progress and len(texts) > 256)
-        if len(texts) <= self.batch_size:
-            return self.onnx.encode(texts)
         order = np.argsort([len(t) for t in texts], kind="stable")  # batches of alike lengths pad little
         out = np.empty((len(texts), self.onnx.dim), np.float32)
         bar = _progress(len(texts)) if self.progress and len(texts) > 256 else None

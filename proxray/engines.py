@@ -353,15 +353,19 @@ def vllm_output_row(row: dict) -> dict:
     ``postprocess`` and arrives as the raw row with ``__inference_error__`` set and none of the standard
     columns), or a row already in this shape. Idempotent, so it serves as postprocess and after it.
     ``error`` is "" for a successful row (a string column in every block)."""
+
+    def absent(v):  # None, or the NaN a missing value becomes in a pandas block
+        return v is None or (isinstance(v, float) and v != v)
+
     err = row.get("__inference_error__")
-    err = "" if err is None or (isinstance(err, float) and err != err) else str(err)
+    err = "" if absent(err) else str(err)
     if not err and "response" in row and "generated_text" not in row:
         return {k: row.get(k) for k in OUTPUT_COLUMNS} | {"error": str(row.get("error") or "")}
     if err:
         return {"query_id": row["query_id"], "response": "", "input_tokens": 0, "output_tokens": 0, "error": err}
 
     def count(v):
-        return 0 if v is None or (isinstance(v, float) and v != v) else int(v)
+        return 0 if absent(v) else int(v)
 
     return {"query_id": row["query_id"], "response": row.get("generated_text") or "",
             "input_tokens": count(row.get("num_input_tokens")),

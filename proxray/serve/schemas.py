@@ -209,7 +209,7 @@ class AppArgs(BaseModel):
         "onnx-int8 = int8 weights (an approximation; see bench/bench_encoder.py)"))
     encoder_threads: int | None = Field(None, ge=1, description="ONNX Runtime threads; default min(2, CPUs)")
     embedding_cache_entries: int = Field(10000, ge=0, description=(
-        "LRU of routing-text embeddings in each ingress replica (~1.6 KB each); 0 = off"))
+        "LRU of routing-text embeddings in each ingress replica (~1.7 KB each); 0 = off"))
     embed_batch_wait_s: float = Field(0.0, ge=0, le=0.1, description=(
         "how long a routed request waits for others to share its encoder pass; 0 = take what is queued"))
     models: list[ServedModel] = Field(min_length=1)
