@@ -290,12 +290,28 @@ def build_tiny_model(path, seed: int = 0, vocab_size: int = 512, hidden: int = 6
     return str(path)
 
 
+CPU_ENGINES = {"sim": SimEngine, "transformers": TransformersEngine}
+
+
+def _unknown_kwargs(name: str, cls, kwargs: dict) -> list:
+    """A problem naming every key of ``kwargs`` that ``cls``'s constructor does not take (with the closest name)."""
+    import difflib
+    import inspect
+
+    params = list(inspect.signature(cls.__init__).parameters)[2:]  # past self and the model / source
+    unknown = sorted(set(kwargs) - set(params))
+    if not unknown:
+        return []
+    hints = "".join(f"; did you mean {h[0]!r} for {k!r}?" for k in unknown
+                    if (h := difflib.get_close_matches(k, params, n=1)))
+    return [f"model {name!r}: engine_kwargs {unknown} are not arguments of the {cls.__name__} "
+            f"(allowed: {', '.join(params)}){hints}"]
+
+
 def make_engine(spec) -> object:
     """The CPU engine for a model spec (``proxray.evaljob.ModelSpec``); vLLM is not built here."""
-    if spec.engine == "sim":
-        return SimEngine(spec.source or spec.id, **spec.engine_kwargs)
-    if spec.engine == "transformers":
-        return TransformersEngine(spec.source or spec.id, **spec.engine_kwargs)
+    if spec.engine in CPU_ENGINES:
+        return CPU_ENGINES[spec.engine](spec.source or spec.id, **spec.engine_kwargs)
     raise ValueError(f"engine {spec.engine!r} has no in-process engine (vllm runs through ray.data.llm)")
 
 
@@ -308,7 +324,7 @@ def vllm_engine_kwargs(spec) -> dict:
     """Engine kwargs for vLLM: tensor parallel size from ``gpus_per_replica`` (job specs), then the
     config's own kwargs, which win."""
     base = {}
-    if getattr(spec, "gpus_per_replica", 0) > 1:
+    if (getattr(spec, "gpus_per_replica", 0) or 0) > 1:
         base["tensor_parallel_size"] = spec.gpus_per_replica
     return {**base, **spec.engine_kwargs}
 
@@ -344,7 +360,7 @@ def vllm_config(spec, source: str | None = None):
         accelerator_type=spec.accelerator_type, should_continue_on_error=True, log_engine_metrics=False, **extra)
 
 
-OUTPUT_COLUMNS = ("query_id", "response", "input_tokens", "output_tokens", "error")
+OUTPUT_COLUMNS = ("model", "query_id", "response", "input_tokens", "output_tokens", "error")
 
 
 def vllm_output_row(row: dict) -> dict:
@@ -362,12 +378,13 @@ def vllm_output_row(row: dict) -> dict:
     if not err and "response" in row and "generated_text" not in row:
         return {k: row.get(k) for k in OUTPUT_COLUMNS} | {"error": str(row.get("error") or "")}
     if err:
-        return {"query_id": row["query_id"], "response": "", "input_tokens": 0, "output_tokens": 0, "error": err}
+        return {"model": row.get("model"), "query_id": row["query_id"], "response": "", "input_tokens": 0,
+                "output_tokens": 0, "error": err}
 
     def count(v):
         return 0 if absent(v) else int(v)
 
-    return {"query_id": row["query_id"], "response": row.get("generated_text") or "",
+    return {"model": row.get("model"), "query_id": row["query_id"], "response": row.get("generated_text") or "",
             "input_tokens": count(row.get("num_input_tokens")),
             "output_tokens": count(row.get("num_generated_tokens")), "error": ""}
 
@@ -544,5 +561,7 @@ def check_models(models, max_tokens: int | None) -> tuple[dict, list]:
         elif m.engine == "transformers":
             local, problem = local_source(source)
             problems += [f"model {m.id!r}: {problem}"] if problem else []
+        if m.engine in CPU_ENGINES:
+            problems += _unknown_kwargs(m.id, CPU_ENGINES[m.engine], m.engine_kwargs)
         sources[m.id] = local or source
     return sources, problems

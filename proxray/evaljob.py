@@ -1,24 +1,35 @@
 """The evaluation job: run every model of the pool on every query with Ray Data, grade, price, and
 write the routing table.
 
-    proxray build-table --config CONFIG.yaml [--output DIR] [--models a,b]
+    proxray build-table --config CONFIG.yaml [--output DIR|URI] [--models a,b]
     ray job submit --working-dir . -- python jobs/build_table.py --config CONFIG.yaml
 
-Output folder::
+Every model of a run executes at once: one Ray Data pipeline per model (its own replicas, CPUs, GPUs,
+accelerator type), unioned into one streaming execution, so wall time approaches the slowest model's,
+not the sum.
 
-    table/<model>/part-*.parquet   the routing table, partitioned by model, one file per finished batch
-    routing_table.parquet          the same, consolidated: queries that have every model
-    summary.md, summary.csv        model × task accuracy (%) and cost, like the paper's Table 2
-    errors/<model>/*.parquet       rows an engine failed on (never graded); retried by the next run
-    errors.parquet                 the failures not yet resolved by a later run
+Output (a local folder or a pyarrow filesystem URI: ``file://``, ``s3://``, ``gs://``, …; see
+``proxray.storage``)::
 
-Resumable and lossless: each batch is written (atomically) as soon as it comes back, and a run does
-only the (query, model) pairs missing from ``table/``. So an interrupted job loses at most the batches
-in flight, a re-run finishes it, and adding a model to the config runs only that model.
+    table/<model slug>/part-*.parquet   the routing table, one file per finished batch, each row with its
+                                        ``fingerprint`` (what produced it)
+    routing_table.parquet               the same, consolidated: queries that have every model
+    summary.md, summary.csv             model × task accuracy (%) and cost, like the paper's Table 2
+    errors/<model slug>/*.parquet       rows an engine failed on (never graded); retried by the next run
+    errors.parquet                      the failures not yet resolved by a later run
+
+Resumable and lossless, keyed on content: a (model, query) pair is done when ``table/`` holds a row
+with that model id, query id and ``fingerprint`` — a hash of the prompt, the answer, the sampling, the
+model's source and its prices, read from the rows' own columns (folder names are never trusted). Each
+batch is written atomically as soon as it comes back, so an interrupted job loses at most the batches in
+flight, a re-run finishes it, adding a model runs only that model, and changing the sampling, a prompt,
+a source or a price re-runs exactly the pairs it changes (the old rows stay beside the new ones).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import re
 import sys
@@ -34,6 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .engines import Sampling
 from .grading import grade
 from .logs import log
+from .progress import Progress
+from .storage import Store
 
 
 # ---- configuration (validated at the boundary) --------------------------------------------------
@@ -45,8 +58,10 @@ class ModelSpec(BaseModel):
     price_out: float = Field(ge=0, description="USD per million output tokens")
     engine: Literal["vllm", "transformers", "sim"]
     engine_kwargs: dict = Field(default_factory=dict)
-    accelerator_type: str | None = Field(None, description="e.g. H100, A100 (vllm)")
-    gpus_per_replica: int = Field(1, ge=0, description="vllm: GPUs per engine (tensor parallel when > 1)")
+    accelerator_type: str | None = Field(None, description="node accelerator each replica needs, e.g. H100, A100 "
+                                         "(Ray's names; checked against the cluster before the job starts)")
+    gpus_per_replica: int | None = Field(None, ge=0, description="GPUs per replica; vllm: default 1, tensor "
+                                         "parallel when > 1; sim and transformers: default 0")
     placement_group_config: dict | None = Field(
         None, description="vllm: Ray placement bundles per engine, e.g. {bundles: [{CPU: 1}]} on a CPU cluster")
     runtime_env: dict | None = Field(None, description="vllm: Ray runtime_env of the engine workers (env_vars, ...)")
@@ -54,6 +69,11 @@ class ModelSpec(BaseModel):
     batch_size: int = Field(16, ge=1)
     num_cpus: float = Field(1.0, gt=0, description="CPUs per replica (sim, transformers); vllm: CPUs per actor "
                             "of the processor's chat-template, tokenize and detokenize stages")
+
+    @property
+    def gpus(self) -> int:
+        """GPUs each replica asks Ray for."""
+        return self.gpus_per_replica if self.gpus_per_replica is not None else int(self.engine == "vllm")
 
 
 class SyntheticSet(BaseModel):
@@ -99,6 +119,11 @@ class JobConfig(BaseModel):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"model ids must be unique; repeated: {', '.join(dup)}")
+        slugs = {}
+        for i in ids:  # injective by construction (a hash of the id); refused all the same if it ever is not
+            if slug(i) in slugs:
+                raise ValueError(f"model ids {slugs[slug(i)]!r} and {i!r} map to the same output folder {slug(i)!r}")
+            slugs[slug(i)] = i
         return self
 
 
@@ -106,16 +131,73 @@ class ConfigError(ValueError):
     pass
 
 
-def check_config(config: JobConfig) -> dict:
-    """Everything about the models that would otherwise fail inside a Ray actor, checked before Ray
-    starts; every problem is reported at once (``ConfigError``). Returns ``{model id: source}`` with
-    local folders resolved to absolute paths (Ray workers may run in another directory)."""
+def _known_accelerators() -> set:
+    """Ray's accelerator type names (``ray.util.accelerators``)."""
+    from ray.util.accelerators import accelerators
+
+    return {v for k, v in vars(accelerators).items() if k.isupper() and isinstance(v, str)}
+
+
+def check_config(config: JobConfig, output=None) -> dict:
+    """Everything that would otherwise fail inside a Ray actor or half-way through the job, checked
+    before Ray starts; every problem is reported at once (``ConfigError``): model sources, engines and
+    their kwargs, accelerator names, local query files, the output location. Returns ``{model id:
+    source}`` with local folders resolved to absolute paths (Ray workers may run in another directory)."""
     from .engines import check_models
 
     sources, problems = check_models(config.models, config.sampling.max_tokens)
+    known = _known_accelerators() if any(m.accelerator_type for m in config.models) else set()
+    for m in config.models:
+        if m.accelerator_type and m.accelerator_type not in known:
+            import difflib
+
+            hint = difflib.get_close_matches(m.accelerator_type, known, n=1)
+            problems.append(f"model {m.id!r}: accelerator_type {m.accelerator_type!r} is not one of Ray's accelerator "
+                            f"types" + (f"; did you mean {hint[0]!r}?" if hint else f" ({', '.join(sorted(known))})"))
+    for i, qs in enumerate(config.query_sets):
+        if qs.path is not None and not Path(qs.path).is_file():
+            problems.append(f"query_sets.{i}.path: {qs.path!r} does not exist (relative paths are taken from "
+                            f"{os.getcwd()})")
+    try:
+        Store(output or config.output)
+    except ValueError as e:
+        problems.append(str(e))
     if problems:
         raise ConfigError("invalid job config:\n" + "\n".join(f"  {p}" for p in problems))
     return sources
+
+
+def cluster_accelerators() -> set:
+    """Accelerator types this Ray cluster has or can start: those of its live nodes, and those of the
+    node types in the autoscaler's config (``~/ray_bootstrap_config.yaml`` on a ``ray up`` head, where
+    a submitted job's driver runs)."""
+    import ray
+
+    types = {k.split(":", 1)[1] for n in ray.nodes() if n.get("Alive")
+             for k in n.get("Resources", {}) if k.startswith("accelerator_type:")}
+    bootstrap = Path(os.environ.get("PROXRAY_AUTOSCALER_CONFIG", "~/ray_bootstrap_config.yaml")).expanduser()
+    if bootstrap.is_file():
+        import yaml
+
+        try:
+            node_types = (yaml.safe_load(bootstrap.read_text()) or {}).get("available_node_types") or {}
+        except yaml.YAMLError:
+            node_types = {}
+        types |= {k.split(":", 1)[1] for t in node_types.values() for k in (t.get("resources") or {})
+                  if k.startswith("accelerator_type:")}
+    return types
+
+
+def check_cluster(specs) -> None:
+    """After connecting to Ray, before any work: every model's accelerator type is among the cluster's."""
+    wanted = {m.id: m.accelerator_type for m in specs if m.accelerator_type}
+    if not wanted:
+        return
+    have = cluster_accelerators()
+    missing = [f"  model {i!r}: accelerator_type {t!r} is not among the cluster's ({', '.join(sorted(have)) or 'none'})"
+               for i, t in wanted.items() if t not in have]
+    if missing:
+        raise ConfigError("the cluster cannot place these models:\n" + "\n".join(missing))
 
 
 def load_config(path) -> JobConfig:
@@ -154,38 +236,61 @@ def load_queries(config: JobConfig, load_dataset=None) -> pd.DataFrame:
     return validate_queries(pd.concat(frames, ignore_index=True), "query sets")
 
 
-# ---- output layout -------------------------------------------------------------------------------
+# ---- output layout and content keys --------------------------------------------------------------
 def slug(model_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", model_id.replace("/", "__"))
+    """A file- and deployment-name-safe name for a model id, injective: the readable part plus a short
+    hash of the id itself, so ``a:fp16`` and ``a@fp16`` get different names."""
+    readable = re.sub(r"[^A-Za-z0-9_.-]", "_", model_id.replace("/", "__"))[:80]
+    return f"{readable}-{hashlib.sha256(model_id.encode()).hexdigest()[:8]}"
 
 
-def _write_atomic(df: pd.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)  # a reader never sees half a file; a crash leaves only a .tmp
+def fingerprints(spec: ModelSpec, queries: pd.DataFrame, sampling: Sampling) -> np.ndarray:
+    """What produced a (model, query) row, one hash per query: the prompt, the answer it is graded
+    against, the sampling, the model's source and its prices. A stored row counts as done only while
+    its fingerprint is still the one the config gives."""
+    head = json.dumps({"model": spec.id, "source": spec.source or spec.id, "price_in": spec.price_in,
+                       "price_out": spec.price_out, "sampling": vars(sampling)}, sort_keys=True)
+    answers = queries["answer"] if "answer" in queries else pd.Series([""] * len(queries))
+    types = queries["answer_type"] if "answer_type" in queries else pd.Series([""] * len(queries))
+    return np.array([hashlib.sha256("\x1f".join((head, p, str(a), str(t))).encode()).hexdigest()[:20]
+                     for p, a, t in zip(queries["prompt"], answers, types)], dtype=object)
 
 
-def read_parts(folder: Path) -> pd.DataFrame:
-    files = sorted(folder.rglob("*.parquet")) if folder.is_dir() else []
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+def expected_keys(specs, queries: pd.DataFrame, sampling: Sampling) -> pd.DataFrame:
+    """(model, query_id, fingerprint) of every pair the config asks for."""
+    return pd.concat([pd.DataFrame({"model": s.id, "query_id": queries["query_id"].to_numpy(),
+                                    "fingerprint": fingerprints(s, queries, sampling)}) for s in specs],
+                     ignore_index=True)
 
 
-def done_ids(out: Path, model_id: str) -> set:
-    parts = read_parts(out / "table" / slug(model_id))
-    return set(parts["query_id"]) if len(parts) else set()
+def current_rows(rows: pd.DataFrame, keys: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``rows`` whose (model, query_id, fingerprint) is one the config asks for now; rows
+    written before fingerprints existed, or for another prompt / sampling / source / price, are not."""
+    if not len(rows) or "fingerprint" not in rows:
+        return rows.iloc[0:0]
+    return rows.merge(keys, on=["model", "query_id", "fingerprint"], how="inner")
 
 
-# ---- running one model ---------------------------------------------------------------------------
+def read_parts(folder) -> pd.DataFrame:
+    """Every parquet file below ``folder`` (a local path or a filesystem URI), concatenated."""
+    return Store(folder).read_parts("")
+
+
+# ---- running the pool ----------------------------------------------------------------------------
 class EngineWorker:
     """Ray Data actor: one engine per replica; a batch in, one output row per input row out.
-    A batch that fails is retried row by row, so one bad row costs only itself (``error`` column)."""
+    A batch that fails is retried row by row, so one bad row costs only itself (``error`` column).
+    Each row also says where it ran (``node_id``), which the driver reports and does not store."""
 
     def __init__(self, spec: dict, sampling: dict):
+        import ray
+
         from .engines import make_engine
 
-        self.engine = make_engine(ModelSpec(**spec))
+        self.spec = ModelSpec(**spec)
+        self.engine = make_engine(self.spec)
         self.sampling = Sampling(**sampling)
+        self.node_id = ray.get_runtime_context().get_node_id()
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         rows = batch.to_dict("records")
@@ -201,18 +306,19 @@ class EngineWorker:
                 except Exception as e:  # noqa: BLE001
                     outs.append({"response": "", "input_tokens": 0, "output_tokens": 0})
                     errors.append(f"{type(e).__name__}: {e}")
-        return pd.DataFrame({"query_id": batch["query_id"].to_numpy(),
+        return pd.DataFrame({"model": self.spec.id, "query_id": batch["query_id"].to_numpy(),
                              "response": [o["response"] for o in outs],
                              "input_tokens": [int(o["input_tokens"]) for o in outs],
                              "output_tokens": [int(o["output_tokens"]) for o in outs],
-                             "error": errors})
+                             "error": errors, "node_id": self.node_id})
 
 
 def _dataset(spec: ModelSpec, todo: pd.DataFrame, sampling: Sampling, source: str | None = None):
+    """One model's pipeline: its queries through its engine replicas, on the resources it asks for."""
     import ray
 
     cols = [c for c in ("query_id", "task", "prompt", "answer", "answer_type", "difficulty") if c in todo]
-    items = todo[cols].to_dict("records")
+    items = [{**r, "model": spec.id} for r in todo[cols].to_dict("records")]
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // spec.batch_size, 64)))
     if spec.engine == "vllm":
         from .engines import vllm_output_row, vllm_processor
@@ -221,15 +327,18 @@ def _dataset(spec: ModelSpec, todo: pd.DataFrame, sampling: Sampling, source: st
         return vllm_processor(spec, sampling, source)(ds).map(vllm_output_row, num_cpus=spec.num_cpus)
     if source:
         spec = spec.model_copy(update={"source": source})
+    where = {"num_gpus": spec.gpus} if spec.gpus else {}
+    if spec.accelerator_type:
+        where["accelerator_type"] = spec.accelerator_type
     return ds.map_batches(
         EngineWorker, fn_constructor_kwargs={"spec": spec.model_dump(), "sampling": vars(sampling)},
         batch_size=spec.batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=spec.replicas),
-        num_cpus=spec.num_cpus)  # Ray Data restarts a dead actor and retries its batch (max_restarts=-1 by default)
+        num_cpus=spec.num_cpus, **where)  # Ray Data restarts a dead actor and retries its batch (max_restarts=-1)
 
 
-def graded_rows(spec: ModelSpec, out: pd.DataFrame, todo: pd.DataFrame) -> pd.DataFrame:
-    """Engine output joined with its queries: graded, priced, in the canonical table columns."""
-    q = todo.set_index("query_id").loc[out["query_id"]]
+def graded_rows(spec: ModelSpec, out: pd.DataFrame, queries: pd.DataFrame, fingerprint: pd.Series) -> pd.DataFrame:
+    """Engine output joined with its queries: graded, priced, fingerprinted, in the canonical table columns."""
+    q = queries.loc[out["query_id"]]
     correct = [grade(r, a, t) for r, a, t in zip(out["response"], q["answer"], q["answer_type"])]
     n_in = out["input_tokens"].to_numpy(dtype=np.int64)
     n_out = out["output_tokens"].to_numpy(dtype=np.int64)
@@ -238,89 +347,113 @@ def graded_rows(spec: ModelSpec, out: pd.DataFrame, todo: pd.DataFrame) -> pd.Da
         "model": spec.id, "correct": np.asarray(correct, dtype=np.float64),
         "cost": (n_in * spec.price_in + n_out * spec.price_out) / 1e6,  # USD from the engine's own token counts
         "split": q["split"].to_numpy(), "response": out["response"].astype(str).to_numpy(),
-        "input_tokens": n_in, "output_tokens": n_out})
+        "input_tokens": n_in, "output_tokens": n_out,
+        "fingerprint": fingerprint.loc[out["query_id"]].to_numpy()})
 
 
-def run_model(spec: ModelSpec, todo: pd.DataFrame, sampling: Sampling, out: Path, run_id: str,
-              max_batches: int | None = None, source: str | None = None) -> dict:
-    """Run one model on ``todo``; write each finished batch at once. Returns counts."""
-    ds = _dataset(spec, todo, sampling, source)
-    written = failed = 0
+def run_pool(specs, todos: dict, queries: pd.DataFrame, keys: pd.DataFrame, sampling: Sampling, store: Store,
+             run_id: str, sources: dict, max_batches: int | None = None) -> list[dict]:
+    """Run every model of ``specs`` on its ``todos[id]`` at once (one unioned Ray Data execution); write
+    each finished batch to ``store`` as it comes back. Returns per-model counts, in ``specs`` order."""
+    specs = [s for s in specs if len(todos[s.id])]
+    if not specs:
+        return []
+    by_id = {s.id: s for s in specs}
+    branches = [_dataset(s, todos[s.id], sampling, sources.get(s.id)) for s in specs]
+    ds = branches[0].union(*branches[1:]) if len(branches) > 1 else branches[0]
+    fps = {s.id: keys[keys["model"] == s.id].set_index("query_id")["fingerprint"] for s in specs}
+    qidx = queries.set_index("query_id")
+    progress = Progress({s.id: len(todos[s.id]) for s in specs})
+    stats = {s.id: {"model": s.id, "todo": len(todos[s.id]), "written": 0, "errors": 0, "seconds": None,
+                    "first_batch_s": None, "first_batch_rows": 0, "nodes": set()} for s in specs}
     t0 = time.time()
-    first = None  # (seconds, rows) at the first finished batch: engine start-up vs steady state
     for i, batch in enumerate(ds.iter_batches(batch_size=None, batch_format="pandas")):
-        first = first or (time.time() - t0, len(batch))
-        err = (batch["error"].fillna("").astype(str).str.len() > 0).to_numpy() if "error" in batch \
-            else np.zeros(len(batch), bool)
-        ok, bad = batch[~err], batch[err]
-        if len(ok):
-            _write_atomic(graded_rows(spec, ok.reset_index(drop=True), todo),
-                          out / "table" / slug(spec.id) / f"part-{run_id}-{i:05d}.parquet")
-        if len(bad):
-            _write_atomic(pd.DataFrame({"query_id": bad["query_id"].to_numpy(), "model": spec.id,
-                                        "error": bad["error"].astype(str).to_numpy(), "run": run_id}),
-                          out / "errors" / slug(spec.id) / f"errors-{run_id}-{i:05d}.parquet")
-        written, failed = written + len(ok), failed + len(bad)
-        rate = (written + failed) / max(time.time() - t0, 1e-9)
-        log(f"{spec.id}: {written + failed}/{len(todo)} rows ({failed} errors), {rate:.1f} rows/s")
+        for model_id, part in batch.groupby("model", sort=False):
+            spec, st = by_id[model_id], stats[model_id]
+            part = part.reset_index(drop=True)
+            if st["first_batch_s"] is None:  # engine start-up vs steady state
+                st["first_batch_s"], st["first_batch_rows"] = time.time() - t0, len(part)
+            if "node_id" in part:
+                st["nodes"] |= set(part["node_id"].dropna())
+            err = (part["error"].fillna("").astype(str).str.len() > 0).to_numpy() if "error" in part \
+                else np.zeros(len(part), bool)
+            ok, bad = part[~err].reset_index(drop=True), part[err]
+            name = f"part-{run_id}-{i:05d}.parquet"
+            if len(ok):
+                store.write_parquet(graded_rows(spec, ok, qidx, fps[model_id]), f"table/{slug(model_id)}/{name}")
+            if len(bad):
+                store.write_parquet(pd.DataFrame({
+                    "query_id": bad["query_id"].to_numpy(), "model": model_id,
+                    "fingerprint": fps[model_id].loc[bad["query_id"]].to_numpy(),
+                    "error": bad["error"].astype(str).to_numpy(), "run": run_id}),
+                    f"errors/{slug(model_id)}/errors-{run_id}-{i:05d}.parquet")
+            st["written"] += len(ok)
+            st["errors"] += len(bad)
+            st["seconds"] = time.time() - t0
+            progress.update(model_id, len(ok), len(bad))
         if max_batches is not None and i + 1 >= max_batches:
-            log(f"{spec.id}: stopping after {max_batches} batches (max_batches)")
+            log(f"stopping after {max_batches} batches (max_batches)")
             break
-    return {"model": spec.id, "todo": len(todo), "written": written, "errors": failed, "seconds": time.time() - t0,
-            "first_batch_s": first[0] if first else None, "first_batch_rows": first[1] if first else 0}
+    return [{**st, "nodes": sorted(st["nodes"])} for st in stats.values()]
 
 
 # ---- the job -------------------------------------------------------------------------------------
 def run_job(config: JobConfig, output=None, models=None, max_batches: int | None = None, load_dataset=None) -> dict:
-    """Run the job (see the module docstring); returns per-model counts and the output paths."""
+    """Run the job (see the module docstring); returns per-model counts and the output location."""
     import ray
 
-    out = Path(output or config.output)
     unknown = sorted(set(models or []) - {m.id for m in config.models})
     if unknown:
         raise ConfigError(f"--models names {unknown}, not in the config ({', '.join(m.id for m in config.models)})")
-    sources = check_config(config)  # before Ray starts: a bad model fails here, not inside an actor
+    sources = check_config(config, output)  # before Ray starts: a bad model fails here, not inside an actor
+    store = Store(output or config.output)
     queries = load_queries(config, load_dataset)
     specs = [m for m in config.models if models is None or m.id in models]
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS")
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  **({} if address else {"num_cpus": os.cpu_count()}))
-    ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()
+    check_cluster(specs)
+    ray.data.DataContext.get_current().enable_progress_bars = False  # one display for the job: Progress
     sampling = Sampling(**config.sampling.model_dump())
-    run_id = time.strftime("%Y%m%d%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    stats = []
+    keys = expected_keys(config.models, queries, sampling)
+    done = current_rows(store.read_parts("table"), keys)
+    done_keys = set(zip(done["model"], done["query_id"])) if len(done) else set()
+    todos = {}
     for spec in specs:
-        done = done_ids(out, spec.id)
-        todo = queries[~queries["query_id"].isin(done)].reset_index(drop=True)
-        log(f"{spec.id} ({spec.engine}): {len(done)} done, {len(todo)} to run")
-        if len(todo):
-            stats.append(run_model(spec, todo, sampling, out, run_id, max_batches, sources[spec.id]))
-    result = consolidate(out, queries, [m.id for m in config.models])
+        todo = ~pd.Series([(spec.id, q) in done_keys for q in queries["query_id"]], dtype=bool).to_numpy()
+        todos[spec.id] = queries[todo].reset_index(drop=True)
+        log(f"{spec.id} ({spec.engine}): {len(queries) - int(todo.sum())} done, {int(todo.sum())} to run")
+    run_id = time.strftime("%Y%m%d%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    stats = run_pool(specs, todos, queries, keys, sampling, store, run_id, sources, max_batches)
+    result = consolidate(store, keys)
     result["runs"] = stats
     return result
 
 
-def consolidate(out: Path, queries: pd.DataFrame, model_ids: list[str]) -> dict:
-    """routing_table.parquet (queries with every model), summary.md/.csv, errors.parquet."""
+def consolidate(store: Store, keys: pd.DataFrame) -> dict:
+    """routing_table.parquet (queries with every model), summary.md/.csv, errors.parquet — from the
+    rows whose fingerprints the config gives now, each file written atomically."""
     from .table import RoutingTable
 
-    table_rows = read_parts(out / "table")
-    result = {"output": str(out), "rows": int(len(table_rows)), "duplicates": 0, "complete_queries": 0}
+    model_ids = list(dict.fromkeys(keys["model"]))
+    parts = store.read_parts("table")
+    table_rows = current_rows(parts, keys)
+    result = {"output": store.uri, "rows": int(len(table_rows)), "stale_rows": int(len(parts) - len(table_rows)),
+              "duplicates": 0, "complete_queries": 0}
     if len(table_rows):
-        table_rows = table_rows[table_rows["model"].isin(model_ids) & table_rows["query_id"].isin(queries["query_id"])]
-        dup = table_rows.duplicated(["query_id", "model"])
+        dup = table_rows.duplicated(["query_id", "model"], keep="last")
         result["duplicates"] = int(dup.sum())  # 0 by construction; reported so a test can hold us to it
         table_rows = table_rows[~dup.to_numpy()]
         per_query = table_rows.groupby("query_id")["model"].nunique()
         complete = per_query.index[per_query == len(model_ids)]
         if len(complete):
-            table = RoutingTable(table_rows[table_rows["query_id"].isin(complete)], source=str(out / "table"))
-            table.write(out / "routing_table.parquet")
+            table = RoutingTable(table_rows[table_rows["query_id"].isin(complete)], source=store.path("table"))
+            store.write_parquet(table.df, "routing_table.parquet")
             result["complete_queries"] = table.n_queries
-        (out / "summary.md").write_text(summary_markdown(table_rows))
-        (100 * table_rows.groupby(["model", "task"])["correct"].mean()).unstack().to_csv(out / "summary.csv")
-    errors = read_parts(out / "errors")
+        store.write_text("summary.md", summary_markdown(table_rows))
+        store.write_text("summary.csv", (100 * table_rows.groupby(["model", "task"])["correct"].mean()).unstack().to_csv())
+    errors = current_rows(store.read_parts("errors"), keys)
     if len(errors):
         done = set(zip(table_rows["query_id"], table_rows["model"])) if len(table_rows) else set()
         open_err = errors[[(q, m) not in done for q, m in zip(errors["query_id"], errors["model"])]]
@@ -329,10 +462,10 @@ def consolidate(out: Path, queries: pd.DataFrame, model_ids: list[str]) -> dict:
         open_err = errors
     result["open_errors"] = int(len(open_err))
     if len(open_err):
-        open_err.to_parquet(out / "errors.parquet", index=False)
-    elif (out / "errors.parquet").exists():
-        (out / "errors.parquet").unlink()
-    log(f"{out}: {result['complete_queries']} complete queries × {len(model_ids)} models, "
+        store.write_parquet(open_err, "errors.parquet")
+    else:
+        store.delete("errors.parquet")
+    log(f"{store.uri}: {result['complete_queries']} complete queries × {len(model_ids)} models, "
         f"{result['open_errors']} open errors")
     return result
 
@@ -354,7 +487,8 @@ def summary_markdown(df: pd.DataFrame) -> str:
 def add_parsers(sub) -> None:
     p = sub.add_parser("build-table", help="run the evaluation job: every model on every query -> routing table")
     p.add_argument("--config", required=True)
-    p.add_argument("--output", default=None, help="output folder (default: the config's output)")
+    p.add_argument("--output", default=None, help="output folder or filesystem URI, e.g. s3://bucket/run "
+                   "(default: the config's output)")
     p.add_argument("--models", default=None, help="comma-separated model ids to run (default: all)")
     p.add_argument("--max-batches", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_build_table)
@@ -376,9 +510,9 @@ def cmd_make_tiny_model(a) -> None:
 def cmd_build_table(a) -> None:
     config = load_config(a.config)
     res = run_job(config, a.output, models=a.models.split(",") if a.models else None, max_batches=a.max_batches)
-    out = Path(res["output"])
-    if (out / "summary.md").exists():
-        print((out / "summary.md").read_text())
+    out = Store(res["output"])
+    if out.exists("summary.md"):
+        print(out.read_text("summary.md"))
     print({k: v for k, v in res.items() if k != "runs"})
 
 

@@ -23,9 +23,9 @@ def ray_local():
     ray.shutdown()
 
 
-def config(models, n_per_task=3, **extra):
+def config(models, n_per_task=3, sampling=None, **extra):
     return JobConfig.model_validate({
-        "output": "unused", "sampling": {"max_tokens": 8},
+        "output": "unused", "sampling": sampling or {"max_tokens": 8},
         "query_sets": [{"name": "synthetic", "synthetic": {"n_per_task": n_per_task, "seed": 5}}],
         "models": models, **extra})
 
@@ -135,3 +135,95 @@ def test_shipped_configs_validate():
     assert {m.accelerator_type for m in pool.models} == {"A100", "H100"}  # vLLM 0.29 cannot run on V100
     assert "microsoft/Phi-3-small-8k-instruct" not in {m.id for m in pool.models}  # vLLM 0.29 cannot load it
     assert all(m.engine_kwargs["max_model_len"] <= 4096 for m in pool.models)
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A real S3 API (moto's server) on 127.0.0.1, a bucket in it, and a boto3 client to look inside."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(k, v)
+    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
+    client.create_bucket(Bucket="runs")
+    yield f"s3://runs/job?endpoint_override={host}:{port}&scheme=http&region=us-east-1", client
+    server.stop()
+
+
+def test_output_goes_to_s3_and_resumes_from_it(s3, tmp_path, monkeypatch):
+    uri, client = s3
+    monkeypatch.chdir(tmp_path)  # nothing may land on the driver's local disk
+    cfg = config([sim(m) for m in SIM[:2]], n_per_task=4)
+    first = run_job(cfg, uri, max_batches=3)
+    assert 0 < first["rows"] < 80
+    res = run_job(cfg, uri)
+    assert sum(r["todo"] for r in res["runs"]) == 80 - first["rows"]  # resumed from what S3 holds
+    assert res["complete_queries"] == 40 and res["duplicates"] == 0
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix="job/")["Contents"]]
+    assert {"job/routing_table.parquet", "job/summary.md", "job/summary.csv"} <= set(keys)
+    assert sum(k.startswith("job/table/") for k in keys) >= 4 and not [k for k in keys if ".tmp" in k]
+    assert list(tmp_path.iterdir()) == []
+    import io
+
+    body = client.get_object(Bucket="runs", Key="job/routing_table.parquet")["Body"].read()
+    table = RoutingTable(pd.read_parquet(io.BytesIO(body)))
+    assert table.n_queries == 40 and table.models == sorted(SIM[:2])
+    assert run_job(cfg, uri)["runs"] == []
+
+
+def test_resume_is_keyed_on_content_not_on_folders(tmp_path):
+    out = tmp_path / "out"
+    models = [sim(SIM[0]), sim(SIM[1])]
+    run_job(config(models), out)
+    assert run_job(config(models), out)["runs"] == []  # nothing changed: nothing runs
+    # another sampling: every pair runs again; the old rows stay beside the new ones but are not used
+    res = run_job(config(models, sampling={"max_tokens": 4}), out)
+    assert [(r["model"], r["todo"]) for r in res["runs"]] == [(SIM[0], 30), (SIM[1], 30)]
+    assert res["stale_rows"] == 60 and res["rows"] == 60 and res["duplicates"] == 0
+    # one model's price changes: only that model runs, and the table carries the new price
+    repriced = [sim(SIM[0]), sim(SIM[1], price_out=2.0)]
+    res = run_job(config(repriced, sampling={"max_tokens": 4}), out)
+    assert [(r["model"], r["todo"]) for r in res["runs"]] == [(SIM[1], 30)]
+    df = RoutingTable.read(out / "routing_table.parquet").df
+    rows = df[df.model == SIM[1]]
+    np.testing.assert_allclose(rows.cost, (rows.input_tokens * 0.1 + rows.output_tokens * 2.0) / 1e6)
+    # a folder name proves nothing: a part moved under another model's folder still counts by its columns
+    a, b = (sorted((out / "table").iterdir()))[:2]
+    for f in a.iterdir():
+        f.rename(b / ("moved-" + f.name))
+    assert run_job(config(repriced, sampling={"max_tokens": 4}), out)["runs"] == []
+
+
+def test_model_ids_whose_plain_slugs_collide_both_run(tmp_path):
+    from proxray.evaljob import slug
+
+    ids = ["a:fp16", "a@fp16"]
+    assert slug(ids[0]) != slug(ids[1])
+    out = tmp_path / "out"
+    res = run_job(config([sim(i, source=SIM[0]) for i in ids]), out)
+    assert [r["todo"] for r in res["runs"]] == [30, 30] and res["complete_queries"] == 30
+    assert RoutingTable.read(out / "routing_table.parquet").models == ids
+    assert len({p.name for p in (out / "table").iterdir()}) == 2
+
+
+def test_every_config_problem_is_reported_before_ray_starts(tmp_path):
+    from proxray.evaljob import check_config
+
+    cfg = JobConfig.model_validate({
+        "output": str(tmp_path / "o"),
+        "query_sets": [{"path": str(tmp_path / "nowhere.jsonl")}],
+        "models": [sim(SIM[0], engine_kwargs={"latency": 1}), sim(SIM[1], accelerator_type="H10O"),
+                   {"id": "t", "engine": "transformers", "source": str(tmp_path / "no-model"), "price_in": 1,
+                    "price_out": 1}]})
+    with pytest.raises(ConfigError) as e:
+        check_config(cfg)
+    msg = str(e.value)
+    assert "engine_kwargs ['latency'] are not arguments of the SimEngine" in msg and "did you mean 'latency_s'" in msg
+    assert "accelerator_type 'H10O' is not one of Ray's accelerator types; did you mean 'H100'?" in msg
+    assert "query_sets.0.path" in msg and "nowhere.jsonl" in msg and "no-model" in msg
+    assert not (tmp_path / "o").exists()

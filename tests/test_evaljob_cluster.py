@@ -1,0 +1,64 @@
+"""The evaluation job on a multi-node Ray cluster on this machine (``ray.cluster_utils.Cluster``: a head
+and two worker nodes carrying ``accelerator_type:V100`` with one GPU and ``accelerator_type:H100`` with two):
+every model of the pool runs at once, each on the nodes its config asks for. Marked slow (three raylets)."""
+import time
+
+import pytest
+
+from proxray.evaljob import ConfigError, JobConfig, run_job
+
+pytestmark = pytest.mark.slow
+
+SIM = ["meta-llama/Llama-3.2-1B-Instruct", "microsoft/Phi-3-small-8k-instruct", "meta-llama/Llama-3.3-70B-Instruct"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes = {"V100": c.add_node(num_cpus=2, num_gpus=1, resources={"accelerator_type:V100": 1}),
+             "H100": c.add_node(num_cpus=2, num_gpus=2, resources={"accelerator_type:H100": 2})}
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    yield {k: n.node_id for k, n in nodes.items()}
+    ray.shutdown()
+    c.shutdown()
+
+
+def config(models, n_per_task=3):
+    return JobConfig.model_validate({
+        "output": "unused", "sampling": {"max_tokens": 8},
+        "query_sets": [{"name": "synthetic", "synthetic": {"n_per_task": n_per_task, "seed": 3}}],
+        "models": models})
+
+
+def slow_sim(model_id, accelerator=None, latency_s=1.0):
+    spec = {"id": model_id, "engine": "sim", "price_in": 0.1, "price_out": 0.2, "batch_size": 5, "num_cpus": 0.25,
+            "engine_kwargs": {"latency_s": latency_s}}
+    return {**spec, "accelerator_type": accelerator, "gpus_per_replica": 1} if accelerator else spec
+
+
+def test_models_land_where_their_config_asks_and_run_at_once(cluster, tmp_path):
+    models = [slow_sim(SIM[0], "V100"), slow_sim(SIM[1], "H100"), slow_sim(SIM[2], "H100")]
+    run_job(config([slow_sim(SIM[0], "V100", latency_s=0.0)], n_per_task=1), tmp_path / "warm")  # workers up
+    t = time.time()
+    one = run_job(config(models[:1]), tmp_path / "one")
+    t_one = time.time() - t
+    t = time.time()
+    three = run_job(config(models), tmp_path / "three")
+    t_three = time.time() - t
+    assert one["complete_queries"] == three["complete_queries"] == 30
+    nodes = {r["model"]: r["nodes"] for r in three["runs"]}
+    assert nodes == {SIM[0]: [cluster["V100"]], SIM[1]: [cluster["H100"]], SIM[2]: [cluster["H100"]]}
+    # six 1 s batches per model: one after another would be ~3x; at once, close to one model's time
+    print(f"1 model {t_one:.1f} s, 3 models {t_three:.1f} s, ratio {t_three / t_one:.2f}")
+    assert t_three <= 1.6 * t_one, (t_one, t_three)
+
+
+def test_an_accelerator_the_cluster_lacks_fails_before_any_work(cluster, tmp_path):
+    with pytest.raises(ConfigError, match=r"model 'x': accelerator_type 'A100' is not among the cluster's "
+                                          r"\(H100, V100\)"):
+        run_job(config([{**slow_sim(SIM[0], "A100"), "id": "x"}]), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
