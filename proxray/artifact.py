@@ -3,8 +3,15 @@
 Layout::
 
     router/
-      manifest.json      format, version, class, hyperparameters, models, encoder, file checksums
-      <name>.npy         one plain array per piece of learned state (never pickled)
+      CURRENT                  the name of the version in use, replaced atomically
+      v-<time>-<id>/           one folder per save; older ones stay beside it
+        manifest.json          format, version, class, hyperparameters, models, encoder, file checksums
+        <name>.npy             one plain array per piece of learned state (never pickled)
+
+Saving never touches a version that exists: the new one is written into a temporary folder, renamed
+into place whole, and only then does ``CURRENT`` switch to it (temp file + rename). A crash at any point
+leaves the previous version loadable. A folder holding ``manifest.json`` itself (the layout before
+versions, or a path straight into a version) loads as it is.
 
 Loading verifies every checksum *before* an array is read, loads with ``allow_pickle=False``, and
 checks shapes against the manifest, so a truncated, edited or mismatched artifact fails with an error
@@ -16,6 +23,9 @@ import hashlib
 import json
 import math
 import os
+import re
+import time
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
@@ -76,13 +86,59 @@ def _registry():
     return {c.__name__: c for c in (KNNRouter, KMeansRouter, MLPRouter)}
 
 
-def save_router(router, path) -> None:
-    """Write ``router`` to the folder ``path`` (created; existing artifact files are replaced)."""
-    from . import __version__
+POINTER = "CURRENT"
+_VERSION_NAME = re.compile(r"v-[0-9]{8}T[0-9]{6}-[0-9a-f]{8}")
 
+
+def current_version(path) -> Path:
+    """The folder holding the manifest and arrays of the artifact at ``path``: the version ``CURRENT``
+    names, or ``path`` itself when it holds a manifest (no versions)."""
+    path = Path(path)
+    pointer = path / POINTER
+    if pointer.is_file():
+        name = pointer.read_text().strip()
+        if not _VERSION_NAME.fullmatch(name):  # never follow a pointer out of the artifact folder
+            raise ArtifactError(f"{pointer}: {name!r} is not a version name (v-YYYYMMDDTHHMMSS-xxxxxxxx)")
+        if not (path / name).is_dir():
+            raise ArtifactError(f"{pointer}: names version {name!r}, which is missing")
+        return path / name
+    return path
+
+
+def versions(path) -> list[str]:
+    """The version folders of an artifact, oldest first."""
+    path = Path(path)
+    return sorted(p.name for p in path.iterdir() if p.is_dir() and _VERSION_NAME.fullmatch(p.name)) \
+        if path.is_dir() else []
+
+
+def _replace_file(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_router(router, path) -> Path:
+    """Write ``router`` as a new version of the artifact at ``path`` (created) and switch ``CURRENT`` to
+    it; versions saved before stay as they are. Returns the new version's folder."""
     router._check_fitted()
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    name = f"v-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+    tmp = path / f".{name}.tmp"
+    tmp.mkdir()
+    _write_version(router, tmp)
+    os.replace(tmp, path / name)  # the version appears whole or not at all
+    _replace_file(path / POINTER, name + "\n")  # readers switch only now
+    return path / name
+
+
+def _write_version(router, path: Path) -> None:
+    from . import __version__
+
     files = {}
     for name, arr in router._state().items():
         arr = np.ascontiguousarray(arr)
@@ -96,13 +152,11 @@ def save_router(router, path) -> None:
         dim=int(router.dim_), n_train=int(router.n_train_),
         inv_tau=None if inv_tau is None or math.isinf(inv_tau) else float(inv_tau),
         files=files, proxray_version=__version__)
-    tmp = path / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest.model_dump(), indent=2))
-    os.replace(tmp, path / "manifest.json")  # the manifest lands last and atomically
+    _replace_file(path / "manifest.json", json.dumps(manifest.model_dump(), indent=2))
 
 
 def read_manifest(path) -> Manifest:
-    path = Path(path)
+    path = current_version(path)
     mpath = path / "manifest.json"
     if not mpath.is_file():
         raise ArtifactError(f"{path}: no manifest.json — not a proxray router artifact")
@@ -126,7 +180,7 @@ def load_router(path, expected_class=None, encoder_id: str | None = None):
     ``expected_class``: refuse an artifact of another router class. ``encoder_id``: refuse an artifact
     fitted on embeddings of another encoder.
     """
-    path = Path(path)
+    path = current_version(path)
     manifest = read_manifest(path)
     registry = _registry()
     cls = registry.get(manifest.router_class)

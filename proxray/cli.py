@@ -56,9 +56,9 @@ def _cmd_serve(a):
     import os
     import subprocess
 
-    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
-    raise SystemExit(subprocess.call([serve_bin, "run", a.config], env=env))
+    # Ray's token auth stays as configured (on by default in Ray 2.60: the local cluster makes a token)
+    raise SystemExit(subprocess.call([serve_bin, "run", a.config]))
 
 
 def _cmd_demo(a):
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--out", required=True, help="artifact folder")
     fit.set_defaults(func=_cmd_fit)
 
-    srv = sub.add_parser("serve", help="run a Serve config (serve run CONFIG) with token auth off for local use")
+    srv = sub.add_parser("serve", help="run a Serve config (serve run CONFIG), Ray's token auth as configured")
     srv.add_argument("config", help="Serve YAML, e.g. serve_configs/cpu_demo.yaml")
     srv.set_defaults(func=_cmd_serve)
 

@@ -87,8 +87,7 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, send=None, state_dir=None, ti
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = ray.init(include_dashboard=True, log_to_driver=False, num_cpus=max(4, os.cpu_count() or 1),
-                   runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})
+    ctx = ray.init(include_dashboard=True, log_to_driver=False, num_cpus=max(4, os.cpu_count() or 1))
     jobs_address = f"http://{ctx.dashboard_url}"  # the Ray Jobs API is served by the dashboard
     job_config = {"sampling": {"max_tokens": 64},
                   "models": [{"id": m, "engine": "sim", "price_in": PRICES[m][1], "price_out": PRICES[m][2],

@@ -368,6 +368,7 @@ def vllm_output_row(row: dict) -> dict:
     (``generated_text``, vLLM's own token counts), a failed one (with ``should_continue_on_error`` it skips
     ``postprocess`` and arrives as the raw row with ``__inference_error__`` set and none of the standard
     columns), or a row already in this shape. Idempotent, so it serves as postprocess and after it.
+    The pool model's id travels as ``pool_model`` (a ``model`` column means a LoRA adapter to ray.data.llm).
     ``error`` is "" for a successful row (a string column in every block)."""
 
     def absent(v):  # None, or the NaN a missing value becomes in a pandas block
@@ -378,13 +379,13 @@ def vllm_output_row(row: dict) -> dict:
     if not err and "response" in row and "generated_text" not in row:
         return {k: row.get(k) for k in OUTPUT_COLUMNS} | {"error": str(row.get("error") or "")}
     if err:
-        return {"model": row.get("model"), "query_id": row["query_id"], "response": "", "input_tokens": 0,
+        return {"model": row.get("pool_model"), "query_id": row["query_id"], "response": "", "input_tokens": 0,
                 "output_tokens": 0, "error": err}
 
     def count(v):
         return 0 if absent(v) else int(v)
 
-    return {"model": row.get("model"), "query_id": row["query_id"], "response": row.get("generated_text") or "",
+    return {"model": row.get("pool_model"), "query_id": row["query_id"], "response": row.get("generated_text") or "",
             "input_tokens": count(row.get("num_input_tokens")),
             "output_tokens": count(row.get("num_generated_tokens")), "error": ""}
 

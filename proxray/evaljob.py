@@ -318,7 +318,7 @@ def _dataset(spec: ModelSpec, todo: pd.DataFrame, sampling: Sampling, source: st
     import ray
 
     cols = [c for c in ("query_id", "task", "prompt", "answer", "answer_type", "difficulty") if c in todo]
-    items = [{**r, "model": spec.id} for r in todo[cols].to_dict("records")]
+    items = [{**r, "pool_model": spec.id} for r in todo[cols].to_dict("records")]  # not "model": ray.data.llm's LoRA key
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // spec.batch_size, 64)))
     if spec.engine == "vllm":
         from .engines import vllm_output_row, vllm_processor

@@ -201,8 +201,7 @@ class DriftMonitor:
         import sys
 
         cmd = f"{shlex.quote(sys.executable)} -m proxray.cli build-table --config {shlex.quote(str(config_path))} --output {shlex.quote(str(out))}"
-        return client.submit_job(entrypoint=cmd,
-                                 runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})
+        return client.submit_job(entrypoint=cmd)  # Ray's token auth as the cluster has it (the client sends the token)
 
     def poll(self) -> str | None:
         """Check the running evaluation; when it has succeeded, absorb it. Returns the new router path."""

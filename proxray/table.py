@@ -203,16 +203,25 @@ class RoutingTable:
         return cls(df, missing=missing, source=str(path))
 
     def write(self, path, format: str | None = None) -> Path:
-        """Write the long table as parquet, CSV or JSONL (by suffix, or ``format=``)."""
+        """Write the long table as parquet, CSV or JSONL (by suffix, or ``format=``), atomically: into a
+        temporary file beside ``path``, renamed over it when complete."""
+        import os
+        import uuid
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fmt = _format_of(path, format)
-        if fmt == "parquet":
-            self.df.to_parquet(path, index=False)
-        elif fmt == "csv":
-            self.df.to_csv(path, index=False)
-        else:
-            self.df.to_json(path, orient="records", lines=True, force_ascii=False)
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            if fmt == "parquet":
+                self.df.to_parquet(tmp, index=False)
+            elif fmt == "csv":
+                self.df.to_csv(tmp, index=False)
+            else:
+                self.df.to_json(tmp, orient="records", lines=True, force_ascii=False)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     # ---- views -----------------------------------------------------------------------------

@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 
 from proxray import KNNRouter, RoutingTable
+from proxray.artifact import current_version
 from proxray.cli import main
 
 
@@ -32,6 +33,6 @@ def test_fit_writes_a_loadable_artifact(tmp_path, shared_data):
                  "--out", str(tmp_path / "art")]) == 0
     r = KNNRouter.load(tmp_path / "art", encoder_id="sentence-transformers/all-MiniLM-L6-v2")
     assert r.n_train_ == small.n_queries and r.models_ == small.models
-    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    manifest = json.loads((current_version(tmp_path / "art") / "manifest.json").read_text())
     assert manifest["dim"] == 384 and manifest["params"]["k"] == 10
     assert np.isfinite(r.estimate(np.ones((1, 384), np.float32))[0]).all()

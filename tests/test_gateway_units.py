@@ -115,3 +115,22 @@ def test_the_plan_leaves_out_models_that_cannot_honour_the_request():
         routed(models, served, acc, cost, 0.1, 0.0, RoutingOptions(allowed_models=["a", "b"]), "r",
                refusals={"a": ["tools"], "b": ["response_format"], "c": []})
     assert e.value.status == 400 and e.value.param == "response_format"
+
+
+def test_api_key_comes_from_a_file_or_an_env_var_never_silently_from_nothing(tmp_path, monkeypatch):
+    from proxray.serve.schemas import AppArgs, load_api_key
+
+    base = {"router": "r", "models": [{"id": "m", "engine": "sim"}]}
+    key_file = tmp_path / "api_key"
+    key_file.write_text("s3cret-key\n")
+    assert load_api_key(AppArgs.model_validate({**base, "api_key_file": str(key_file)})) == b"s3cret-key"
+    monkeypatch.setenv("PROXRAY_TEST_KEY", "from-env")
+    assert load_api_key(AppArgs.model_validate({**base, "api_key_env": "PROXRAY_TEST_KEY"})) == b"from-env"
+    assert load_api_key(AppArgs.model_validate(base)) == b""
+    key_file.write_text("\n")
+    with pytest.raises(ValueError, match="api_key_file=.* is empty"):
+        load_api_key(AppArgs.model_validate({**base, "api_key_file": str(key_file)}))
+    with pytest.raises(ValueError, match="cannot read it"):
+        load_api_key(AppArgs.model_validate({**base, "api_key_file": str(tmp_path / "none")}))
+    with pytest.raises(ValueError, match="give one of them, not both"):
+        AppArgs.model_validate({**base, "api_key_file": str(key_file), "api_key_env": "X"})

@@ -3,6 +3,7 @@ import pytest
 
 from conftest import blobs
 from proxray import ArtifactError, KMeansRouter, KNNRouter, choose
+from proxray.artifact import current_version, versions
 from proxray.index import NeighborIndex, normalize, recall_at_k
 
 
@@ -191,7 +192,7 @@ def test_corrupted_or_mismatched_artifacts_fail_clearly(tmp_path, rng):
         KNNRouter.load(tmp_path / "r", encoder_id="enc-b")
     with pytest.raises(ArtifactError, match="holds a KNNRouter, not a KMeansRouter"):
         KMeansRouter.load(tmp_path / "r")
-    f = tmp_path / "r" / "acc_values.npy"
+    f = current_version(tmp_path / "r") / "acc_values.npy"
     data = bytearray(f.read_bytes())
     data[-1] ^= 0xFF
     f.write_bytes(bytes(data))
@@ -200,11 +201,44 @@ def test_corrupted_or_mismatched_artifacts_fail_clearly(tmp_path, rng):
     f.unlink()
     with pytest.raises(ArtifactError, match="missing"):
         KNNRouter.load(tmp_path / "r")
-    (tmp_path / "r" / "manifest.json").write_text("{not json")
+    (current_version(tmp_path / "r") / "manifest.json").write_text("{not json")
     with pytest.raises(ArtifactError, match="not valid JSON"):
         KNNRouter.load(tmp_path / "r")
     with pytest.raises(ArtifactError, match="no manifest.json"):
         KNNRouter.load(tmp_path / "nothing")
+
+
+def test_resaving_never_destroys_the_version_in_use(tmp_path, rng, monkeypatch):
+    """A save that crashes after its first array leaves the previous version loadable and in use; a
+    save that finishes adds a version beside the old ones and switches CURRENT to it."""
+    import proxray.artifact as artifact
+
+    X, acc, cost, _ = blobs(rng)
+    first = KNNRouter(k=5).fit(X, acc, cost)
+    first.save(tmp_path / "r")
+    v1 = current_version(tmp_path / "r")
+    second = KNNRouter(k=7).fit(X[::2], acc[::2], cost[::2])
+    real_save, calls = np.save, []
+
+    def crash_after_first(*a, **kw):
+        calls.append(a[0])
+        if len(calls) > 1:
+            raise OSError("disk full (simulated crash)")
+        real_save(*a, **kw)
+
+    monkeypatch.setattr(artifact.np, "save", crash_after_first)
+    with pytest.raises(OSError, match="simulated crash"):
+        second.save(tmp_path / "r")
+    monkeypatch.setattr(artifact.np, "save", real_save)
+    assert current_version(tmp_path / "r") == v1
+    assert KNNRouter.load(tmp_path / "r").get_params()["k"] == 5  # checksums hold: the old version is untouched
+    second.save(tmp_path / "r")
+    assert KNNRouter.load(tmp_path / "r").n_train_ == len(X[::2])
+    assert versions(tmp_path / "r") == sorted([v1.name, current_version(tmp_path / "r").name])
+    assert KNNRouter.load(v1).get_params()["k"] == 5  # an old version still loads by its own path
+    (tmp_path / "r" / "CURRENT").write_text("../../etc")
+    with pytest.raises(ArtifactError, match="is not a version name"):
+        KNNRouter.load(tmp_path / "r")
 
 
 def test_approximate_indexes_recall(rng):

@@ -61,6 +61,24 @@ def test_cluster_yaml_keeps_ray_auth_on_and_the_dashboard_private():
     assert c["file_mounts"]["/home/ubuntu/.ray/auth_token"] == "~/.ray/auth_token"  # the same token on every node
 
 
+def test_nothing_shipped_switches_ray_auth_off_or_opens_the_dashboard():
+    """Only the test command (tests and CI, their own local cluster) may disable auth; not the configs, the
+    docs, the CLI, the monitor's Jobs client or the demo. The endpoint's key travels as a file, not runtime_env."""
+    shipped = [ROOT / "cluster.yaml", *(ROOT / "serve_configs").glob("*.yaml"), *(ROOT / "jobs" / "configs").glob("*"),
+               *(ROOT / "docs").glob("*"), *(ROOT / "proxray").rglob("*.py")]
+    readme = (ROOT / "README.md").read_text()
+    test_command = readme.split("```bash")[2].split("```")[0]
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in shipped} | {"README.md": readme.replace(test_command, "")}
+    offenders = [name for name, t in texts.items() if "RAY_AUTH_MODE=disabled" in t or '"RAY_AUTH_MODE": "disabled"' in t
+                 or "dashboard-host=0.0.0.0" in t]
+    assert offenders == []
+    c = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    for name in ("paper_pool_h100.yaml", "paper_pool_a100.yaml"):
+        args = yaml.safe_load((ROOT / "serve_configs" / name).read_text())["applications"][0]["args"]
+        assert args["api_key_file"] in c["file_mounts"] and "api_key_env" not in args
+        assert "runtime_env" not in args and "PROXRAY_API_KEY" not in (ROOT / "serve_configs" / name).read_text()
+
+
 def test_cpu_vllm_config_is_cpu_only_in_its_config():
     """The CPU build of a vLLM model differs from a GPU one only in its config."""
     raw = yaml.safe_load((ROOT / "serve_configs" / "cpu_vllm.yaml").read_text())

@@ -28,8 +28,8 @@ from . import plan as planning
 from .client import ModelClient, ModelError, failure_reason
 from .models import ModelServer, refused_parameters
 from .plan import RequestError
-from .schemas import (ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, ServedModel, routing_text,
-                      validation_message)
+from .schemas import (ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, ServedModel, load_api_key,
+                      routing_text, validation_message)
 from .sse import relay
 
 logger = logging.getLogger("ray.serve")
@@ -126,10 +126,7 @@ class RouterIngress:
         self.routable = [m for m in self.router.models_ if m in handles]
         if not self.routable:
             raise ValueError(f"none of the router's models {self.router.models_} is served ({sorted(handles)})")
-        key_env = self.args.api_key_env
-        self.api_key = os.environ.get(key_env, "").encode() if key_env else b""
-        if key_env and not self.api_key:
-            raise ValueError(f"api_key_env={key_env!r} is set but the environment variable is empty")
+        self.api_key = load_api_key(self.args)
         self.requests = 0
         self.router_path = self.args.router
         self.metrics = GatewayMetrics()

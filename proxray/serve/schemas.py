@@ -215,6 +215,9 @@ class AppArgs(BaseModel):
     models: list[ServedModel] = Field(min_length=1)
     lam: float = Field(0.0, ge=0, description="default λ when a request gives none")
     api_key_env: str | None = Field(None, description="env var holding the bearer token; unset = no auth")
+    api_key_file: str | None = Field(None, description=(
+        "file holding the bearer token (its first line), present on every node: keeps the key out of "
+        "runtime_env, the Serve config and process environments; exclusive with api_key_env"))
     timeout_s: float = Field(30.0, gt=0, description=(
         "one deadline per request across fallbacks: for the whole answer, or a stream's first chunk"))
     max_prompt_chars: int = Field(32000, ge=1, description="limit on the routing text (413 past it)")
@@ -231,7 +234,33 @@ class AppArgs(BaseModel):
 
     @model_validator(mode="after")
     def _unique(self):
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("api_key_env and api_key_file: give one of them, not both")
         ids = [m.id for m in self.models]
         if len(set(ids)) != len(ids) or ROUTER_MODEL in ids:
             raise ValueError(f"models: ids must be unique and not {ROUTER_MODEL!r} (got {ids})")
         return self
+
+
+def load_api_key(args: AppArgs) -> bytes:
+    """The bearer token the ingress requires (b"" = none), from ``api_key_file`` or ``api_key_env``;
+    a configured source that is missing or empty is an error, never "no auth"."""
+    if args.api_key_file:
+        from pathlib import Path
+
+        try:
+            lines = Path(args.api_key_file).read_text().splitlines()
+        except OSError as e:
+            raise ValueError(f"api_key_file={args.api_key_file!r}: cannot read it ({e.strerror})") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise ValueError(f"api_key_file={args.api_key_file!r} is empty")
+        return key.encode()
+    if args.api_key_env:
+        import os
+
+        key = os.environ.get(args.api_key_env, "")
+        if not key:
+            raise ValueError(f"api_key_env={args.api_key_env!r} is set but the environment variable is empty")
+        return key.encode()
+    return b""
