@@ -79,9 +79,33 @@ def baseline_scores(acc, cost, largest: int) -> dict:
     return {k: ndch_auc(b[k], *c) for k in BASELINE_KEYS}
 
 
+def budget_scores(fitted: dict, X_cal, Xt, at, ct, budgets) -> list:
+    """At each budget (USD per query): per router the λ calibrated on its training queries
+    (``router.calibrate``), and the accuracy (%) and mean cost it really reaches on the test queries; and
+    the best single model that costs no more on the test queries than the router spent."""
+    rows, out = np.arange(len(Xt)), []
+    single_acc, single_cost = at.mean(0), ct.mean(0)
+    for b in budgets:
+        entry = {"budget": float(b)}
+        for name, r in fitted.items():
+            try:
+                lam = r.calibrate(X_cal[name], target_cost=b)
+            except ValueError:  # below what the cheapest routing spends on the training queries
+                entry[name] = None
+                continue
+            pick = r.route(Xt, lam=lam)
+            spent = float(ct[rows, pick].mean())
+            affordable = single_acc[single_cost <= spent]
+            entry[name] = {"lam": float(lam), "accuracy": 100 * float(at[rows, pick].mean()), "cost": spent,
+                           "best_single": 100 * float(affordable.max()) if len(affordable) else None}
+        out.append(entry)
+    return out
+
+
 def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: int, few_shot: int = 25,
-             n_clusters: int = 32, k: int = 100, inv_tau="auto", keep_curves: bool = False) -> dict:
-    """One seed of one protocol: {"scores": {split: {key: value}}, "inv_tau": used, "curves": …}."""
+             n_clusters: int = 32, k: int = 100, inv_tau="auto", keep_curves: bool = False, budgets=()) -> dict:
+    """One seed of one protocol: {"scores": {split: {key: value}}, "inv_tau": used, "curves": …,
+    "budgets": [per budget: per router λ, accuracy and cost reached on the test split]}."""
     sp = protocol_split(tasks, outliers, protocol, seed, few_shot)
     hp = {"n_clusters": n_clusters, "k": k, "random_state": seed}
     if inv_tau == "auto":
@@ -109,25 +133,46 @@ def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: in
         if keep_curves and c is not None:
             curves[split] = {name: sweep(e[0][m], e[1][m], a, c)[2] for name, e in estimates.items()}
             curves[split].update({key: v for key, v in baseline_points(a, c, largest).items() if key != "singles"})
-    return {"scores": scores, "inv_tau": chosen, "curves": curves}
+    budget = []
+    if budgets and cost is not None:
+        cal = {"base": X[sp.base_train], "prox": X[sp.base_train], "allsee": X[sp.allsee_train]}
+        budget = budget_scores(fitted, cal, Xt, at, ct, budgets)
+    return {"scores": scores, "inv_tau": chosen, "curves": curves, "budgets": budget}
+
+
+def _mean_budgets(runs) -> list:
+    """Budget results averaged over seeds (a router that could not meet a budget in some seed: None)."""
+    out = []
+    for i, first in enumerate(runs[0]["budgets"]):
+        entry = {"budget": first["budget"]}
+        for name in ROUTER_KEYS:
+            got = [r["budgets"][i][name] for r in runs]
+            if any(g is None for g in got):
+                entry[name] = None
+                continue
+            entry[name] = {key: (None if any(g[key] is None for g in got) else float(np.mean([g[key] for g in got])))
+                           for key in got[0]}
+        out.append(entry)
+    return out
 
 
 def evaluate(X, acc, cost, tasks, router="km", protocol="leave-task-out", outliers=(), seeds=(42, 7, 99),
-             few_shot=25, n_clusters=32, k=100, inv_tau="auto", keep_curves=False) -> dict:
+             few_shot=25, n_clusters=32, k=100, inv_tau="auto", keep_curves=False, budgets=()) -> dict:
     """All seeds; the result has the JSON shape of ``proxray eval --json``."""
     runs = []
     for s in seeds:
         log(f"seed {s}: {router} / {protocol} / outliers {', '.join(outliers)}"
             + (" — choosing 1/tau on training tasks" if inv_tau == "auto" else ""))
         runs.append(run_once(X, acc, cost, np.asarray(tasks), router, protocol, list(outliers), s, few_shot,
-                             n_clusters, k, inv_tau, keep_curves=keep_curves and not runs))
+                             n_clusters, k, inv_tau, keep_curves=keep_curves and not runs, budgets=budgets))
     keys = ROUTER_KEYS + BASELINE_KEYS
     mean = {sp: {key: float(np.mean([r["scores"][sp][key] for r in runs])) for key in keys} for sp in SPLITS}
     std = {sp: {key: float(np.std([r["scores"][sp][key] for r in runs])) for key in keys} for sp in SPLITS}
     taus = [r["inv_tau"] for r in runs]
     return {"router": router, "protocol": protocol, "outliers": list(outliers),
             "inv_tau": taus if inv_tau == "auto" else taus[0], "metric": "auc" if cost is not None else "accuracy",
-            "seeds": list(seeds), "splits": mean, "std": std, "_curves": runs[0]["curves"]}
+            "seeds": list(seeds), "splits": mean, "std": std, "budgets": _mean_budgets(runs),
+            "_curves": runs[0]["curves"]}
 
 
 def _fmt_tau(v):
@@ -150,6 +195,16 @@ def format_result(res: dict) -> str:
     d = res["splits"]["outlier"]["prox"] - res["splits"]["outlier"]["base"]
     di = res["splits"]["inlier"]["prox"] - res["splits"]["inlier"]["base"]
     lines.append(f"Prox − Base: outlier {d:+.2f} pp, inlier {di:+.2f} pp")
+    if res.get("budgets"):
+        lines.append("\nAt a budget (λ calibrated on the training queries; test split, all queries): "
+                     "accuracy % / USD really spent per query")
+        lines.append(f"| budget $/query | {name}-Base | {name}-Prox | {name}-AllSee | best single model within that spend |")
+        lines.append("|---|---|---|---|---|")
+        for b in res["budgets"]:
+            cells = ["cannot meet it" if b[k] is None else f"{b[k]['accuracy']:.2f} / {b[k]['cost']:.3g}"
+                     for k in ROUTER_KEYS]
+            single = b["prox"]["best_single"] if b["prox"] and b["prox"]["best_single"] is not None else float("nan")
+            lines.append(f"| {b['budget']:.3g} | " + " | ".join(cells) + f" | {single:.2f} |")
     return "\n".join(lines)
 
 
@@ -230,6 +285,8 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--n-per-task", type=int, default=200, help="synthetic table: queries per task")
     p.add_argument("--sweep", default=None, metavar="PARAM=V1,V2,…",
                    help="ablation: clusters=16,32,64 | k=50,100,200 | inv-tau=0,1,5,20,100,inf")
+    p.add_argument("--budgets", default=None, metavar="USD1,USD2,…",
+                   help="also report, at each mean cost per query, the accuracy and real cost each router reaches")
     p.add_argument("--json", default=None, help="write the result as JSON here")
     p.add_argument("--plot", default=None, help="write accuracy–cost curves (or the sweep) as PNG here")
     p.set_defaults(func=cmd_eval)
@@ -245,6 +302,20 @@ def _parse_inv_tau(v):
     if not f >= 0:
         raise ValueError(f"--inv-tau {v!r}: expected a number >= 0, inf, or auto")
     return f
+
+
+def _parse_budgets(v, cost) -> list:
+    if not v:
+        return []
+    if cost is None:
+        raise ValueError("--budgets needs a table with cost")
+    try:
+        out = [float(x) for x in v.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--budgets {v!r}: expected comma-separated USD amounts per query, e.g. 0.0001,0.0005") from None
+    if not out or not all(np.isfinite(x) and x > 0 for x in out):
+        raise ValueError(f"--budgets {v!r}: every budget must be a number > 0")
+    return out
 
 
 def load_table(table_path, n_per_task):
@@ -282,6 +353,7 @@ def cmd_eval(a) -> None:
         raise ValueError(f"--outliers is required with --table (tasks: {', '.join(sorted(set(table.tasks)))})")
     protocol = a.protocol or ("leave-task-out" if a.router == "km" else "few-shot-outlier")
     protocol_split(table.tasks, outliers, protocol, 0)  # fail on bad outliers before the slow encoding
+    budgets = _parse_budgets(a.budgets, cost)
     X = embed_prompts(table, a.encoder)
     seeds = [int(s) for s in a.seeds.split(",")]
     common = dict(router=a.router, protocol=protocol, outliers=outliers, seeds=seeds, few_shot=a.few_shot,
@@ -315,7 +387,7 @@ def cmd_eval(a) -> None:
             plot_sweep(rows, param, a.plot)
             log(f"wrote {a.plot}")
         return
-    res = evaluate(X, acc, cost, table.tasks, keep_curves=bool(a.plot), **common)
+    res = evaluate(X, acc, cost, table.tasks, keep_curves=bool(a.plot), budgets=budgets, **common)
     print(format_result(res), flush=True)
     if a.json:
         _write_json(a.json, {k: v for k, v in res.items() if not k.startswith("_")})

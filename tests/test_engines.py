@@ -61,13 +61,14 @@ def test_vllm_path_config_and_rows():
     assert "tensor_parallel_size" not in cfg.engine_kwargs and cfg.runtime_env["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert cfg.chat_template_stage["num_cpus"] == 0.1  # the CPU stages must not take a whole core each
     pre, post = vllm_rows(Sampling(temperature=0.0, max_tokens=7, seed=1))
-    row = pre({"query_id": "q1", "prompt": "2+2?", "answer": "4"})
+    row = pre({"query_id": "q1", "prompt": "2+2?", "answer": "4", "pool_model": "m/a"})
+    assert "model" not in row  # a ``model`` column would name a LoRA adapter to ray.data.llm
     assert row["messages"] == [{"role": "user", "content": "2+2?"}] and row["sampling_params"]["max_tokens"] == 7
     ok = post({**row, "generated_text": "4", "num_input_tokens": 5, "num_generated_tokens": 1})
-    assert ok == {"query_id": "q1", "response": "4", "input_tokens": 5, "output_tokens": 1, "error": ""}
+    assert ok == {"model": "m/a", "query_id": "q1", "response": "4", "input_tokens": 5, "output_tokens": 1, "error": ""}
     assert post(ok) == ok  # idempotent: also mapped after the processor
     # a failed row skips postprocess and arrives raw, without the standard columns (NaN counts, no text)
     bad = post({**row, "__inference_error__": "VLLMValidationError: too long", "num_input_tokens": float("nan")})
-    assert bad == {"query_id": "q1", "response": "", "input_tokens": 0, "output_tokens": 0,
+    assert bad == {"model": "m/a", "query_id": "q1", "response": "", "input_tokens": 0, "output_tokens": 0,
                    "error": "VLLMValidationError: too long"}
     assert post({**row, "generated_text": None, "num_input_tokens": None, "__inference_error__": ""})["error"] == ""

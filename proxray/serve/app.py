@@ -127,6 +127,12 @@ class RouterIngress:
         if not self.routable:
             raise ValueError(f"none of the router's models {self.router.models_} is served ({sorted(handles)})")
         self.api_key = load_api_key(self.args)
+        self.budget = None
+        if self.args.budget is not None:
+            from .budget import BudgetController
+
+            b = self.args.budget
+            self.budget = BudgetController(b.cost_per_query, b.lam0, b.window, b.gain)
         self.requests = 0
         self.router_path = self.args.router
         self.metrics = GatewayMetrics()
@@ -217,9 +223,13 @@ class RouterIngress:
         t1 = time.perf_counter()
         acc, cost, outlier = router.estimate_with_outlier_score(X)  # one search for both
         timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
-        lam = self.args.lam if req.proxray.lam is None else req.proxray.lam
+        on_budget = self.budget is not None and req.proxray.lam is None
+        lam = req.proxray.lam if req.proxray.lam is not None else self.budget.lam if on_budget else self.args.lam
         p = planning.routed(router.models_, self.client.handles, acc[0], cost[0], float(outlier[0]), lam,
                             req.proxray, path, refusals)
+        if on_budget:
+            self.budget.observe(cost[0][router.models_.index(p.candidates[0])])
+            p.report["budget"] = self.budget.report()
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
         self.metrics.routed(p.report["route_ms"], p.report["outlier_score"])
         if self.monitor is not None:

@@ -64,6 +64,14 @@ class Message(BaseModel):
         return self.content or ""
 
 
+class BudgetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cost_per_query: float = Field(gt=0, description="USD: target mean estimated cost of routed requests")
+    window: int = Field(100, ge=1, le=100000, description="about how many recent requests the mean covers")
+    gain: float = Field(0.05, gt=0, le=1, description="how fast λ follows the recent mean (log-space step)")
+    lam0: float | None = Field(None, gt=0, description="starting λ; default 0.1 / cost_per_query")
+
+
 class RoutingOptions(BaseModel):
     """Per-request routing options, sent in the body as ``"proxray": {...}`` (the openai client's
     ``extra_body``). Never passed to the model."""
@@ -213,7 +221,10 @@ class AppArgs(BaseModel):
     embed_batch_wait_s: float = Field(0.0, ge=0, le=0.1, description=(
         "how long a routed request waits for others to share its encoder pass; 0 = take what is queued"))
     models: list[ServedModel] = Field(min_length=1)
-    lam: float = Field(0.0, ge=0, description="default λ when a request gives none")
+    lam: float = Field(0.0, ge=0, description="default λ when a request gives none (and no budget is set)")
+    budget: BudgetSpec | None = Field(None, description=(
+        "route to a budget instead of a fixed λ: λ is adjusted online so that the mean estimated cost of "
+        "recent routed requests meets budget.cost_per_query"))
     api_key_env: str | None = Field(None, description="env var holding the bearer token; unset = no auth")
     api_key_file: str | None = Field(None, description=(
         "file holding the bearer token (its first line), present on every node: keeps the key out of "

@@ -1,0 +1,106 @@
+"""Routing to a budget: the λ that meets a mean cost per query or a share per model on a calibration set,
+held on queries the calibration never saw."""
+import numpy as np
+import pytest
+
+from proxray import KNNRouter
+from proxray.routers import choose, lambda_for_target
+from proxray.synthetic import make_table
+
+
+def test_lambda_for_target_is_the_smallest_that_meets_it(rng):
+    acc = rng.uniform(size=(400, 4))
+    cost = np.tile([1.0, 2.0, 4.0, 8.0], (400, 1)) * rng.uniform(0.8, 1.2, size=(400, 4))
+    rows = np.arange(400)
+    full = cost[rows, choose(acc, cost, 0.0)].mean()
+    for target in (0.9 * full, 3.0, 1.5):
+        lam = lambda_for_target(acc, cost, "abcd", target_cost=target)
+        assert cost[rows, choose(acc, cost, lam)].mean() <= target
+        assert cost[rows, choose(acc, cost, lam * (1 - 1e-6))].mean() > target  # any smaller λ overspends
+    assert lambda_for_target(acc, cost, "abcd", target_cost=full) == 0.0
+    lam = lambda_for_target(acc, cost, "abcd", target_share={"d": 0.1, "c": 0.2})
+    pick = choose(acc, cost, lam)
+    assert np.mean(pick == 3) <= 0.1 and np.mean(pick == 2) <= 0.2
+    with pytest.raises(ValueError, match="no λ meets the target"):
+        lambda_for_target(acc, cost, "abcd", target_cost=0.5)  # cheaper than the cheapest model
+    with pytest.raises(ValueError, match="not one of the router's models"):
+        lambda_for_target(acc, cost, "abcd", target_share={"e": 0.1})
+
+
+@pytest.fixture(scope="module")
+def world(encoder):
+    t = make_table(120, seed=3)
+    acc, cost = t.matrices()
+    X = encoder.encode(t.prompts)
+    idx = np.random.default_rng(7).permutation(len(X))
+    n = len(X)
+    return t, X, acc, cost, idx[: int(0.6 * n)], idx[int(0.6 * n): int(0.8 * n)], idx[int(0.8 * n):]
+
+
+@pytest.mark.parametrize("frac", [0.15, 0.4])
+def test_a_calibrated_budget_holds_on_held_out_queries_and_beats_single_models(world, frac):
+    t, X, acc, cost, train, cal, test = world
+    router = KNNRouter(k=50).fit(X[train], acc[train], cost[train], models=t.models)
+    per_model = cost[test].mean(axis=0)
+    target = per_model.min() + frac * (per_model.max() - per_model.min())
+    lam = router.calibrate(X[cal], target_cost=target)
+    pick = router.route(X[test], lam=lam)
+    spent = cost[test][np.arange(len(test)), pick].mean()
+    accuracy = acc[test][np.arange(len(test)), pick].mean()
+    assert abs(spent - target) <= 0.10 * target, (spent, target)
+    affordable = acc[test].mean(axis=0)[per_model <= spent]
+    assert accuracy >= affordable.max(), (accuracy, affordable.max())
+
+
+def test_a_share_of_the_big_model_holds_on_held_out_queries(world):
+    t, X, acc, cost, train, cal, test = world
+    router = KNNRouter(k=50).fit(X[train], acc[train], cost[train], models=t.models)
+    big = t.models[int(np.argmax(cost[train].mean(axis=0)))]
+    assert np.mean(router.route(X[test], lam=0.0) == t.models.index(big)) > 0.2  # unconstrained: more than 20 %
+    lam = router.calibrate(X[cal], target_share={big: 0.2})
+    share = np.mean(router.route(X[test], lam=lam) == t.models.index(big))
+    assert share <= 0.2 + 0.05, share
+
+
+def test_the_served_budget_controller_keeps_recent_estimated_cost_on_target(world):
+    """The ingress' loop without the transport: estimate, choose with the controller's λ (the plan's rule),
+    observe the chosen model's estimated cost. After a warm-up the recent mean stays within 10 % of target."""
+    from proxray.serve.budget import BudgetController
+    from proxray.serve.plan import candidate_order
+
+    t, X, acc, cost, train, cal, test = world
+    router = KNNRouter(k=50).fit(X[train], acc[train], cost[train], models=t.models)
+    acc_hat, cost_hat = router.estimate(X[test])
+    per_model = cost[test].mean(axis=0)
+    rng = np.random.default_rng(0)
+    for frac in (0.15, 0.4):
+        target = per_model.min() + frac * (per_model.max() - per_model.min())
+        ctl = BudgetController(target, window=100, gain=0.05)
+        stream = rng.choice(len(test), size=3000)
+        spent, right, lams = [], [], []
+        for i in stream:
+            j = candidate_order(acc_hat[i], cost_hat[i], ctl.lam, np.ones(len(t.models), bool))[0]
+            lams.append(ctl.lam)
+            ctl.observe(cost_hat[i, j])
+            spent.append(cost_hat[i, j])
+            right.append(acc[test][i, j])
+        late = np.mean(spent[1500:])
+        assert abs(late - target) <= 0.10 * target, (frac, late, target)
+        assert np.ptp(np.log(lams[2000:])) < np.log(4)  # λ has settled, not oscillating wildly
+        real_cost = np.mean([cost[test][i, candidate_order(acc_hat[i], cost_hat[i], lams[-1],
+                                                           np.ones(len(t.models), bool))[0]] for i in range(len(test))])
+        affordable = acc[test].mean(axis=0)[per_model <= real_cost]
+        assert np.mean(right[1500:]) >= affordable.max() - 0.02, (np.mean(right[1500:]), affordable.max())
+
+
+def test_budget_config_is_validated():
+    from pydantic import ValidationError
+
+    from proxray.serve.schemas import AppArgs
+
+    base = {"router": "r", "models": [{"id": "m", "engine": "sim"}]}
+    assert AppArgs.model_validate({**base, "budget": {"cost_per_query": 1e-5}}).budget.window == 100
+    with pytest.raises(ValidationError, match="budget.cost_per_query"):
+        AppArgs.model_validate({**base, "budget": {"cost_per_query": 0}})
+    with pytest.raises(ValidationError, match="budget.cost_per_qeury"):
+        AppArgs.model_validate({**base, "budget": {"cost_per_query": 1e-5, "cost_per_qeury": 1}})
