@@ -47,19 +47,34 @@ def test_split_errors():
 
 
 def test_auto_tau_uses_training_data_only(synth):
+    """Through the real protocol entry point (``run_once``): corrupting the test split and the outlier tasks
+    (flipped labels, shuffled embeddings, tenfold costs) leaves the chosen 1/tau as it is — and the same
+    corruption does move the choice of a selection that reads those rows, so the check can fail."""
+    from proxray.experiments import run_once
+
     t, X, acc, cost = synth
-    sp = protocol_split(t.tasks, ["medqa"], "leave-task-out", seed=42)
-    hp = {"n_clusters": 16, "random_state": 42}
-    tr = sp.base_train
-    chosen, scores = auto_inv_tau(X[tr], acc[tr], cost[tr], t.tasks[tr], "km", hp)
-    assert chosen in GRID and set(scores) == set(GRID)
-    # scrambling everything outside the training set cannot change the choice
-    acc2 = acc.copy()
-    acc2[sp.test] = 1 - acc2[sp.test]
-    assert auto_inv_tau(X[tr], acc2[tr], cost[tr], t.tasks[tr], "km", hp)[0] == chosen
-    # and the CV scores really depend on tau (the choice is not a constant)
+    kw = dict(router="km", protocol="leave-task-out", outliers=["medqa", "hellaswag"], n_clusters=16)
+    sp = protocol_split(t.tasks, kw["outliers"], kw["protocol"], seed=42)
+    unseen = np.setdiff1d(np.arange(len(X)), sp.base_train)  # the test split and every unseen outlier row
+    assert set(sp.test) <= set(unseen) and np.isin(t.tasks[unseen], kw["outliers"]).any()
+    rng = np.random.default_rng(0)
+    X2, acc2, cost2 = X.copy(), acc.copy(), cost.copy()
+    acc2[unseen] = 1 - acc2[unseen]
+    X2[unseen] = X2[rng.permutation(unseen)]
+    cost2[unseen] *= 10
+    clean = run_once(X, acc, cost, t.tasks, seed=42, **kw)["inv_tau"]
+    assert run_once(X2, acc2, cost2, t.tasks, seed=42, **kw)["inv_tau"] == clean
+    hp = {"n_clusters": 16, "k": 100, "random_state": 42}
+    leaky = np.concatenate([sp.base_train, sp.test])  # what a leaking selection would read
+
+    def chosen(X_, a_, c_):
+        return auto_inv_tau(X_[leaky], a_[leaky], c_[leaky], t.tasks[leaky], "km", hp, seed=42)[0]
+
+    assert chosen(X2, acc2, cost2) != chosen(X, acc, cost)
+    _, scores = auto_inv_tau(X[sp.base_train], acc[sp.base_train], cost[sp.base_train], t.tasks[sp.base_train],
+                             "km", hp, seed=42)
     means = [(o + i) / 2 for o, i in scores.values()]
-    assert max(means) - min(means) > 0.5
+    assert max(means) - min(means) > 0.5  # the CV scores really depend on tau (the choice is not a constant)
 
 
 def test_evaluate_shape_and_prox_helps_outliers(synth):
