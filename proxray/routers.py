@@ -386,8 +386,14 @@ class KMeansRouter(_ProxRouter):
         R = prepare(X, self.metric)
         km = KMeans(n_clusters=K, random_state=self.random_state, n_init=self.n_init).fit(R)
         self.centers_ = prepare(km.cluster_centers_.astype(np.float32), self.metric)
-        self._assign_fit(R, km.labels_.astype(np.int64), acc, cost)
+        # membership by the distance routing and add_queries use (to the prepared centroids), not by
+        # sklearn's euclidean labels against the raw centroids: n_i, s_i and V_i describe what routing sees
+        self._assign_fit(R, self._nearest(R), acc, cost)
         return self
+
+    def _nearest(self, R) -> np.ndarray:
+        """The cluster of each prepared row: nearest prepared centroid in the router's metric."""
+        return np.argmin(pairwise_distance(R, self.centers_, self.metric), axis=1).astype(np.int64)
 
     def _assign_fit(self, R, labels, acc, cost):
         """Cluster statistics from an assignment: n_i, s_i, V_i (cluster means)."""
@@ -438,7 +444,7 @@ class KMeansRouter(_ProxRouter):
         self._check_new_targets(acc, cost)
         cost = np.zeros_like(acc) if cost is None else cost
         R = prepare(X, self.metric)
-        labels = np.argmin(pairwise_distance(R, self.centers_, self.metric), axis=1)
+        labels = self._nearest(R)
         K = len(self.centers_)
         add_n = np.bincount(labels, minlength=K).astype(np.float64)
         new_n = self.sizes_ + add_n

@@ -273,3 +273,37 @@ def test_fewer_training_points_than_k(rng):
     r = KNNRouter(k=100).fit(X, acc, cost)
     assert r.k_ == 4
     np.testing.assert_allclose(r.weights(X[:2])[0].sum(1), 1.0)
+
+
+def test_km_prox_estimates_follow_the_formula_with_the_spread_prior(rng):
+    """End to end: membership, n_i, s_i, V_i, the spread prior and the weights all in the routing distance
+    (cosine to the unit centroids), recomputed here by hand."""
+    from sklearn.cluster import KMeans
+
+    X, acc, cost, _ = blobs(rng, n_per=40, centers=5, spread=2.0)  # overlapping clusters
+    X = X * rng.uniform(0.5, 3.0, size=(len(X), 1))  # raw rows of different lengths: euclidean != cosine
+    r = KMeansRouter(n_clusters=6, inv_tau=20.0, prior="spread", random_state=3).fit(X, acc, cost)
+    U = X / np.linalg.norm(X, axis=1, keepdims=True)
+    C = r.centers_
+    np.testing.assert_allclose(np.linalg.norm(C, axis=1), 1.0, rtol=1e-5)
+    D = 1.0 - U @ C.T
+    labels = D.argmin(1)
+    np.testing.assert_array_equal(r.labels_, labels)  # the same distance as routing and add_queries
+    # sklearn's own labels (euclidean to the raw centroids) put some query elsewhere: the case this guards
+    assert (KMeans(n_clusters=6, random_state=3, n_init=3).fit(U).labels_ != labels).any()
+    K = len(C)
+    n = np.bincount(labels, minlength=K).astype(float)
+    s = np.bincount(labels, weights=D[np.arange(len(U)), labels], minlength=K) / np.maximum(n, 1)
+    V = np.stack([acc[labels == i].mean(0) if n[i] else np.zeros(acc.shape[1]) for i in range(K)])
+    W = np.stack([cost[labels == i].mean(0) if n[i] else np.zeros(acc.shape[1]) for i in range(K)])
+    floor = s[(n > 0) & (s > 0)].min()
+    prior = np.where(n > 0, n / np.maximum(s, floor), 0.0)
+    prior /= prior.sum()
+    Q = rng.normal(size=(7, X.shape[1])).astype(np.float32)
+    Qu = Q / np.linalg.norm(Q, axis=1, keepdims=True)
+    phi = np.clip(1.0 - Qu @ C.T, 0, 2)
+    w = prior * np.exp(-20.0 * phi)
+    w /= w.sum(1, keepdims=True)
+    acc_hat, cost_hat = r.estimate(Q)
+    np.testing.assert_allclose(acc_hat, w @ V, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(cost_hat, w @ W, rtol=1e-5, atol=1e-7)
