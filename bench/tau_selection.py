@@ -5,9 +5,11 @@
 
 For every configuration of bench/real_tables.sh and seeds 42, 7, 99 it computes the leave-one-task-out
 CV curves on the training set, then the test scores of Prox at every 1/tau of the grid (Base is the
-grid's limit: inf for KMeans, 0 for kNN). Printed: for each rule and each fixed 1/tau, the mean over
+grid's limit: inf for KMeans, 0 for kNN). Besides the fixed 1/tau it scores per-query temperatures
+``rel:a`` (1/tau(x) = a / phi_min(x), ``proxray.tuning.estimates_over``). Printed: for each selection rule
+(each reads only the configuration's own training CV curves) and each fixed setting, the mean over
 configurations of Prox − Base on the outlier, inlier and overall splits, and how many configurations
-lose more than 0.5 pp of inlier score.
+lose more than 0.3 pp of outlier or 0.5 pp of inlier score.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from proxray.embed import SentenceEncoder
 from proxray.experiments import protocol_split
 from proxray.metrics import routing_score
 from proxray.table import RoutingTable
-from proxray.tuning import GRID, cv_curves, make_router, select_inv_tau
+from proxray.tuning import GRID, cv_curves, estimates_over, make_router
 
 D = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 CONFIGS = (
@@ -36,6 +38,8 @@ CONFIGS = (
        ("routerdc7", "knn", "few-shot-outlier", ["gsm8k", "math_prealgebra"]),
        ("routerdc7", "km", "leave-task-out", ["humaneval", "mbpp", "javascript"])])
 SEEDS = (42, 7, 99)
+REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
+SETTINGS = (*GRID, *REL)
 
 
 def run_config(table, X, acc, cost, router, protocol, outliers, seed):
@@ -43,40 +47,53 @@ def run_config(table, X, acc, cost, router, protocol, outliers, seed):
     hp = {"n_clusters": 32, "k": 100, "random_state": seed}
     tr = sp.base_train
     c = (lambda idx: None if cost is None else cost[idx])
-    out_cv, in_cv = cv_curves(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed)
+    out_cv, in_cv = cv_curves(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, SETTINGS)
     fitted = make_router(router, "prox", hp).fit(X[tr], acc[tr], c(tr))
     test = {"outlier": sp.test[sp.test_outlier], "inlier": sp.test[~sp.test_outlier], "overall": sp.test}
-    scores = {k: [] for k in test}
-    for g in GRID:
-        fitted.inv_tau_ = float(g)
-        for k, idx in test.items():
-            a_hat, c_hat = fitted.estimate(X[idx])
-            scores[k].append(routing_score(a_hat, c_hat, acc[idx], c(idx)))
+    scores = {k: [routing_score(a_hat, c_hat, acc[idx], c(idx)) for a_hat, c_hat in estimates_over(fitted, X[idx], SETTINGS)]
+              for k, idx in test.items()}
     return {"out_cv": out_cv.tolist(), "in_cv": in_cv.tolist(), "test": scores}
 
 
+def _smooth(v):
+    """A CV curve averaged with its neighbours on the grid (ends with their one neighbour)."""
+    v = np.asarray(v, dtype=float)
+    return np.array([v[max(0, i - 1): i + 2].mean() for i in range(len(v))])
+
+
+RULES = {  # name -> (settings it may pick from, how): each uses the configuration's own CV curves only
+    "auto, fixed grid (today's)": (range(len(GRID)), lambda o, i: (o + i) / 2),
+    "auto, fixed grid, smoothed CV": (range(len(GRID)), lambda o, i: _smooth((o + i) / 2)),
+    "auto, relative only": (range(len(GRID), len(SETTINGS)), lambda o, i: (o + i) / 2),
+    "auto, fixed or relative": (range(len(SETTINGS)), lambda o, i: (o + i) / 2),
+}
+
+
 def summarize(rows):
-    grid = np.array(GRID)
-    lines = ["| rule | Δ outlier (pp) | Δ inlier (pp) | Δ overall (pp) | configs losing > 0.5 pp inlier |", "|---|---|---|---|---|"]
+    lines = ["| rule | Δ outlier (pp) | Δ inlier (pp) | Δ overall (pp) | configs losing > 0.3 pp outlier | "
+             "configs losing > 0.5 pp inlier |", "|---|---|---|---|---|---|"]
 
     def line(name, pick):
         d = {k: [] for k in ("outlier", "inlier", "overall")}
-        losers = 0
         for r in rows:
-            base = int(np.flatnonzero(np.isinf(grid))[0]) if r["router"] == "km" else 0
-            per_seed = [pick(r, s) for s in r["seeds"]]
+            base = GRID.index(float("inf")) if r["router"] == "km" else GRID.index(0.0)
+            per_seed = [pick(s) for s in r["seeds"]]
             for k in d:
                 d[k].append(np.mean([s["test"][k][g] - s["test"][k][base] for s, g in zip(r["seeds"], per_seed)]))
-            losers += d["inlier"][-1] < -0.5
+        lose_out = sum(v < -0.3 for v in d["outlier"])
+        lose_in = sum(v < -0.5 for v in d["inlier"])
         lines.append(f"| {name} | {np.mean(d['outlier']):+.2f} | {np.mean(d['inlier']):+.2f} | "
-                     f"{np.mean(d['overall']):+.2f} | {losers}/{len(rows)} |")
-        return np.mean(d["overall"])
+                     f"{np.mean(d['overall']):+.2f} | {lose_out}/{len(rows)} | {lose_in}/{len(rows)} |")
 
-    for rule in ("mean", "guarded"):
-        line(f"auto ({rule})", lambda r, s, rule=rule: int(np.flatnonzero(grid == select_inv_tau(
-            np.array(s["out_cv"]), np.array(s["in_cv"]), r["router"], GRID, rule))[0]))
-    for gi, g in enumerate(GRID):
-        line(f"fixed 1/tau = {g:g}", lambda r, s, gi=gi: gi)
+    for name, (allowed, curve) in RULES.items():
+        allowed = list(allowed)
+
+        def pick(s, allowed=allowed, curve=curve):
+            v = curve(np.array(s["out_cv"])[allowed], np.array(s["in_cv"])[allowed])
+            return allowed[int(np.argmax(v))]
+        line(name, pick)
+    for gi, g in enumerate(SETTINGS):
+        line(f"fixed {'1/tau = ' + format(g, 'g') if not isinstance(g, str) else g}", lambda s, gi=gi: gi)
     return "\n".join(lines)
 
 
@@ -108,7 +125,7 @@ def main(argv=None):
     report(rows)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({"grid": [str(g) for g in GRID], "rows": rows}))
+        Path(a.json).write_text(json.dumps({"settings": [str(g) for g in SETTINGS], "rows": rows}))
 
 
 if __name__ == "__main__":

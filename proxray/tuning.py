@@ -16,8 +16,6 @@ weights are computed at estimate time, so every 1/tau reuses the same fitted ref
 """
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 
 from .metrics import routing_score
@@ -59,13 +57,30 @@ def cv_curves(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave
             train, out_val = np.concatenate([train, shots]), held[len(shots):]
         fitted = make_router(router, "prox", hp, n_train=len(train)).fit(
             X[train], acc[train], None if cost is None else cost[train])
-        for g, inv_tau in enumerate(grid):
-            r = copy.copy(fitted)
-            r.inv_tau_ = float(inv_tau)
-            for val, total in ((out_val, out_scores), (in_val, in_scores)):
-                a_hat, c_hat = r.estimate(X[val])
+        for val, total in ((out_val, out_scores), (in_val, in_scores)):
+            for g, (a_hat, c_hat) in enumerate(estimates_over(fitted, X[val], grid)):
                 total[g] += routing_score(a_hat, c_hat, acc[val], None if cost is None else cost[val])
     return out_scores / len(folds), in_scores / len(folds)
+
+
+RELATIVE_FLOOR = 0.05  # distances below it count as it: an exact duplicate must not make 1/tau infinite
+
+
+def estimates_over(fitted, X, settings):
+    """The fitted Prox router's estimates for ``X`` at every temperature setting, from one search: a
+    number is a fixed 1/tau; ``"rel:a"`` is a per-query 1/tau = a / max(phi_min(x), RELATIVE_FLOOR) — the
+    nearer the query's nearest reference element, the sharper the tilt, and far queries are smoothed more
+    (the paper's bias–variance argument). Yields (acc_hat, cost_hat) per setting."""
+    from .weights import proximity_weights
+
+    phi, ref, prior = fitted._search(X)
+    nearest = np.maximum(np.where(np.isfinite(phi), phi, np.inf).min(axis=1), RELATIVE_FLOOR)
+    for setting in settings:
+        if isinstance(setting, str) and setting.startswith("rel:"):
+            w = proximity_weights(phi / nearest[:, None], float(setting[4:]), prior)
+        else:
+            w = proximity_weights(phi, float(setting), prior)
+        yield fitted._values_at(w, ref)
 
 
 def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = "mean", max_inlier_loss: float = 0.5) -> float:
