@@ -32,6 +32,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .storage import replace_atomically
+
 FORMAT = "proxray-router"
 FORMAT_VERSION = 1
 
@@ -112,15 +114,6 @@ def versions(path) -> list[str]:
         if path.is_dir() else []
 
 
-def _replace_file(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def save_router(router, path) -> Path:
     """Write ``router`` as a new version of the artifact at ``path`` (created) and switch ``CURRENT`` to
     it; versions saved before stay as they are. Returns the new version's folder."""
@@ -132,7 +125,7 @@ def save_router(router, path) -> Path:
     tmp.mkdir()
     _write_version(router, tmp)
     os.replace(tmp, path / name)  # the version appears whole or not at all
-    _replace_file(path / POINTER, name + "\n")  # readers switch only now
+    replace_atomically(path / POINTER, (name + "\n").encode())  # readers switch only now
     return path / name
 
 
@@ -152,7 +145,7 @@ def _write_version(router, path: Path) -> None:
         dim=int(router.dim_), n_train=int(router.n_train_),
         inv_tau=None if inv_tau is None or math.isinf(inv_tau) else float(inv_tau),
         files=files, proxray_version=__version__)
-    _replace_file(path / "manifest.json", json.dumps(manifest.model_dump(), indent=2))
+    replace_atomically(path / "manifest.json", json.dumps(manifest.model_dump(), indent=2).encode())
 
 
 def read_manifest(path) -> Manifest:

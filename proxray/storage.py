@@ -19,6 +19,23 @@ from pathlib import Path
 import pandas as pd
 
 
+def replace_atomically(path, data: bytes) -> None:
+    """Write ``data`` to the local file ``path`` so that a reader sees the old file or the new one, never
+    half of one: a temporary file beside it, flushed to disk, renamed over it (removed if writing fails;
+    a killed process can leave a hidden .tmp-* file, which no reader lists)."""
+    head, name = os.path.split(str(path))
+    tmp = os.path.join(head, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 class Store:
     """A folder of job output, ``uri`` a local path or a pyarrow filesystem URI."""
 
@@ -43,10 +60,6 @@ class Store:
     def path(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
 
-    def local_path(self, rel: str = "") -> Path | None:
-        """The local path of ``rel`` when the store is a local folder, else None."""
-        return Path(self.path(rel)) if self.local else None
-
     # ---- writing -----------------------------------------------------------------------------
     def write_bytes(self, rel: str, data: bytes) -> str:
         target = self.path(rel)
@@ -56,12 +69,7 @@ class Store:
             with self.fs.open_output_stream(target) as f:
                 f.write(data)
             return target
-        tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)  # a reader never sees half a file; a crash leaves only a .tmp-*
+        replace_atomically(target, data)
         return target
 
     def write_parquet(self, df: pd.DataFrame, rel: str) -> str:

@@ -205,23 +205,22 @@ class RoutingTable:
     def write(self, path, format: str | None = None) -> Path:
         """Write the long table as parquet, CSV or JSONL (by suffix, or ``format=``), atomically: into a
         temporary file beside ``path``, renamed over it when complete."""
-        import os
-        import uuid
+        import io
+
+        from .storage import replace_atomically
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fmt = _format_of(path, format)
-        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        try:
-            if fmt == "parquet":
-                self.df.to_parquet(tmp, index=False)
-            elif fmt == "csv":
-                self.df.to_csv(tmp, index=False)
-            else:
-                self.df.to_json(tmp, orient="records", lines=True, force_ascii=False)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        if fmt == "parquet":
+            buf = io.BytesIO()
+            self.df.to_parquet(buf, index=False)
+            data = buf.getvalue()
+        elif fmt == "csv":
+            data = self.df.to_csv(index=False).encode()
+        else:
+            data = self.df.to_json(orient="records", lines=True, force_ascii=False).encode()
+        replace_atomically(path, data)
         return path
 
     # ---- views -----------------------------------------------------------------------------
