@@ -68,14 +68,45 @@ def _cmd_demo(a):
 
 
 def _cmd_monitor(a):
+    """start: validate the config, start the detached monitor actor (its scheduler runs by itself) next to
+    the running Serve app, print its status. status / metrics / stop: the running one, by name."""
     import json
+    import time
 
     import ray
 
+    from .monitor import get_monitor, load_monitor_config, start_monitor, stop_monitor
+
+    name = a.name
+    cfg = None
+    if a.config:
+        cfg = load_monitor_config(a.config)  # before Ray: a bad config fails here, not inside an actor
+        name = name or cfg.name
+    name = name or "proxray-monitor"
+    if a.what == "start" and cfg is None:
+        raise ValueError("proxray monitor start needs --config monitor.yaml")
     ray.init(address=a.address, namespace="proxray", log_to_driver=False)
-    actor = ray.get_actor("proxray-monitor", namespace="proxray")
+    if a.what == "start":
+        actor = start_monitor(cfg, name=name)
+        deadline = time.time() + a.timeout
+        while True:  # the constructor encodes the training table: wait until it answers
+            try:
+                status = ray.get(actor.status.remote(), timeout=5)
+                break
+            except ray.exceptions.GetTimeoutError:
+                if time.time() > deadline:
+                    raise SystemExit(f"monitor {name!r} did not answer within {a.timeout:.0f} s")
+        print(json.dumps(status, indent=2, default=str))
+        return
+    if a.what == "stop":
+        print(json.dumps({"stopped": stop_monitor(name), "name": name}))
+        return
+    try:
+        actor = get_monitor(name)
+    except ValueError:
+        raise SystemExit(f"no monitor named {name!r} is running (namespace proxray)") from None
     if a.what == "status":
-        print(json.dumps(ray.get(actor.status.remote()), indent=2))
+        print(json.dumps(ray.get(actor.status.remote()), indent=2, default=str))
     else:
         print(ray.get(actor.prometheus.remote()), end="")
 
@@ -119,9 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("name", choices=["drift"])
     demo.add_argument("rest", nargs=argparse.REMAINDER)
     demo.set_defaults(func=_cmd_demo)
-    mon = sub.add_parser("monitor", help="drift monitor: status (of the running detached actor)")
-    mon.add_argument("what", choices=["status", "metrics"])
-    mon.add_argument("--address", default="auto")
+    mon = sub.add_parser("monitor", help="drift monitor: start (a detached actor that runs itself), status, "
+                         "metrics (Prometheus text), stop")
+    mon.add_argument("what", choices=["start", "status", "metrics", "stop"])
+    mon.add_argument("--config", default=None, help="monitor.yaml (start; elsewhere only for its name)")
+    mon.add_argument("--name", default=None, help="actor name (default: the config's, else proxray-monitor)")
+    mon.add_argument("--address", default="auto", help="Ray cluster address (default: the running one)")
+    mon.add_argument("--timeout", type=float, default=300.0, help="start: seconds to wait for the monitor")
     mon.set_defaults(func=_cmd_monitor)
 
     # light modules: their heavy imports happen inside the commands

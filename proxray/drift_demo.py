@@ -1,15 +1,22 @@
-"""End-to-end drift scenario on CPU: ``proxray demo drift`` (or ``python bench/drift_demo.py``).
+"""End-to-end drift scenario on CPU, through the production path: ``proxray demo drift`` (or
+``python bench/drift_demo.py``).
 
 1. Fit a kNN router on the synthetic table *without* task T (default gsm8k, whose best models differ
-   most from the other tasks') and serve it (Ray Serve, simulated pool) with a drift monitor actor.
-2. Send T's queries to the endpoint at 127.0.0.1. The router deployment reports each one to the
-   monitor; the monitor finds them drifted, buffers them, and submits the evaluation job (sim engine,
-   every pool model) through the Ray Jobs API.
-3. When the job has finished, the monitor adds the labeled queries to the router and the router
-   deployment switches to the new artifact while serving.
-4. Measure routing on T's held-out queries (never sent) with the first and the final router.
+   most from the other tasks') and serve it (Ray Serve, simulated pool) with ``monitor:`` naming a
+   monitor that does not exist yet (serving does not need it).
+2. Start the monitor as an operator does: ``proxray monitor start --config monitor.yaml`` (a subprocess,
+   against this cluster). From then on nothing here calls the monitor's decision methods: it runs by
+   itself (its scheduler), labels with a judge model of the pool, submits evaluation jobs through the
+   Ray Jobs API, absorbs them, and the router replicas switch.
+3. Send inlier traffic, then T's queries, to the endpoint on 127.0.0.1 (the openai client). Wait, by
+   reading ``status`` only, until a re-evaluation has been absorbed. Optionally (``kill_mid_evaluation``)
+   kill the monitor actor while its first evaluation job runs: Ray restarts it, it restores its
+   checkpoint and the job is not submitted twice.
+4. Measure routing on T's held-out queries (never sent) with the first and the final router, and the
+   shadow J_z of each kind of traffic.
 
-The last line printed is JSON: {"task", "before", "after", "evaluations", ...} (AUC % on T).
+The last line printed is one JSON object: {"task", "before", "after", "evaluations", "judge",
+"overlap_inlier", "overlap_new_task", "driver", ...} (AUC % on T).
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ import argparse
 import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,9 +34,12 @@ import numpy as np
 
 from .logs import log as _log
 
-POOL = ["meta-llama/Llama-3.2-1B-Instruct", "google/gemma-7b-it", "deepseek-ai/deepseek-math-7b-instruct",
-        "microsoft/Phi-3-small-8k-instruct", "meta-llama/Llama-3.3-70B-Instruct"]
+# Qwen2-1.5B is cheap, poor at most tasks and good at gsm8k: the new task wants a model the training tasks do
+# not (its top-3 shares ~0.23 with theirs, they share ~0.9 among themselves)
+POOL = ["Qwen/Qwen2-1.5B-Instruct", "microsoft/Phi-3-small-8k-instruct", "deepseek-ai/deepseek-math-7b-instruct",
+        "mistralai/Mixtral-8x7B-Instruct-v0.1", "meta-llama/Llama-3.3-70B-Instruct"]
 PRICES = {m: v for m, v in __import__("proxray.synthetic", fromlist=["MODELS"]).MODELS.items()}
+JUDGE = "meta-llama/Llama-3.3-70B-Instruct"
 
 
 def log(msg):
@@ -42,34 +53,50 @@ def auc_on(router, X, acc, cost):
     return routing_score(a, c, acc, cost)
 
 
-class Labeler:
-    """Looks up the reference answers of synthetic queries by prompt (in production: a grader or
-    human labels). Picklable, so the monitor actor can hold it."""
-
-    def __init__(self, queries):
-        self.by_prompt = {r["prompt"]: r for r in queries.to_dict("records")}
-
-    def __call__(self, records):
-        import pandas as pd
-
-        rows = [self.by_prompt[r["prompt"]] for r in records if r["prompt"] in self.by_prompt]
-        return pd.DataFrame(rows).drop_duplicates("query_id")
+def job_template(pool=POOL, judge=JUDGE) -> dict:
+    """The evaluation job the monitor submits: the simulated pool, a judge of the pool grading."""
+    return {"sampling": {"max_tokens": 64},
+            "models": [{"id": m, "engine": "sim", "price_in": PRICES[m][1], "price_out": PRICES[m][2],
+                        "num_cpus": 0.25, "batch_size": 16} for m in pool],
+            "grader": {"model": judge}}
 
 
-def run(task="gsm8k", n_per_task=60, min_batch=20, send=None, state_dir=None, timeout_s=240):
-    import httpx
+def monitor_config(state: Path, name: str, min_batch: int, **overrides) -> dict:
+    return {"name": name, "router": str(state / "router_v0"), "table": str(state / "train_table.parquet"),
+            "state_dir": str(state / "monitor"), "job": job_template(), "z": 3, "window": 300, "n_groups": 4,
+            "min_batch": min_batch, "shadow_rate": 0.5, "shadow_batch": 10, "shadow_max_wait_s": 3.0, "min_group": 8,
+            "max_evals_per_hour": 6, "cost_budget": 1.0, "tick_s": 1.0, **overrides}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _drift_jobs(jobs_address: str, prefix: str) -> list:
+    from ray.job_submission import JobSubmissionClient
+
+    return sorted(j.submission_id for j in JobSubmissionClient(jobs_address).list_jobs()
+                  if (j.submission_id or "").startswith(prefix))
+
+
+def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None, timeout_s=300,
+        kill_mid_evaluation=False, name="proxray-monitor"):
+    import openai
     import ray
     from ray import serve
 
+    from .artifact import load_router
     from .embed import SentenceEncoder
+    from .monitor import get_monitor
     from .routers import KNNRouter
     from .serve.app import build_app
-    from .monitor import start_monitor
-    from .synthetic import generate_queries, make_table
+    from .synthetic import make_table
 
     state = Path(state_dir or tempfile.mkdtemp(prefix="proxray-drift-"))
+    state.mkdir(parents=True, exist_ok=True)
     full = make_table(n_per_task)
-    queries = generate_queries(n_per_task)
     enc = SentenceEncoder(progress=False)
     X = enc.encode(full.prompts)
     acc, cost = full.matrices(models=POOL)
@@ -78,68 +105,106 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, send=None, state_dir=None, ti
     t_idx = rng.permutation(np.flatnonzero(is_t))
     t_live, t_test = t_idx[: len(t_idx) // 2], t_idx[len(t_idx) // 2:]
     train = np.flatnonzero(~is_t)
-    full.subset([full.query_ids[i] for i in train]).write(state / "train_table.parquet")
-    router0 = KNNRouter(k=50, inv_tau=20.0).fit(X[train], acc[train], cost[train], models=POOL, encoder_id=enc.id)
+    train_table = full.subset([full.query_ids[i] for i in train])
+    train_table.write(state / "train_table.parquet")
+    Xtr = enc.encode(train_table.prompts)  # the router in the table's own order (what the monitor assumes)
+    a_tr, c_tr = train_table.matrices(models=POOL)
+    router0 = KNNRouter(k=50, inv_tau=20.0).fit(Xtr, a_tr, c_tr, models=POOL, encoder_id=enc.id)
     router0.save(state / "router_v0")
     before = auc_on(router0, X[t_test], acc[t_test], cost[t_test])
     log(f"router v0 fitted without {task}: AUC on held-out {task} queries = {before:.2f}%")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     ctx = ray.init(include_dashboard=True, log_to_driver=False, num_cpus=max(4, os.cpu_count() or 1))
     jobs_address = f"http://{ctx.dashboard_url}"  # the Ray Jobs API is served by the dashboard
-    job_config = {"sampling": {"max_tokens": 64},
-                  "models": [{"id": m, "engine": "sim", "price_in": PRICES[m][1], "price_out": PRICES[m][2],
-                              "num_cpus": 0.25, "batch_size": 16} for m in POOL]}
-    monitor = start_monitor(router_path=str(state / "router_v0"), table_path=str(state / "train_table.parquet"),
-                            state_dir=str(state / "monitor"), z=3, window=100, min_batch=min_batch,
-                            max_evals_per_hour=4, cost_budget=1.0, job_config=job_config,
-                            labeler=Labeler(queries), submit="jobs_api", jobs_address=jobs_address)
-    ray.get(monitor.status.remote())
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     auto = {"min_replicas": 1, "max_replicas": 1}
-    serve.run(build_app({"router": str(state / "router_v0"), "monitor": "proxray-monitor", "reload_every_s": 1.0,
+    serve.run(build_app({"router": str(state / "router_v0"), "monitor": name, "reload_every_s": 1.0,
                          "models": [{"id": m, "engine": "sim", "autoscaling": auto} for m in POOL]}),
               name="proxray", route_prefix="/")
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    live = [full.prompts[i] for i in t_live][: send or len(t_live)]
-    inliers = [full.prompts[i] for i in rng.choice(train, 20, replace=False)]
-    log(f"sending {len(inliers)} inlier and {len(live)} {task} queries to {url}")
-    with httpx.Client(timeout=30) as client:
-        for p in inliers + live:
-            r = client.post(url, json={"model": "proxray", "messages": [{"role": "user", "content": p}]})
-            r.raise_for_status()
-    deadline = time.time() + timeout_s
-    final_path = None
+    cfg_path = state / "monitor.yaml"
+    import yaml
+
+    cfg_path.write_text(yaml.safe_dump(monitor_config(state, name, min_batch)))
+    # the operator's command, against this cluster
+    started = subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "start", "--config", str(cfg_path),
+                              "--address", ctx.address_info["gcs_address"]], capture_output=True, text=True, timeout=600)
+    if started.returncode != 0:
+        raise RuntimeError(f"proxray monitor start failed:\n{started.stdout}\n{started.stderr}")
+    monitor = get_monitor(name)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
+    inliers = [full.prompts[i] for i in rng.choice(train, n_inliers, replace=False)]
+    live = [full.prompts[i] for i in t_live]
+
+    def send(prompts):
+        for p in prompts:
+            client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": p}])
+
+    def status():
+        return ray.get(monitor.status.remote(), timeout=60)
+
+    log(f"sending {len(inliers)} inlier queries, then {len(live)} {task} queries")
+    send(inliers)
+    send(live)
+    t_sent = time.time()
+    deadline = t_sent + timeout_s
+    killed = False
+    final = None
+    st = {}
     while time.time() < deadline:
-        ray.get(monitor.maybe_evaluate.remote())
-        new = ray.get(monitor.poll.remote())
-        status = ray.get(monitor.status.remote())
-        if new:
-            final_path = new
-            log(f"monitor absorbed the evaluation: {new}")
+        try:
+            st = status()
+        except Exception as e:  # noqa: BLE001 - restarting after the kill
+            log(f"monitor not answering yet ({type(e).__name__})")
+            time.sleep(1)
+            continue
+        running = [j for j in st["jobs"] if j["kind"] == "drift" and j["status"] == "RUNNING"]
+        if kill_mid_evaluation and not killed and running:
+            log(f"killing the monitor actor while {running[0]['id']} runs")
+            ray.kill(monitor, no_restart=False)  # Ray restarts it (max_restarts=-1)
+            killed = True
+            time.sleep(1)
+            continue
+        absorbed = [e for e in st["events"] if e["event"] == "router" and e.get("absorbed")]
+        if absorbed:
+            final = st["router_path"]
+            log(f"monitor absorbed {absorbed[-1]['absorbed']}: {final}")
             break
-        log(f"monitor: {status['drifted']} drifted of {status['reported']}, buffer {status['buffer']}, "
-            f"overlap {status['overlap']}, jobs {[j['status'] for j in status['jobs']]}")
+        log(f"monitor: {st['drifted']} drifted of {st['reported']}, queue {st['drift_queue']}, "
+            f"shadow {st['shadow_labelled']}, jobs {[(j['kind'], j['status']) for j in st['jobs']]}")
         time.sleep(2)
-    # the served router must switch without a restart
+    absorbed_s = time.time() - t_sent
     served = None
-    for _ in range(20):
-        with httpx.Client(timeout=30) as client:
-            served = client.post(url, json={"model": "proxray", "messages": [{"role": "user", "content": live[0]}]}).json()
-        if served["proxray"]["router_path"] == final_path:
+    for _ in range(30):  # the served router switches without a restart
+        served = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": live[0]}])
+        if final and served.model_extra["proxray"]["router_path"] == final:
             break
         time.sleep(1)
-    status = ray.get(monitor.status.remote())
-    from .artifact import load_router
-
-    after = auc_on(load_router(final_path), X[t_test], acc[t_test], cost[t_test]) if final_path else before
-    result = {"task": task, "before": round(before, 2), "after": round(after, 2), "evaluations": status["evaluations"],
-              "drifted": status["drifted"], "reported": status["reported"], "outlier_threshold": status["outlier_threshold"],
-              "served_router_switched": bool(final_path and served["proxray"]["router_path"] == final_path)}
+    # shadow J_z of each kind of traffic: let the shadow queue drain (a few more seconds) first
+    for _ in range(90):
+        st = status()
+        if st["shadow_queue"] == 0 and not any(j["kind"] == "shadow" and j["status"] in ("SUBMITTING", "RUNNING")
+                                               for j in st["jobs"]):
+            break
+        time.sleep(1)
+    over_in = ray.get(monitor.overlap_of.remote(inliers))
+    over_new = ray.get(monitor.overlap_of.remote(live))
+    drift_jobs = _drift_jobs(jobs_address, f"{name}-drift-")
+    after = auc_on(load_router(final), X[t_test], acc[t_test], cost[t_test]) if final else before
+    first = next((e for e in st["events"] if e["event"] == "first_drift"), None)
+    result = {"task": task, "before": round(before, 2), "after": round(after, 2), "evaluations": st["evaluations"],
+              "drifted": st["drifted"], "reported": st["reported"], "outlier_threshold": round(st["outlier_threshold"], 4),
+              "detected_after_new_task_queries": (first["reported"] - len(inliers)) if first else None,
+              "absorbed_after_s": round(absorbed_s, 1) if final else None,
+              "served_router_switched": bool(final and served.model_extra["proxray"]["router_path"] == final),
+              "judge": st["judge"], "overlap_threshold": round(st["overlap_threshold"], 4),
+              "overlap_inlier": over_in["j"], "overlap_inlier_n": over_in["n"],
+              "overlap_new_task": over_new["j"], "overlap_new_task_n": over_new["n"],
+              "spent_usd": st["spent_usd"], "drift_jobs": drift_jobs, "killed_mid_evaluation": killed,
+              "driver": "monitor"}  # nothing here called report/tick/evaluate: the ingress and the scheduler did
+    subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "stop", "--name", name,
+                    "--address", ctx.address_info["gcs_address"]], capture_output=True, timeout=120)
     serve.shutdown()
-    ray.kill(monitor)
     ray.shutdown()
     return result
 
@@ -150,8 +215,9 @@ def main(argv=None):
     p.add_argument("--task", default="gsm8k")
     p.add_argument("--n-per-task", type=int, default=60)
     p.add_argument("--min-batch", type=int, default=20)
+    p.add_argument("--kill-mid-evaluation", action="store_true", help="kill the monitor actor while its job runs")
     a = p.parse_args(argv)
-    print(json.dumps(run(a.task, a.n_per_task, a.min_batch)))
+    print(json.dumps(run(a.task, a.n_per_task, a.min_batch, kill_mid_evaluation=a.kill_mid_evaluation)))
     return 0
 
 

@@ -57,11 +57,18 @@ class SimEngine:
     ``crash_marker`` makes the worker process exit once, the first time it sees a batch after
     ``crash_after_rows`` rows, leaving the marker file so a restarted worker goes on;
     ``fail_mid_stream`` (serving) fails a stream after its first word.
+
+    Live traffic (rows without an answer key): the task is recognised from the text
+    (``synthetic.recognize_task``), so a routed prompt is as hard for each model as in the table; the
+    response says, in a bracket a judge can read, whether the simulated answer is right:
+    ``[<model>, simulated, correct] …``. As a **judge** (a prompt that quotes such a response, e.g. the
+    evaluation job's rubric prompt) the model answers ``Score: 1`` or ``Score: 0`` — the verdict in the
+    bracket, flipped with probability ``judge_error`` (a judge is not perfect).
     """
 
     def __init__(self, model: str, seed: int = 0, fail_query_ids=(), crash_marker: str | None = None,
                  crash_after_rows: int = 0, latency_s: float = 0.0, fail_always: bool = False,
-                 fail_mid_stream: bool = False):
+                 fail_mid_stream: bool = False, judge_error: float = 0.05):
         from .synthetic import MODELS, SimulatedPool
 
         if model not in MODELS:
@@ -72,14 +79,21 @@ class SimEngine:
         self.crash_marker, self.crash_after_rows = crash_marker, crash_after_rows
         self.latency_s, self.fail_always = latency_s, fail_always  # serving: a slow or a broken model
         self.fail_mid_stream = fail_mid_stream
+        if not 0.0 <= judge_error <= 1.0:
+            raise ValueError(f"sim engine: judge_error={judge_error!r}: must be in [0, 1]")
+        self.judge_error = judge_error
         self.rows_seen = 0
 
     def _p_correct(self, rows) -> np.ndarray:
         import pandas as pd
 
-        from .synthetic import MODELS, TASKS
+        from .synthetic import MODELS, TASKS, recognize_task
 
         df = pd.DataFrame(rows)
+        unknown = ~df["task"].isin(TASKS) if "task" in df else np.ones(len(df), bool)
+        if np.any(unknown):  # live traffic: the task from the text, where the text is synthetic
+            df["task"] = [recognize_task(p) or t if u else t
+                          for p, t, u in zip(df["prompt"], df.get("task", [None] * len(df)), unknown)]
         if "difficulty" not in df:  # queries from elsewhere: a stable pseudo-difficulty from the text
             df["difficulty"] = [2 * _unit("difficulty", p) - 1 for p in df["prompt"]]
         p = np.full(len(df), np.mean(MODELS[self.model][0]) / 100.0)
@@ -105,8 +119,15 @@ class SimEngine:
         out = []
         for i, r in enumerate(rows):
             right = _unit(self.seed, self.model, r["query_id"], "correct") < p[i]
-            text = (_sim_answer(r["answer"], r["answer_type"], right, r["query_id"]) if "answer" in r
-                    else f"[{self.model}, simulated] An answer to: {r['prompt'][:60]}")  # live traffic has no key
+            verdict = _SIM_VERDICT.search(r["prompt"]) if isinstance(r["prompt"], str) else None
+            if verdict is not None:  # judging a simulated response
+                flip = _unit(self.seed, self.model, r["query_id"], "judge") < self.judge_error
+                text = f"Score: {int((verdict.group(1) == 'correct') != flip)}"
+                n_out[i] = 4
+            elif _has_key(r):
+                text = _sim_answer(r["answer"], r["answer_type"], right, r["query_id"])
+            else:  # live traffic has no key: say (for a judge) whether the simulated answer is right
+                text = f"[{self.model}, simulated, {'correct' if right else 'incorrect'}] An answer to: {r['prompt'][:60]}"
             out.append({"response": text,
                         "input_tokens": int(n_in[i]), "output_tokens": int(min(n_out[i, 0], sampling.max_tokens * 4))})
         return out
@@ -131,6 +152,14 @@ class SimEngine:
                 yield w if i == 0 else " " + w
         n_out = min(out["output_tokens"], sampling.max_tokens) if reason == "stop" else sampling.max_tokens
         yield Finish(out["input_tokens"], max(n_out, 1), reason)
+
+
+_SIM_VERDICT = re.compile(r"\[[^,\]\n]+, simulated, (correct|incorrect)\]")
+
+
+def _has_key(row: dict) -> bool:
+    a = row.get("answer")
+    return isinstance(a, str) and a != "" and row.get("answer_type") in ("number", "choice", "exact")
 
 
 def _sim_answer(answer: str, answer_type: str, right: bool, key: str) -> str:

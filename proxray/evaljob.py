@@ -106,12 +106,50 @@ class SamplingSpec(BaseModel):
     seed: int = 42
 
 
+DEFAULT_RUBRIC = (
+    "You are grading an AI assistant's answer to a user's request.\n\nRequest:\n{question}\n\n"
+    "Answer:\n{response}\n\nIs the answer correct and does it do what the request asks? Reply with one line, "
+    "'Score: X', where X is a number from 0 (wrong or useless) to 1 (fully correct).")
+
+
+class GraderSpec(BaseModel):
+    """Judge grading: a model of the pool scores each (query, response) pair in [0, 1] from a rubric prompt."""
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, description="the judge: a model id of this config's pool (any engine)")
+    rubric: str = Field(DEFAULT_RUBRIC, description="judge prompt with {question} and {response}; the judge "
+                        "answers 'Score: X', X in [0, 1] (or 'X/10')")
+    apply_to: Literal["unanswered", "all"] = Field(
+        "unanswered", description="unanswered: the judge grades the rows without a reference answer, the rest "
+        "are graded against their answer; all: the judge grades every row")
+    max_tokens: int = Field(16, ge=1, description="the judge's output budget")
+
+    @model_validator(mode="after")
+    def _placeholders(self):
+        missing = [p for p in ("{question}", "{response}") if p not in self.rubric]
+        if missing:
+            raise ValueError(f"grader.rubric must contain {' and '.join(missing)}")
+        try:
+            self.rubric.format(question="q", response="r")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"grader.rubric: only {{question}} and {{response}} may be placeholders "
+                             f"(write other braces as {{{{ }}}}): {e}") from None
+        return self
+
+
 class JobConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     output: str = "out/table"
     models: list[ModelSpec] = Field(min_length=1)
     query_sets: list[QuerySetSpec] = Field(min_length=1)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    grader: GraderSpec | None = Field(None, description="judge grading (for queries without reference answers)")
+
+    @model_validator(mode="after")
+    def _judge_in_pool(self):
+        if self.grader is not None and self.grader.model not in {m.id for m in self.models}:
+            raise ValueError(f"grader.model {self.grader.model!r} is not a model of the pool "
+                             f"({', '.join(m.id for m in self.models)})")
+        return self
 
     @model_validator(mode="after")
     def _unique_models(self):
@@ -256,11 +294,41 @@ def fingerprints(spec: ModelSpec, queries: pd.DataFrame, sampling: Sampling) -> 
                      for p, a, t in zip(queries["prompt"], answers, types)], dtype=object)
 
 
-def expected_keys(specs, queries: pd.DataFrame, sampling: Sampling) -> pd.DataFrame:
-    """(model, query_id, fingerprint) of every pair the config asks for."""
-    return pd.concat([pd.DataFrame({"model": s.id, "query_id": queries["query_id"].to_numpy(),
-                                    "fingerprint": fingerprints(s, queries, sampling)}) for s in specs],
-                     ignore_index=True)
+def expected_keys(specs, queries: pd.DataFrame, sampling: Sampling, grader: GraderSpec | None = None) -> pd.DataFrame:
+    """(model, query_id, fingerprint) of every pair the config asks for, with ``gen_fingerprint`` (what
+    produced the response) and ``judged``. A judged row's fingerprint also hashes the grader (judge
+    model, its source and prices, the rubric), so a new rubric re-judges stored responses without
+    generating them again; a reference-graded row's fingerprint is its generation's."""
+    judged = judged_mask(grader, queries)
+    gfp = grader_fingerprint(grader, specs, sampling)
+    frames = []
+    for s in specs:
+        gen = fingerprints(s, queries, sampling)
+        final = np.array([hashlib.sha256(f"{g}\x1f{gfp}".encode()).hexdigest()[:20] if j else g
+                          for g, j in zip(gen, judged)], dtype=object)
+        frames.append(pd.DataFrame({"model": s.id, "query_id": queries["query_id"].to_numpy(), "fingerprint": final,
+                                    "gen_fingerprint": gen, "judged": judged}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def judged_mask(grader: GraderSpec | None, queries: pd.DataFrame) -> np.ndarray:
+    """Which queries the judge grades: none without a grader; with one, those without a reference answer
+    (``apply_to: unanswered``) or all."""
+    if grader is None:
+        return np.zeros(len(queries), bool)
+    if grader.apply_to == "all":
+        return np.ones(len(queries), bool)
+    return (queries["answer"].astype(str) == "").to_numpy()
+
+
+def grader_fingerprint(grader: GraderSpec | None, specs, sampling: Sampling) -> str:
+    if grader is None:
+        return ""
+    judge = next((s for s in specs if s.id == grader.model), None)
+    head = {"grader": grader.model_dump(), "seed": sampling.seed}
+    if judge is not None:
+        head.update(source=judge.source or judge.id, price_in=judge.price_in, price_out=judge.price_out)
+    return hashlib.sha256(json.dumps(head, sort_keys=True).encode()).hexdigest()[:20]
 
 
 def current_rows(rows: pd.DataFrame, keys: pd.DataFrame) -> pd.DataFrame:
@@ -336,10 +404,13 @@ def _dataset(spec: ModelSpec, todo: pd.DataFrame, sampling: Sampling, source: st
         num_cpus=spec.num_cpus, **where)  # Ray Data restarts a dead actor and retries its batch (max_restarts=-1)
 
 
-def graded_rows(spec: ModelSpec, out: pd.DataFrame, queries: pd.DataFrame, fingerprint: pd.Series) -> pd.DataFrame:
-    """Engine output joined with its queries: graded, priced, fingerprinted, in the canonical table columns."""
+def graded_rows(spec: ModelSpec, out: pd.DataFrame, queries: pd.DataFrame, fingerprint: pd.Series,
+                correct=None, grader: str = "reference", judge_cost=0.0) -> pd.DataFrame:
+    """Engine output joined with its queries: graded (against the reference answer, or ``correct`` from a
+    judge), priced, fingerprinted, in the canonical table columns."""
     q = queries.loc[out["query_id"]]
-    correct = [grade(r, a, t) for r, a, t in zip(out["response"], q["answer"], q["answer_type"])]
+    if correct is None:
+        correct = [grade(r, a, t) for r, a, t in zip(out["response"], q["answer"], q["answer_type"])]
     n_in = out["input_tokens"].to_numpy(dtype=np.int64)
     n_out = out["output_tokens"].to_numpy(dtype=np.int64)
     return pd.DataFrame({
@@ -347,14 +418,37 @@ def graded_rows(spec: ModelSpec, out: pd.DataFrame, queries: pd.DataFrame, finge
         "model": spec.id, "correct": np.asarray(correct, dtype=np.float64),
         "cost": (n_in * spec.price_in + n_out * spec.price_out) / 1e6,  # USD from the engine's own token counts
         "split": q["split"].to_numpy(), "response": out["response"].astype(str).to_numpy(),
-        "input_tokens": n_in, "output_tokens": n_out,
+        "input_tokens": n_in, "output_tokens": n_out, "grader": grader,
+        "judge_cost": np.broadcast_to(np.asarray(judge_cost, dtype=np.float64), len(out)).copy(),
         "fingerprint": fingerprint.loc[out["query_id"]].to_numpy()})
+
+
+_SCORE = re.compile(r"score\s*(?:is|[:=])?\s*\**\s*(\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?))?", re.I)
+
+
+def parse_score(text) -> float | None:
+    """A judge's score in [0, 1] from its output: the last ``Score: X`` (X in [0, 1], or ``X/N``), else a
+    reply that is only a number in [0, 1]; None when there is no such score."""
+    if not isinstance(text, str):
+        return None
+    hits = _SCORE.findall(text)
+    if hits:
+        num, den = hits[-1]
+        v = float(num) / float(den) if den and float(den) > 0 else float(num)
+        return v if 0.0 <= v <= 1.0 else None
+    bare = text.strip().strip("*.").strip()
+    try:
+        v = float(bare)
+    except ValueError:
+        return None
+    return v if 0.0 <= v <= 1.0 else None
 
 
 def run_pool(specs, todos: dict, queries: pd.DataFrame, keys: pd.DataFrame, sampling: Sampling, store: Store,
              run_id: str, sources: dict, max_batches: int | None = None) -> list[dict]:
     """Run every model of ``specs`` on its ``todos[id]`` at once (one unioned Ray Data execution); write
-    each finished batch to ``store`` as it comes back. Returns per-model counts, in ``specs`` order."""
+    each finished batch to ``store`` as it comes back: graded rows to ``table/``, responses the judge
+    grades to ``generated/``. Returns per-model counts, in ``specs`` order."""
     specs = [s for s in specs if len(todos[s.id])]
     if not specs:
         return []
@@ -362,6 +456,8 @@ def run_pool(specs, todos: dict, queries: pd.DataFrame, keys: pd.DataFrame, samp
     branches = [_dataset(s, todos[s.id], sampling, sources.get(s.id)) for s in specs]
     ds = branches[0].union(*branches[1:]) if len(branches) > 1 else branches[0]
     fps = {s.id: keys[keys["model"] == s.id].set_index("query_id")["fingerprint"] for s in specs}
+    gen_fps = {s.id: keys[keys["model"] == s.id].set_index("query_id")["gen_fingerprint"] for s in specs}
+    judged_ids = set(keys.loc[keys["judged"], "query_id"])
     qidx = queries.set_index("query_id")
     progress = Progress({s.id: len(todos[s.id]) for s in specs})
     stats = {s.id: {"model": s.id, "todo": len(todos[s.id]), "written": 0, "errors": 0, "seconds": None,
@@ -379,8 +475,17 @@ def run_pool(specs, todos: dict, queries: pd.DataFrame, keys: pd.DataFrame, samp
                 else np.zeros(len(part), bool)
             ok, bad = part[~err].reset_index(drop=True), part[err]
             name = f"part-{run_id}-{i:05d}.parquet"
-            if len(ok):
-                store.write_parquet(graded_rows(spec, ok, qidx, fps[model_id]), f"table/{slug(model_id)}/{name}")
+            to_judge = ok["query_id"].isin(judged_ids).to_numpy() if judged_ids else np.zeros(len(ok), bool)
+            if (~to_judge).any():
+                store.write_parquet(graded_rows(spec, ok[~to_judge], qidx, fps[model_id]),
+                                    f"table/{slug(model_id)}/{name}")
+            if to_judge.any():  # the judge grades these after generation: keep the responses meanwhile
+                g = ok[to_judge]
+                store.write_parquet(pd.DataFrame({
+                    "model": model_id, "query_id": g["query_id"].to_numpy(), "response": g["response"].astype(str).to_numpy(),
+                    "input_tokens": g["input_tokens"].to_numpy(dtype=np.int64),
+                    "output_tokens": g["output_tokens"].to_numpy(dtype=np.int64),
+                    "fingerprint": gen_fps[model_id].loc[g["query_id"]].to_numpy()}), f"generated/{slug(model_id)}/{name}")
             if len(bad):
                 store.write_parquet(pd.DataFrame({
                     "query_id": bad["query_id"].to_numpy(), "model": model_id,
@@ -408,6 +513,10 @@ def run_job(config: JobConfig, output=None, models=None, max_batches: int | None
     sources = check_config(config, output)  # before Ray starts: a bad model fails here, not inside an actor
     store = Store(output or config.output)
     queries = load_queries(config, load_dataset)
+    unanswered = int((queries["answer"] == "").sum())
+    if unanswered and config.grader is None:
+        raise ConfigError(f"{unanswered} of {len(queries)} queries have no reference answer: add a grader section "
+                          "(grader: {model: <a pool model id>}) so a judge grades them")
     specs = [m for m in config.models if models is None or m.id in models]
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS")
@@ -416,9 +525,13 @@ def run_job(config: JobConfig, output=None, models=None, max_batches: int | None
     check_cluster(specs)
     ray.data.DataContext.get_current().enable_progress_bars = False  # one display for the job: Progress
     sampling = Sampling(**config.sampling.model_dump())
-    keys = expected_keys(config.models, queries, sampling)
+    keys = expected_keys(config.models, queries, sampling, config.grader)
     done = current_rows(store.read_parts("table"), keys)
     done_keys = set(zip(done["model"], done["query_id"])) if len(done) else set()
+    judging = bool(keys["judged"].any())
+    if judging:  # responses already generated and waiting for the judge are not generated again
+        generated = _generated(store, keys)
+        done_keys |= set(zip(generated["model"], generated["query_id"]))
     todos = {}
     for spec in specs:
         todo = ~pd.Series([(spec.id, q) in done_keys for q in queries["query_id"]], dtype=bool).to_numpy()
@@ -426,9 +539,87 @@ def run_job(config: JobConfig, output=None, models=None, max_batches: int | None
         log(f"{spec.id} ({spec.engine}): {len(queries) - int(todo.sum())} done, {int(todo.sum())} to run")
     run_id = time.strftime("%Y%m%d%H%M%S") + "-" + uuid.uuid4().hex[:6]
     stats = run_pool(specs, todos, queries, keys, sampling, store, run_id, sources, max_batches)
+    judge_stats = None
+    if judging and (max_batches is None or not any(st["written"] + st["errors"] for st in stats)):
+        judge_stats = run_judge(config, [s.id for s in specs], queries, keys, sampling, store, run_id, sources)
     result = consolidate(store, keys)
     result["runs"] = stats
+    if judge_stats is not None:
+        result["judge"] = judge_stats
     return result
+
+
+def _generated(store: Store, keys: pd.DataFrame) -> pd.DataFrame:
+    """Responses in ``generated/`` whose generation fingerprint the config gives now, one per (model, query)."""
+    rows = store.read_parts("generated")
+    if not len(rows):
+        return pd.DataFrame(columns=["model", "query_id", "response", "input_tokens", "output_tokens", "fingerprint"])
+    gen_keys = keys.loc[keys["judged"], ["model", "query_id", "gen_fingerprint"]].rename(
+        columns={"gen_fingerprint": "fingerprint"})
+    return current_rows(rows, gen_keys).drop_duplicates(["model", "query_id"], keep="last").reset_index(drop=True)
+
+
+def run_judge(config: JobConfig, model_ids, queries: pd.DataFrame, keys: pd.DataFrame, sampling: Sampling,
+              store: Store, run_id: str, sources: dict) -> dict:
+    """Judge grading: every generated response of ``model_ids`` that has no judged row yet goes through the
+    judge model (its own engine, one Ray Data pipeline) with the rubric prompt; the score becomes
+    ``correct``, the judge's tokens at its prices ``judge_cost``, ``grader`` = ``judge:<model>``. A reply
+    without a score is an error row (retried by the next run), never a guess."""
+    grader = config.grader
+    judge = next(m for m in config.models if m.id == grader.model)
+    done = current_rows(store.read_parts("table"), keys)
+    done_keys = set(zip(done["model"], done["query_id"])) if len(done) else set()
+    pending = _generated(store, keys)
+    pending = pending[[(m, q) not in done_keys and m in model_ids
+                       for m, q in zip(pending["model"], pending["query_id"])]].reset_index(drop=True)
+    stats = {"judge": judge.id, "todo": int(len(pending)), "graded": 0, "unparsed": 0, "judge_cost": 0.0}
+    if not len(pending):
+        return stats
+    qidx = queries.set_index("query_id")
+    jid = [hashlib.sha256(f"{m}\x1f{q}".encode()).hexdigest()[:16] for m, q in zip(pending["model"], pending["query_id"])]
+    pending["jid"] = jid
+    by_jid = pending.set_index("jid")
+    prompts = [grader.rubric.format(question=qidx.at[q, "prompt"], response=r)
+               for q, r in zip(pending["query_id"], pending["response"])]
+    items = pd.DataFrame({"query_id": jid, "task": qidx.loc[pending["query_id"], "task"].to_numpy(), "prompt": prompts})
+    judge_sampling = Sampling(temperature=0.0, max_tokens=grader.max_tokens, seed=sampling.seed)
+    log(f"judge {judge.id}: grading {len(items)} responses")
+    ds = _dataset(judge, items, judge_sampling, sources.get(judge.id))
+    specs = {m.id: m for m in config.models}
+    fps = {m: keys[keys["model"] == m].set_index("query_id")["fingerprint"] for m in set(pending["model"])}
+    progress = Progress({f"judge {judge.id}": len(items)})
+    for i, batch in enumerate(ds.iter_batches(batch_size=None, batch_format="pandas")):
+        batch = batch.reset_index(drop=True)
+        err = batch["error"].fillna("").astype(str).to_numpy() if "error" in batch else np.full(len(batch), "")
+        scores = [parse_score(r) if not e else None for r, e in zip(batch["response"], err)]
+        jcost = (batch["input_tokens"].to_numpy(dtype=np.float64) * judge.price_in
+                 + batch["output_tokens"].to_numpy(dtype=np.float64) * judge.price_out) / 1e6
+        src = by_jid.loc[batch["query_id"]].reset_index()
+        ok = np.array([v is not None for v in scores])
+        name = f"part-{run_id}-judge-{i:05d}.parquet"
+        for model_id in sorted(set(src["model"])):
+            mine = (src["model"] == model_id).to_numpy()
+            good, bad = mine & ok, mine & ~ok
+            if good.any():
+                out = src.loc[good, ["query_id", "response", "input_tokens", "output_tokens"]].reset_index(drop=True)
+                store.write_parquet(graded_rows(specs[model_id], out, qidx, fps[model_id],
+                                                correct=np.asarray(scores, dtype=object)[good].astype(float),
+                                                grader=f"judge:{judge.id}", judge_cost=jcost[good]),
+                                    f"table/{slug(model_id)}/{name}")
+            if bad.any():
+                why = [e or f"judge output has no score in [0, 1]: {str(r)[:80]!r}"
+                       for e, r in zip(err[bad], batch["response"].to_numpy()[bad])]
+                store.write_parquet(pd.DataFrame({
+                    "query_id": src.loc[bad, "query_id"].to_numpy(), "model": model_id,
+                    "fingerprint": fps[model_id].loc[src.loc[bad, "query_id"]].to_numpy(),
+                    "error": why, "run": run_id}), f"errors/{slug(model_id)}/errors-{run_id}-judge-{i:05d}.parquet")
+        stats["graded"] += int(ok.sum())
+        stats["unparsed"] += int((~ok).sum())
+        stats["judge_cost"] += float(jcost.sum())
+        progress.update(f"judge {judge.id}", int(ok.sum()), int((~ok).sum()))
+    log(f"judge {judge.id}: {stats['graded']} graded, {stats['unparsed']} without a score, "
+        f"{stats['judge_cost']:.3g} USD")
+    return stats
 
 
 def consolidate(store: Store, keys: pd.DataFrame) -> dict:

@@ -21,7 +21,15 @@ LETTERS = "ABCDEFGHIJ"
 
 
 def validate_queries(df: pd.DataFrame, source: str = "queries") -> pd.DataFrame:
-    """Check the query-set columns; errors name the column, the row and the rule."""
+    """Check the query-set columns; errors name the column, the row and the rule. A row may have no
+    reference answer (live traffic): ``answer`` and ``answer_type`` both empty or absent; such rows are
+    graded by the job's judge (``grader``)."""
+    df = df.copy()
+    if "answer" not in df.columns and "answer_type" not in df.columns:  # no reference answers at all
+        df["answer"], df["answer_type"] = "", ""
+    for c in ("answer", "answer_type"):
+        if c in df.columns:
+            df[c] = df[c].where(df[c].notna(), "")
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{source}: missing column(s) {', '.join(missing)} (required: {', '.join(COLUMNS)})")
@@ -30,14 +38,19 @@ def validate_queries(df: pd.DataFrame, source: str = "queries") -> pd.DataFrame:
     df = df.reset_index(drop=True).copy()
     for c in COLUMNS:
         bad = df[c].isna() | (df[c].astype(str).str.len() == 0)
+        if c in ("answer", "answer_type"):
+            bad = bad & (df["answer"].astype(str).str.len() + df["answer_type"].astype(str).str.len() > 0)
         if bad.any():
-            raise ValueError(f"{source}: column {c!r} is empty at row {int(np.flatnonzero(bad)[0])}")
+            r = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{source}: column {c!r} is empty at row {r}" + (
+                "; rule: a reference answer needs both answer and answer_type (leave both empty to have the "
+                "job's judge grade the row)" if c in ("answer", "answer_type") else ""))
         df[c] = df[c].astype(str)
-    wrong = ~df["answer_type"].isin(ANSWER_TYPES)
+    wrong = ~df["answer_type"].isin(ANSWER_TYPES) & (df["answer_type"] != "")
     if wrong.any():
         r = int(np.flatnonzero(wrong)[0])
         raise ValueError(f"{source}: column 'answer_type' is {df.answer_type[r]!r} at row {r}; "
-                         f"allowed: {', '.join(ANSWER_TYPES)}")
+                         f"allowed: {', '.join(ANSWER_TYPES)} (or empty, with no answer, for judge grading)")
     dup = df["query_id"].duplicated()
     if dup.any():
         r = int(np.flatnonzero(dup)[0])

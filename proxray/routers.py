@@ -210,6 +210,18 @@ class _ProxRouter(RouterMixin, BaseEstimator):
         """Distance (q,) from each query to its nearest reference element (0 = seen before)."""
         return self._search(X)[0].min(axis=1)
 
+    def training_outlier_scores(self, X, chunk: int = 4096) -> np.ndarray:
+        """``outlier_score`` of training queries X (q,), as serving computes it but with each query left
+        out of the reference set where it is an element of it (kNN: the distance to the nearest *other*
+        training query; KMeans: to the nearest centroid). What an outlier threshold is calibrated on: the
+        same distance the served router reports, in chunks (no q × n matrix)."""
+        X = as_matrix(X, dim=self.dim_)
+        return np.concatenate([self._loo_scores(prepare(X[i:i + chunk], self.metric))
+                               for i in range(0, len(X), chunk)]) if len(X) else np.zeros(0)
+
+    def _loo_scores(self, R) -> np.ndarray:
+        return self._phi(R)[0].min(axis=1)
+
     def estimate_with_outlier_score(self, X):
         """``estimate`` and ``outlier_score`` from one search (the serving path needs both):
         (acc_hat (q, M), cost_hat (q, M), outlier (q,))."""
@@ -297,6 +309,12 @@ class KNNRouter(_ProxRouter):
     def _phi(self, Xq):
         dist, idx = self.index_.search(Xq, self.k_)
         return dist, idx, None  # uniform prior over the k neighbours
+
+    def _loo_scores(self, R) -> np.ndarray:
+        dist, _ = self.index_.search(R, min(2, self.n_train_))
+        if dist.shape[1] < 2:
+            return dist[:, 0]
+        return np.where(dist[:, 0] <= 1e-6, dist[:, 1], dist[:, 0])  # itself at distance 0: the next one
 
     def _values_at(self, w, ref):
         """Σ_i w_i V_i over each query's k neighbours ``ref`` (q, k): two (q, M) arrays."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -333,3 +334,43 @@ def table2(table) -> pd.DataFrame:
 
 
 assert all(len(v[0]) == len(TASKS) for v in MODELS.values()) and math.isclose(len(MODELS), 14)
+
+
+# ---- recognising a synthetic prompt's task (the sim engine on live traffic, which carries no task) ------
+def _template_regex(template: str) -> str:
+    """A template with {a}/{x}/… placeholders as a regex (placeholders match a few words)."""
+    return re.sub(r"\\\{\w+\\\}", r"[\\w' ]+?", re.escape(template))
+
+
+def _task_patterns() -> list:
+    first = lambda ts: "(?:" + "|".join(ts) + ")"  # noqa: E731
+    leads = r"(?:Science question: |Answer the following question\. )?"
+    return [
+        ("bbh_boolean_expressions", re.compile(r"^[\s()]*(?:(?:True|False|and|or|not)[\s()]*)+ is$")),
+        ("gsm8k", re.compile(r"^[\w' ]+ starts the week with \d+ ")),
+        ("svamp", re.compile(r"How many [\w ]+ (?:does \w+ have now|does \w+ have left|are there in all|does each friend get)\?$")),
+        ("hellaswag", re.compile(r"^(?:Choose the most plausible continuation\.|What happens next\?|Pick the best ending\.)\n")),
+        ("sciq", re.compile("^" + leads + first(re.escape(q) for q, _, _ in FACTS) + "\n")),
+        ("medqa", re.compile("^" + first(re.escape(v) for v, _, _ in MED) + " ")),
+        ("commonsense_qa", re.compile("^" + first(re.escape(q) for q, _, _ in COMMONSENSE) + "\n")),
+        ("social_iqa", re.compile("^" + first(_template_regex(c) + " " + _template_regex(q) for c, q, _, _ in SOCIAL) + "\n")),
+        ("winogrande", re.compile("^" + first(_template_regex(s) for s, _, _ in WINO) + "\nA\\) ")),
+        ("logiqa", re.compile("^" + first(_template_regex(t) for t in LOGIC) + " " + first(re.escape(q) for q, _ in LOGIC_Q) + "\n")),
+    ]
+
+
+_PATTERNS: list | None = None
+
+
+def recognize_task(prompt: str) -> str | None:
+    """The synthetic task whose templates produced ``prompt``, or None for any other text. Live traffic
+    carries no task: this is how the simulated pool knows how hard a routed prompt is for each model."""
+    global _PATTERNS
+    if _PATTERNS is None:
+        _PATTERNS = _task_patterns()
+    if not isinstance(prompt, str):
+        return None
+    for task, pattern in _PATTERNS:
+        if pattern.search(prompt):
+            return task
+    return None

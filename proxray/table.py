@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 REQUIRED = ("query_id", "task", "prompt", "model", "correct")
-OPTIONAL = ("cost", "split", "response", "input_tokens", "output_tokens")
-STRING_COLUMNS = ("query_id", "task", "prompt", "model", "split", "response")
+OPTIONAL = ("cost", "split", "response", "input_tokens", "output_tokens", "grader", "judge_cost")
+STRING_COLUMNS = ("query_id", "task", "prompt", "model", "split", "response", "grader")
 FORMATS = ("parquet", "csv", "jsonl")
 MISSING_POLICIES = ("drop", "error")
 MAX_REPORTED = 10
@@ -128,6 +128,14 @@ def validate_frame(df: pd.DataFrame, missing: str = "drop", source: str = "table
                 problems.append(f"column {col!r}: not a whole number >= 0 at {_describe_rows(_rows(wrong), df, col)}; "
                                 "rule: integer >= 0")
             out[col] = tok.astype("Int64") if not (bad.any() or wrong.any()) else tok
+
+    if "judge_cost" in df.columns and df["judge_cost"].notna().any():  # USD the judge spent grading the row
+        jc, bad = numeric("judge_cost")
+        neg = (jc < 0).to_numpy() | np.isinf(jc.to_numpy())
+        if neg.any():
+            problems.append(f"column 'judge_cost': negative or infinite at {_describe_rows(_rows(neg), df, 'judge_cost')}; "
+                            "rule: 0 <= judge_cost < inf")
+        out["judge_cost"] = jc
 
     if not problems:
         dup = out.duplicated(["query_id", "model"], keep="first").to_numpy()

@@ -1,13 +1,15 @@
-"""The drift monitor: detection on the training set's own threshold, re-evaluation through the
-evaluation job, incremental absorption, checkpoint/restore; and the end-to-end scenario."""
+"""The drift monitor: calibration on the router's own outlier score, judge-labelled re-evaluation in
+batches of min_batch within the budget, absorption, journal + snapshot restore, true J_z from shadow
+evaluations, exactly-once submission, growth by a new pool model; and the production scenario (Serve +
+the monitor started by its CLI + the Jobs API + a kill mid-evaluation) through ``proxray demo drift``."""
 import json
 
 import numpy as np
 import pytest
 
 from proxray import KNNRouter
-from proxray.drift_demo import POOL, PRICES, Labeler
-from proxray.monitor import DriftMonitor
+from proxray.drift_demo import POOL, job_template
+from proxray.monitor import DriftMonitor, text_key
 from proxray.synthetic import generate_queries, make_table
 
 pytestmark = pytest.mark.slow
@@ -20,95 +22,211 @@ def world(tmp_path_factory, encoder):
     full = make_table(30)
     X = encoder.encode(full.prompts)
     acc, cost = full.matrices(models=POOL)
-    train = np.flatnonzero(full.tasks != TASK)
-    full.subset([full.query_ids[i] for i in train]).write(tmp / "train.parquet")
-    KNNRouter(k=30).fit(X[train], acc[train], cost[train], models=POOL, encoder_id=encoder.id).save(tmp / "r0")
-    return tmp, full, X, acc, cost
+    train = full.subset([q for q, t in zip(full.query_ids, full.tasks) if t != TASK])
+    train.write(tmp / "train.parquet")
+    a, c = train.matrices(models=POOL)
+    Xtr = encoder.encode(train.prompts)
+    KNNRouter(k=30).fit(Xtr, a, c, models=POOL, encoder_id=encoder.id).save(tmp / "r0")
+    return tmp, full, X, acc, cost, Xtr
 
 
-def make_monitor(tmp, encoder, state="state", **kw):
-    job = {"sampling": {"max_tokens": 32},
-           "models": [{"id": m, "engine": "sim", "price_in": PRICES[m][1], "price_out": PRICES[m][2],
-                       "num_cpus": 0.25, "batch_size": 16} for m in POOL]}
-    return DriftMonitor(tmp / "r0", tmp / "train.parquet", tmp / state, z=3, window=60, min_batch=10,
-                        job_config=job, labeler=Labeler(generate_queries(30)), submit="inline", encoder=encoder, **kw)
-
-
-def test_monitor_detects_absorbs_and_restores(world, encoder):
+@pytest.fixture(scope="module")
+def local_ray():
     import ray
 
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def config(tmp, state, **kw):
+    return {"router": str(tmp / "r0"), "table": str(tmp / "train.parquet"), "state_dir": str(tmp / state),
+            "job": job_template(), "z": 3, "window": 200, "n_groups": 4, "min_batch": 10, "shadow_rate": 0.0,
+            "shadow_batch": 10, "shadow_max_wait_s": 0.0, "min_group": 8, "submit": "inline", **kw}
+
+
+def send(mon, router, X, prompts):
+    acc, cost, out = router.estimate_with_outlier_score(X)
+    return [mon.report(f"q{i}", p, x, a, int(np.argmax(a)), float(s)) for i, (p, x, a, s) in enumerate(zip(prompts, X, acc, out))]
+
+
+def traffic(world, encoder):
+    tmp, full, X, acc, cost, Xtr = world
+    new_q = generate_queries(6, seed=9)  # unseen queries of every training task
+    inl = list(new_q[new_q.task != TASK].prompt)
+    t_rows = np.flatnonzero(full.tasks == TASK)
+    return inl, encoder.encode(inl), t_rows
+
+
+def test_detects_labels_with_the_judge_and_absorbs(world, encoder, local_ray):
     from proxray.artifact import load_router
     from proxray.metrics import routing_score
+    from proxray.table import RoutingTable
 
-    tmp, full, X, acc, cost = world
-    mon = make_monitor(tmp, encoder)
+    tmp, full, X, acc, cost, Xtr = world
+    mon = DriftMonitor(config(tmp, "main"), encoder=encoder)
     router = load_router(tmp / "r0")
-    new_q = generate_queries(6, seed=9)  # unseen queries of every task
-    inl = new_q[new_q.task != TASK]
-    Xi = encoder.encode(list(inl.prompt))
-    t_rows = np.flatnonzero(full.tasks == TASK)
-    Xt = X[t_rows]
-
-    def send(Xs, prompts):
-        a, c = router.estimate(Xs)
-        return [mon.report(f"q{i}", p, x, u, int(np.argmax(u)), float(s))
-                for i, (p, x, u, s) in enumerate(zip(prompts, Xs, a, router.outlier_score(Xs)))]
-
-    inlier_flags = send(Xi, list(inl.prompt))
-    j_inliers = mon.overlap(min_group=3)
+    # the threshold is the router's own outlier score on its training queries, left out of the reference
+    assert mon.outlier_threshold == pytest.approx(float(np.quantile(router.training_outlier_scores(Xtr), 0.99)))
+    inl, Xi, t_rows = traffic(world, encoder)
+    inlier_flags = send(mon, router, Xi, inl)
     assert np.mean(inlier_flags) <= 0.2
-    t_flags = send(Xt, [full.prompts[i] for i in t_rows])
-    # gsm8k is far from what the router saw (some of it is near svamp, also arithmetic)
+    t_flags = send(mon, router, X[t_rows], [full.prompts[i] for i in t_rows])
     assert np.mean(t_flags) >= 0.5 and np.mean(t_flags) > np.mean(inlier_flags) + 0.4
-    st = mon.status()
-    assert st["buffer"] >= 15 and st["drifted"] == sum(inlier_flags) + sum(t_flags)
-    assert j_inliers is not None and st["overlap"] is not None
-    assert "proxray_monitor_drifted_total" in mon.prometheus()
-    # restart: the same state comes back from the checkpoint
-    again = make_monitor(tmp, encoder)
-    assert again.status()["buffer"] == st["buffer"] and again.status()["reported"] == st["reported"]
-    # re-evaluation through the evaluation job (inline here), then absorption
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        job = again.maybe_evaluate()
-        assert job is not None and again.maybe_evaluate() is None  # one evaluation at a time
-        new_path = again.poll()
-    finally:
-        ray.shutdown()
-    assert new_path and again.status()["router_version"] == 1
-    r1 = load_router(new_path)
-    assert r1.n_train_ > router.n_train_
-    before = routing_score(*router.estimate(Xt), acc[t_rows], cost[t_rows])
-    after = routing_score(*r1.estimate(Xt), acc[t_rows], cost[t_rows])
-    assert after > before + 2.0
+    # reports go to the journal, one line each; the snapshot is not rewritten per report
+    assert not (tmp / "main" / "monitor_state.json").exists()
+    assert len((tmp / "main" / "reports.jsonl").read_text().splitlines()) == len(inl) + len(t_rows)
+    drifted = sum(inlier_flags) + sum(t_flags)
+    again = DriftMonitor(config(tmp, "main"), encoder=encoder)  # a restart replays the journal
+    st = again.status()
+    assert st["reported"] == len(inl) + len(t_rows) and st["drifted"] == drifted and st["drift_queue"] == drifted
+    again.tick()  # one evaluation of exactly min_batch queries, judge graded, absorbed
+    st = again.status()
+    assert st["router_version"] == 1 and st["drift_queue"] == drifted - 10
+    (job,) = [j for j in st["jobs"] if j["kind"] == "drift"]
+    assert job["status"] == "DONE" and job["n"] == 10
+    out = RoutingTable.read(next((tmp / "main" / "evaluations").glob("*drift*")) / "out" / "routing_table.parquet")
+    assert set(out.df["grader"]) == {f"judge:{POOL[-1]}"} and out.n_queries == 10
+    charged = float(out.df["cost"].sum() + out.df["judge_cost"].sum())
+    assert st["spent_usd"] == pytest.approx(charged, rel=1e-6) and out.df["judge_cost"].sum() > 0
+    assert load_router(st["router_path"]).n_train_ == router.n_train_ + 10
+    # every later tick takes the next min_batch (a smaller rest waits for more traffic)
+    for _ in range(3):
+        again.tick()
+    st = again.status()
+    n_jobs = len([j for j in st["jobs"] if j["kind"] == "drift"])
+    assert n_jobs == 1 + (drifted - 10) // 10 and st["drift_queue"] == drifted % 10 and st["router_version"] == n_jobs
+    r1 = load_router(st["router_path"])
+    assert r1.n_train_ == router.n_train_ + 10 * n_jobs
+    rest = t_rows[~np.isin([text_key(full.prompts[i]) for i in t_rows], list(again.seen))]
+    before = routing_score(*router.estimate(X[t_rows]), acc[t_rows], cost[t_rows])
+    after = routing_score(*r1.estimate(X[t_rows]), acc[t_rows], cost[t_rows])
+    print(f"AUC on {TASK}: {before:.2f} -> {after:.2f} after {n_jobs} judged evaluations ({len(rest)} never evaluated)")
+    assert after > before + 2.0, (before, after)
 
 
-def test_overlap_threshold_flags_whole_groups(world, encoder):
+def test_shadow_overlap_separates_a_new_task_from_inliers(world, encoder, local_ray):
     from proxray.artifact import load_router
 
-    tmp, full, X, acc, cost = world
-    mon = make_monitor(tmp, encoder, state="overlap", overlap_threshold=1.01, min_group=3)  # any overlap < 1.01
+    tmp, full, X, acc, cost, Xtr = world
+    mon = DriftMonitor(config(tmp, "shadow", shadow_rate=1.0, min_batch=1000), encoder=encoder)
     router = load_router(tmp / "r0")
-    inl = np.flatnonzero(full.tasks == "sciq")[:8]
-    a, c, o = router.estimate_with_outlier_score(X[inl])
-    flags = [mon.report(f"s{i}", full.prompts[j], X[j], a[i], int(np.argmax(a[i])), 0.0) for i, j in enumerate(inl)]
-    assert flags[:2] == [False, False] and any(flags[2:])  # flagged once its group has min_group queries
+    inl, Xi, t_rows = traffic(world, encoder)
+    send(mon, router, Xi, inl)
+    t_prompts = [full.prompts[i] for i in t_rows]
+    send(mon, router, X[t_rows], t_prompts)
+    for _ in range(12):
+        mon.tick()
+        if not mon.shadow_queue:
+            break
+    assert not mon.shadow_queue and len(mon.shadow_obs) == len(inl) + len(t_rows)
+    j_in, j_new = mon.overlap_of(inl)["j"], mon.overlap_of(t_prompts)["j"]
+    assert j_new < mon.overlap_threshold <= j_in, (j_new, mon.overlap_threshold, j_in)
+    st = mon.status()
+    assert st["overlap"]["outlier"]["j"] < mon.overlap_threshold
+    # the J_z trigger queued the low-overlap group's recent traffic for re-evaluation
+    trig = [e for e in st["events"] if e["event"] == "overlap_trigger"]
+    assert trig and all(e["j"] < mon.overlap_threshold for e in trig)
+    assert 'proxray_monitor_topz_overlap{traffic="outlier"}' in mon.prometheus()
 
 
-def test_budget_and_rate_limits(world, encoder):
+def test_budget_caps_and_dedup(world, encoder):
     tmp, *_ = world
-    mon = make_monitor(tmp, encoder, state="budget", cost_budget=0.0)
-    mon.buffer = [{"query_id": f"x{i}", "prompt": "p"} for i in range(50)]
-    assert mon.maybe_evaluate() is None  # over budget: nothing submitted
-    mon2 = make_monitor(tmp, encoder, state="rate", max_evals_per_hour=0)
-    mon2.buffer = mon.buffer
-    assert mon2.maybe_evaluate() is None
+    mon = DriftMonitor(config(tmp, "budget", cost_budget=1e-9, max_buffer=5), encoder=encoder)
+    x = np.ones(384, np.float32)
+    for i in range(8):
+        mon.report(f"a{i}", f"prompt {i}", x, np.zeros(len(POOL)), 0, 10.0)
+    mon.report("again", "prompt 0", x, np.zeros(len(POOL)), 0, 10.0)  # the same text again
+    st = mon.status()
+    assert st["drift_queue"] == 5 and st["dropped_full"] == 3 and st["repeats"] == 1
+    mon.config = mon.config.model_copy(update={"min_batch": 5})
+    mon.tick()
+    st = mon.status()
+    assert st["blocked"] == "budget" and not st["jobs"] and st["spent_usd"] == 0  # over budget: nothing submitted
+
+
+class FakeJobs:
+    """A Jobs API stand-in: a registry of submitted ids shared by every runner (like the cluster's)."""
+    submitted: dict = {}
+
+    def __init__(self, down=False, status="RUNNING"):
+        self.down, self.next_status, self.stopped = down, status, []
+
+    def submit(self, sid, config_path, out, models=None):
+        if self.down:
+            raise ConnectionError("Jobs API unreachable")
+        if sid in FakeJobs.submitted:
+            return  # "already exists": the Jobs API refuses a second job with the id
+        FakeJobs.submitted[sid] = 1
+
+    def status(self, sid):
+        return self.next_status if sid in FakeJobs.submitted else "MISSING"
+
+    def stop(self, sid):
+        self.stopped.append(sid)
+
+
+def test_exactly_once_submission_and_failures(world, encoder):
+    tmp, *_ = world
+    FakeJobs.submitted = {}
+    x = np.ones(384, np.float32)
+    cfg = config(tmp, "once", submit="jobs_api", job_timeout_s=100.0, retry_after_s=50.0)
+    mon = DriftMonitor(cfg, encoder=encoder, runner=FakeJobs(down=True))
+    for i in range(10):
+        mon.report(f"a{i}", f"prompt {i}", x, np.zeros(len(POOL)), 0, 10.0)
+    mon.tick(now=1000.0)  # recorded with its id, the submission failed (API down)
+    (e,) = mon.evaluations
+    assert e["status"] == "SUBMITTING" and not FakeJobs.submitted
+    # a restarted monitor finds it and submits that id; a second restart does not submit again
+    for _ in range(2):
+        mon = DriftMonitor(cfg, encoder=encoder, runner=FakeJobs())
+        mon.tick(now=1001.0)
+    assert list(FakeJobs.submitted) == [e["id"]] and mon.evaluations[0]["status"] == "RUNNING"
+    assert len(mon.evaluations) == 1
+    # a job that outlives the timeout is stopped, failed, its queries queued again, retried after the wait
+    mon.tick(now=mon.evaluations[0]["submitted"] + 101.0)
+    assert mon.evaluations[0]["status"] == "FAILED" and mon.runner.stopped == [e["id"]]
+    assert mon.status()["drift_queue"] == 10 and mon.status()["spent_usd"] == pytest.approx(0.0, abs=1e-12)
+    mon.tick(now=mon.not_before - 1)
+    assert len(mon.evaluations) == 1
+    mon.tick(now=mon.not_before + 1)
+    assert len(mon.evaluations) == 2 and mon.evaluations[1]["id"] != e["id"]
+    # a job the Jobs API forgot is failed too
+    FakeJobs.submitted.clear()
+    mon.tick(now=mon.not_before + 2)
+    assert mon.evaluations[1]["status"] == "FAILED" and "missing" in mon.evaluations[1]["error"]
+
+
+def test_a_model_added_to_the_pool_is_added_to_the_router(world, encoder, local_ray):
+    from proxray.artifact import load_router
+
+    tmp, *_ = world
+    new = "Qwen/Qwen2-7B-Instruct"
+    job = job_template(POOL + [new])
+    mon = DriftMonitor(config(tmp, "grow", job=job, cost_budget=10.0), encoder=encoder)
+    mon.tick()
+    st = mon.status()
+    assert st["models"] == POOL + [new] and st["router_version"] == 1
+    (g,) = [j for j in st["jobs"] if j["kind"] == "growth"]
+    assert g["status"] == "DONE" and g["n"] == len(mon.train_prompts)
+    r = load_router(st["router_path"])
+    assert r.models_ == POOL + [new] and r.acc_values_.shape == (len(mon.train_prompts), len(POOL) + 1)
+    mon.tick()
+    assert len([j for j in mon.status()["jobs"] if j["kind"] == "growth"]) == 1  # done once
 
 
 def test_drift_demo_end_to_end(tmp_path):
+    """The operator's path: Serve with `monitor:` naming a monitor started later by `proxray monitor start
+    --config`; inlier then new-task traffic through the openai client; the monitor detects, submits one
+    judged job through the Jobs API, is killed while it runs, restarts, absorbs; the replicas switch."""
     from proxray.drift_demo import run
 
-    res = run(task=TASK, n_per_task=30, min_batch=10, state_dir=tmp_path, timeout_s=180)
+    res = run(task=TASK, n_per_task=30, min_batch=10, n_inliers=60, state_dir=tmp_path, timeout_s=240,
+              kill_mid_evaluation=True)
     print(json.dumps(res))
+    assert res["driver"] == "monitor" and res["judge"] == POOL[-1]
+    assert res["killed_mid_evaluation"] and len(res["drift_jobs"]) == 1  # not submitted twice
     assert res["evaluations"] >= 1 and res["served_router_switched"]
     assert res["after"] > res["before"] + 2.0
+    assert res["detected_after_new_task_queries"] is not None and res["detected_after_new_task_queries"] <= 5
+    assert res["overlap_new_task"] < res["overlap_threshold"] <= res["overlap_inlier"]

@@ -144,7 +144,14 @@ class RouterIngress:
                                          self.encoder.id, self._use_router)
 
     def _use_router(self, router, path: str) -> None:
-        self.router, self.router_path = router, path  # one assignment each: requests in flight keep the old one
+        """Switch routers between requests: a request reads (router, path) once and routes with that router's
+        own model list, so none is answered through a mismatched list; a model the new router knows but the
+        app does not serve is never chosen (``planning.routed`` allows served models only)."""
+        routable = [m for m in router.models_ if m in self.client.handles]
+        if not routable:
+            logger.warning("proxray: router %s has no served model; keeping %s", path, self.router_path)
+            return
+        self.router, self.router_path, self.routable = router, path, routable
 
     # ---- boundary ------------------------------------------------------------------------------
     def _check_auth(self, request: Request) -> None:

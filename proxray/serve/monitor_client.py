@@ -1,28 +1,57 @@
 """The ingress's link to the drift monitor (``proxray.monitor``): reports routed traffic fire-and-forget
-and watches for a newer router artifact, which it loads off the event loop and hands to ``on_router``."""
+and watches for a newer router artifact, which it loads off the event loop and hands to ``on_router``.
+
+The monitor is optional and may start after the app, restart, or be stopped: it is looked up lazily,
+by name, and looked up again (at most every ``retry_s``) after it was missing or a call failed; until
+then reports are dropped (counted) and serving goes on with the router it has.
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 
 logger = logging.getLogger("ray.serve")
 
 
 class MonitorClient:
-    def __init__(self, name: str, reload_every_s: float, router_path: str, encoder_id: str, on_router):
-        import ray
-
-        self.actor = ray.get_actor(name, namespace="proxray")
-        self.reload_every_s, self.router_path, self.encoder_id = reload_every_s, router_path, encoder_id
-        self.on_router = on_router
+    def __init__(self, name: str, reload_every_s: float, router_path: str, encoder_id: str, on_router,
+                 retry_s: float = 10.0):
+        self.name, self.reload_every_s, self.router_path, self.encoder_id = name, reload_every_s, router_path, encoder_id
+        self.on_router, self.retry_s = on_router, retry_s
+        self.actor, self._next_lookup = None, 0.0
+        self.dropped = 0
         self._watcher = None
+
+    def _lookup(self):
+        now = time.monotonic()
+        if self.actor is None and now >= self._next_lookup:
+            import ray
+
+            try:
+                self.actor = ray.get_actor(self.name, namespace="proxray")
+            except ValueError:  # not started (yet)
+                self._next_lookup = now + self.retry_s
+        return self.actor
+
+    def _lost(self, e: Exception) -> None:
+        logger.warning("proxray: monitor %r unavailable (%s); serving goes on, looking it up again", self.name, e)
+        self.actor, self._next_lookup = None, time.monotonic() + self.retry_s
 
     def report(self, text: str, x, utility, chosen: int, outlier: float) -> None:
         """Fire and forget: the request never waits for the monitor."""
         if self._watcher is None:
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
-        self.actor.report.remote(uuid.uuid4().hex, text, x, list(map(float, utility)), chosen, outlier)
+        actor = self._lookup()
+        if actor is None:
+            self.dropped += 1
+            return
+        try:
+            actor.report.remote(uuid.uuid4().hex, text, x, list(map(float, utility)), chosen, outlier)
+        except Exception as e:  # noqa: BLE001 - a dead handle: drop this report, look it up again later
+            self.dropped += 1
+            self._lost(e)
 
     async def _watch(self):
         """Switch to the monitor's newest router artifact: load it off the event loop, then hand it over in
@@ -31,12 +60,21 @@ class MonitorClient:
 
         while True:
             await asyncio.sleep(self.reload_every_s)
+            actor = self._lookup()
+            if actor is None:
+                continue
             try:
-                path = (await self.actor.status.remote())["router_path"]
-                if path != self.router_path:
-                    new = await asyncio.to_thread(load_router, path, None, self.encoder_id)
-                    self.router_path = path
-                    self.on_router(new, path)
-                    logger.info("proxray: switched to router %s (%d training queries)", path, new.n_train_)
+                path = await actor.current_router.remote()
             except Exception as e:  # noqa: BLE001 - the monitor is optional; serving goes on
-                logger.warning("proxray: router watch failed: %s", e)
+                self._lost(e)
+                continue
+            if path == self.router_path:
+                continue
+            try:
+                new = await asyncio.to_thread(load_router, path, None, self.encoder_id)
+            except Exception as e:  # noqa: BLE001 - a bad artifact: keep serving the old router
+                logger.warning("proxray: cannot load router %s: %s", path, e)
+                continue
+            self.router_path = path
+            self.on_router(new, path)
+            logger.info("proxray: switched to router %s (%d training queries)", path, new.n_train_)

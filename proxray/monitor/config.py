@@ -1,0 +1,82 @@
+"""The monitor's configuration (``monitor.yaml``), validated before anything starts."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class MonitorConfig(BaseModel):
+    """What ``proxray monitor start --config monitor.yaml`` reads. Paths are made absolute (the actor and
+    the evaluation jobs run in other directories); ``state_dir`` must be storage every node reads."""
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("proxray-monitor", min_length=1, description="the detached actor's name (namespace proxray); "
+                      "the Serve app's `monitor:` names it")
+    router: str = Field(description="the served router's artifact (version 0)")
+    table: str = Field(description="the routing table it was fitted on")
+    state_dir: str = Field(description="checkpoints, evaluation inputs and outputs, new router versions")
+    job: dict = Field(description="evaluation job template: proxray.evaljob.JobConfig without query_sets/output; "
+                      "its grader (a judge of the pool) labels live traffic, which has no reference answers")
+    z: int = Field(3, ge=1, description="top-z models compared by J_z")
+    lam: float = Field(0.0, ge=0, description="λ of the objective acc − λ·cost ranked by J_z")
+    window: int = Field(500, ge=10, description="recent routed queries kept (grouping, J_z re-evaluation)")
+    n_groups: int = Field(8, ge=1, description="traffic groups: clusters of the training embeddings (× inlier/outlier)")
+    quantile: float = Field(0.99, gt=0, lt=1, description="outlier threshold: this quantile of the router's own "
+                            "outlier_score on its training queries (left out of the reference)")
+    overlap_threshold: float | Literal["auto"] = Field(
+        "auto", description="J_z below which a traffic group is re-evaluated; auto: half the mean J_z of the "
+        "training tasks against each other")
+    min_group: int = Field(10, ge=1, description="shadow-labelled queries a group needs before its J_z counts")
+    shadow_rate: float = Field(0.1, ge=0, le=1, description="fraction of routed traffic evaluated on the whole pool")
+    shadow_batch: int = Field(20, ge=1, description="shadow queries per shadow evaluation job")
+    shadow_max_wait_s: float = Field(300.0, ge=0, description="a smaller shadow batch goes out once its oldest query waited this long")
+    min_batch: int = Field(20, ge=1, description="drifted queries per re-evaluation job")
+    max_buffer: int = Field(2000, ge=1, description="cap of the drift and shadow queues (further queries are dropped, counted)")
+    max_evals_per_hour: int = Field(4, ge=0)
+    cost_budget: float = Field(1.0, ge=0, description="USD for all evaluations: generation on the pool + the judge")
+    est_cost_per_query: float | None = Field(None, gt=0, description="USD to evaluate one query on the whole pool "
+                                             "with the judge; default from the training table, then learned")
+    tick_s: float = Field(5.0, gt=0, description="the scheduler's period")
+    job_timeout_s: float = Field(3600.0, gt=0, description="a job running longer is stopped, marked failed, retried")
+    retry_after_s: float = Field(300.0, ge=0, description="wait before retrying a failed evaluation's queries")
+    jobs_address: str | None = Field(None, description="Ray Jobs API (dashboard) URL; default: the cluster's own")
+    submit: Literal["jobs_api", "inline"] = Field("jobs_api", description="inline: run jobs in the actor (tests)")
+
+    @field_validator("router", "table", "state_dir")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        return v if "://" in v else str(Path(v).expanduser().resolve())
+
+    @model_validator(mode="after")
+    def _job_template(self):
+        from ..evaljob import JobConfig
+
+        if "query_sets" in self.job or "output" in self.job:
+            raise ValueError("job: leave out query_sets and output (the monitor writes them per evaluation)")
+        try:
+            cfg = JobConfig.model_validate({**self.job, "query_sets": [{"path": "live.jsonl"}]})
+        except ValidationError as e:
+            raise ValueError("job: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
+        if cfg.grader is None:
+            raise ValueError("job.grader: required (live traffic has no reference answers; name a judge model of the pool)")
+        return self
+
+
+def load_monitor_config(path) -> MonitorConfig:
+    """Read and validate ``monitor.yaml``; errors name the file, the field, the value and the rule."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such monitor config")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {e}") from None
+    try:
+        return MonitorConfig.model_validate(raw)
+    except ValidationError as e:
+        lines = [f"  {'.'.join(map(str, x['loc'])) or '(top level)'}: {x['msg']} (got {x.get('input')!r})"[:400]
+                 for x in e.errors()]
+        raise ValueError(f"{path}: invalid monitor config:\n" + "\n".join(lines)) from None

@@ -1,0 +1,52 @@
+"""The monitor's durable state: a snapshot (written whole, atomically, now and then) plus an append-only
+journal of the reports since. A report costs one appended line, not a rewrite of the whole state;
+restoring reads the snapshot and replays the journal lines newer than it (each line carries its
+sequence number, so a crash between writing a snapshot and truncating the journal replays nothing twice).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..storage import replace_atomically
+
+
+class StateStore:
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.snapshot_path = self.folder / "monitor_state.json"
+        self.journal_path = self.folder / "reports.jsonl"
+        self._journal = None
+
+    def load(self) -> tuple[dict | None, list]:
+        """(snapshot or None, journal entries newer than it)."""
+        snap = json.loads(self.snapshot_path.read_text()) if self.snapshot_path.exists() else None
+        seq = snap["seq"] if snap else -1
+        entries = []
+        if self.journal_path.exists():
+            for line in self.journal_path.read_text().splitlines():
+                try:
+                    e = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by a crash: the last one, nothing after it
+                    break
+                if e["seq"] > seq:
+                    entries.append(e)
+        return snap, entries
+
+    def append(self, entry: dict) -> None:
+        if self._journal is None:
+            self._journal = open(self.journal_path, "a", encoding="utf-8")
+        self._journal.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        self._journal.flush()  # to the OS: a killed process loses nothing; a machine crash may lose the last lines
+
+    def snapshot(self, state: dict) -> None:
+        """Write the whole state (with its ``seq``) atomically, then start an empty journal."""
+        replace_atomically(self.snapshot_path, json.dumps(state, separators=(",", ":")).encode())
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        with open(self.journal_path, "w", encoding="utf-8") as f:
+            f.flush()
+            os.fsync(f.fileno())
