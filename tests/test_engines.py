@@ -72,3 +72,25 @@ def test_vllm_path_config_and_rows():
     assert bad == {"model": "m/a", "query_id": "q1", "response": "", "input_tokens": 0, "output_tokens": 0,
                    "error": "VLLMValidationError: too long"}
     assert post({**row, "generated_text": None, "num_input_tokens": None, "__inference_error__": ""})["error"] == ""
+
+
+def test_live_prompts_are_recognised_and_a_sim_judge_reads_the_verdict():
+    from proxray.synthetic import recognize_task
+
+    for seed in (0, 3):
+        q = generate_queries(40, seed=seed)
+        assert [recognize_task(p) for p in q.prompt] == list(q.task)
+    assert recognize_task("What is the capital of France?") is None
+    q = generate_queries(60, seed=1)
+    gsm, sciq = q[q.task == "gsm8k"], q[q.task == "sciq"]
+    eng = SimEngine("deepseek-ai/deepseek-math-7b-instruct")
+    live = lambda df: [{"query_id": f"k{i}", "task": "live", "prompt": p} for i, p in enumerate(df.prompt)]  # noqa: E731
+    right = {t: np.mean([", simulated, correct]" in o["response"] for o in eng.generate(live(df))])
+             for t, df in (("gsm8k", gsm), ("sciq", sciq))}
+    assert abs(right["gsm8k"] - 0.77) < 0.15 and abs(right["sciq"] - 0.68) < 0.15  # Table 2's skill, from the text
+    judge = SimEngine("meta-llama/Llama-3.3-70B-Instruct", judge_error=0.1)
+    rows = [{"query_id": f"j{i}", "prompt": f"Q?\nAnswer:\n[m, simulated, {'correct' if i % 2 else 'incorrect'}] x\nScore:"}
+            for i in range(400)]
+    scores = [int(o["response"] == "Score: 1") for o in judge.generate(rows)]
+    agree = np.mean([s == i % 2 for i, s in enumerate(scores)])
+    assert 0.85 <= agree <= 0.95

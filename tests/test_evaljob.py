@@ -227,3 +227,75 @@ def test_every_config_problem_is_reported_before_ray_starts(tmp_path):
     assert "accelerator_type 'H10O' is not one of Ray's accelerator types; did you mean 'H100'?" in msg
     assert "query_sets.0.path" in msg and "nowhere.jsonl" in msg and "no-model" in msg
     assert not (tmp_path / "o").exists()
+
+
+def live_queries(path, n_per_task=2, seed=11):
+    """Live traffic: prompts only, no reference answers (what the monitor sends to the job)."""
+    from proxray.synthetic import generate_queries
+
+    q = generate_queries(n_per_task, seed=seed)
+    q[["query_id", "prompt"]].assign(task="live", query_id=lambda d: "live-" + d.query_id).to_json(
+        path, orient="records", lines=True)
+    return q
+
+
+def test_judge_grades_queries_without_answers(tmp_path):
+    live_queries(tmp_path / "live.jsonl")
+    cfg = config([sim(m) for m in SIM], grader={"model": SIM[2]})
+    cfg.query_sets.append(cfg.query_sets[0].model_copy(update={"synthetic": None, "path": str(tmp_path / "live.jsonl"),
+                                                               "name": "live"}))
+    out = tmp_path / "out"
+    res = run_job(cfg, out)
+    t = RoutingTable.read(out / "routing_table.parquet").df
+    live = t["split"] == "live"
+    assert live.sum() == 20 * 3 and (~live).sum() == 30 * 3
+    assert set(t.loc[live, "grader"]) == {f"judge:{SIM[2]}"} and set(t.loc[~live, "grader"]) == {"reference"}
+    assert (t.loc[live, "judge_cost"] > 0).all() and (t.loc[~live, "judge_cost"] == 0).all()
+    # the simulated judge reads the simulated verdict, wrong 5 % of the time
+    truth = t.loc[live, "response"].str.contains(", simulated, correct]")
+    agree = float((t.loc[live, "correct"] == truth.astype(float)).mean())
+    assert agree >= 0.85 and res["judge"]["graded"] == 60 and res["judge"]["judge_cost"] == pytest.approx(
+        t.loc[live, "judge_cost"].sum())
+    # resumable: nothing generated or judged twice
+    again = run_job(cfg, out)
+    assert [r["todo"] for r in again["runs"]] == [] and again["judge"]["todo"] == 0
+    # a new rubric re-judges the stored responses without generating them again
+    cfg2 = cfg.model_copy(update={"grader": cfg.grader.model_copy(update={"rubric": "Grade.\n{question}\n---\n{response}\nScore:"})})
+    third = run_job(cfg2, out)
+    assert [r["todo"] for r in third["runs"]] == [] and third["judge"]["todo"] == 60 and third["complete_queries"] == 50
+
+
+def test_a_judge_without_a_score_leaves_error_rows(tmp_path):
+    from proxray.engines import build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "tiny", seed=0)  # a real (random) causal LM: its replies carry no score
+    live_queries(tmp_path / "live.jsonl", n_per_task=1)
+    judge = {"id": "tiny-judge", "engine": "transformers", "source": str(tiny), "price_in": 0.1, "price_out": 0.1,
+             "batch_size": 5, "num_cpus": 0.5}
+    cfg = JobConfig.model_validate({"output": "unused", "sampling": {"max_tokens": 4},
+                                    "query_sets": [{"name": "live", "path": str(tmp_path / "live.jsonl")}],
+                                    "models": [sim(SIM[0]), judge], "grader": {"model": "tiny-judge", "max_tokens": 4}})
+    res = run_job(cfg, tmp_path / "out")
+    assert res["judge"]["graded"] + res["judge"]["unparsed"] == 20 and res["open_errors"] >= res["judge"]["unparsed"] > 0
+    errors = pd.read_parquet(tmp_path / "out" / "errors.parquet")
+    assert errors["error"].str.contains("judge output has no score").any()
+
+
+@pytest.mark.parametrize("grader,message", [
+    ({"model": "nope"}, "grader.model 'nope' is not a model of the pool"),
+    ({"model": "a", "rubric": "only {question}"}, r"grader.rubric must contain \{response\}"),
+    ({"model": "a", "rubric": "{question} {response} {other}"}, "only {question} and {response}"),
+])
+def test_grader_config_errors(grader, message):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message.replace("{question} and {response}", r"\{question\} and \{response\}")):
+        JobConfig.model_validate({"query_sets": [{"synthetic": {"n_per_task": 1}}], "grader": grader,
+                                  "models": [{"id": "a", "engine": "sim", "price_in": 1, "price_out": 1}]})
+
+
+def test_queries_without_answers_need_a_grader(tmp_path):
+    live_queries(tmp_path / "live.jsonl", n_per_task=1)
+    cfg = JobConfig.model_validate({"query_sets": [{"path": str(tmp_path / "live.jsonl")}], "models": [sim(SIM[0])]})
+    with pytest.raises(ConfigError, match="10 of 10 queries have no reference answer: add a grader"):
+        run_job(cfg, tmp_path / "out")

@@ -29,3 +29,14 @@ def test_grade():
     assert grade("It is True.", "True", "exact") == 1.0
     with pytest.raises(ValueError, match="answer_type='essay'"):
         grade("x", "y", "essay")
+
+
+@pytest.mark.parametrize("text,score", [
+    ("Score: 1", 1.0), ("score: 0.25", 0.25), ("The answer is wrong. Score: 0", 0.0), ("**Score:** 0.5", 0.5),
+    ("Score: 7/10", 0.7), ("0.8", 0.8), ("Score: 3", None), ("I think it is fine.", None), ("", None), (None, None),
+    ("Score: 1\nActually, Score: 0", 0.0),
+])
+def test_parse_judge_score(text, score):
+    from proxray.evaljob import parse_score
+
+    assert parse_score(text) == score

@@ -30,7 +30,7 @@ def world(tmp_path_factory, encoder):
     return tmp, full, X, acc, cost, Xtr
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def local_ray():
     import ray
 
@@ -230,3 +230,21 @@ def test_drift_demo_end_to_end(tmp_path):
     assert res["after"] > res["before"] + 2.0
     assert res["detected_after_new_task_queries"] is not None and res["detected_after_new_task_queries"] <= 5
     assert res["overlap_new_task"] < res["overlap_threshold"] <= res["overlap_inlier"]
+
+
+def test_monitor_config_errors_name_the_field(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from proxray.monitor import load_monitor_config
+
+    shipped = load_monitor_config(ROOT / "monitor_configs" / "cpu_demo.yaml")
+    assert shipped.table == "embedded" and shipped.job["grader"]["model"] == "meta-llama/Llama-3.3-70B-Instruct"
+    bad = {"router": "r", "table": "t.parquet", "state_dir": "s", "shadow_rate": 1.5,
+           "job": {"models": [{"id": "a", "engine": "sim", "price_in": 1, "price_out": 1}]}}
+    (tmp_path / "m.yaml").write_text(__import__("yaml").safe_dump(bad))
+    r = subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "start", "--config", str(tmp_path / "m.yaml")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "shadow_rate" in r.stderr and "job: Value error, grader: required" in r.stderr
+    assert "Traceback" not in r.stderr

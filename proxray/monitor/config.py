@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class MonitorConfig(BaseModel):
@@ -14,7 +14,8 @@ class MonitorConfig(BaseModel):
     name: str = Field("proxray-monitor", min_length=1, description="the detached actor's name (namespace proxray); "
                       "the Serve app's `monitor:` names it")
     router: str = Field(description="the served router's artifact (version 0)")
-    table: str = Field(description="the routing table it was fitted on")
+    table: str = Field(description="the routing table it was fitted on, in the order it was fitted (what "
+                       "`proxray fit --table` does); `embedded`: the embedded synthetic table (`proxray fit` without --table)")
     state_dir: str = Field(description="checkpoints, evaluation inputs and outputs, new router versions")
     job: dict = Field(description="evaluation job template: proxray.evaljob.JobConfig without query_sets/output; "
                       "its grader (a judge of the pool) labels live traffic, which has no reference answers")
@@ -46,21 +47,22 @@ class MonitorConfig(BaseModel):
     @field_validator("router", "table", "state_dir")
     @classmethod
     def _absolute(cls, v: str) -> str:
-        return v if "://" in v else str(Path(v).expanduser().resolve())
+        return v if "://" in v or v == "embedded" else str(Path(v).expanduser().resolve())
 
-    @model_validator(mode="after")
-    def _job_template(self):
+    @field_validator("job")
+    @classmethod
+    def _job_template(cls, job: dict) -> dict:
         from ..evaljob import JobConfig
 
-        if "query_sets" in self.job or "output" in self.job:
-            raise ValueError("job: leave out query_sets and output (the monitor writes them per evaluation)")
+        if "query_sets" in job or "output" in job:
+            raise ValueError("leave out query_sets and output (the monitor writes them per evaluation)")
         try:
-            cfg = JobConfig.model_validate({**self.job, "query_sets": [{"path": "live.jsonl"}]})
+            cfg = JobConfig.model_validate({**job, "query_sets": [{"path": "live.jsonl"}]})
         except ValidationError as e:
-            raise ValueError("job: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
+            raise ValueError("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
         if cfg.grader is None:
-            raise ValueError("job.grader: required (live traffic has no reference answers; name a judge model of the pool)")
-        return self
+            raise ValueError("grader: required (live traffic has no reference answers; name a judge model of the pool)")
+        return job
 
 
 def load_monitor_config(path) -> MonitorConfig:

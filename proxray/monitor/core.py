@@ -74,7 +74,12 @@ class DriftMonitor:
         self.encoder = encoder or SentenceEncoder(progress=False)
         self.router_path = cfg.router
         self.router = load_router(cfg.router)
-        table = RoutingTable.read(cfg.table)
+        if cfg.table == "embedded":
+            from ..synthetic import make_table
+
+            table = make_table()
+        else:
+            table = RoutingTable.read(cfg.table)
         self.train_prompts = list(table.prompts)
         X = self.encoder.encode(self.train_prompts)
         acc, cost = table.matrices(models=self.router.models_)
