@@ -146,6 +146,12 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
 
     log(f"sending {len(inliers)} inlier queries, then {len(live)} {task} queries")
     send(inliers)
+    for _ in range(60):  # reports are fire-and-forget: wait until the monitor has them all
+        st = status()
+        if st["reported"] >= len(inliers):
+            break
+        time.sleep(0.5)
+    inlier_flags = st["drifted"]
     send(live)
     t_sent = time.time()
     deadline = t_sent + timeout_s
@@ -195,6 +201,7 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     first = next((e for e in st["events"] if e["event"] == "first_drift"), None)
     result = {"task": task, "before": round(before, 2), "after": round(after, 2), "evaluations": st["evaluations"],
               "drifted": st["drifted"], "reported": st["reported"], "outlier_threshold": round(st["outlier_threshold"], 4),
+              "inliers_flagged": inlier_flags, "new_task_sent": len(live),
               "detected_after_new_task_queries": (first["reported"] - len(inliers)) if first else None,
               "absorbed_after_s": round(absorbed_s, 1) if final else None,
               "served_router_switched": bool(final and served.model_extra["proxray"]["router_path"] == final),
