@@ -123,6 +123,9 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     serve.run(build_app({"router": str(state / "router_v0"), "monitor": name, "reload_every_s": 1.0,
                          "models": [{"id": m, "engine": "sim", "autoscaling": auto} for m in POOL]}),
               name="proxray", route_prefix="/")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
+    # the app names a monitor that does not exist yet: serving does not need it
+    early = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "What is 2 + 2?"}])
     cfg_path = state / "monitor.yaml"
     import yaml
 
@@ -133,7 +136,6 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     if started.returncode != 0:
         raise RuntimeError(f"proxray monitor start failed:\n{started.stdout}\n{started.stderr}")
     monitor = get_monitor(name)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
     inliers = [full.prompts[i] for i in rng.choice(train, n_inliers, replace=False)]
     live = [full.prompts[i] for i in t_live]
 
@@ -194,6 +196,9 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
                                                for j in st["jobs"]):
             break
         time.sleep(1)
+    cli_status = subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "status", "--name", name,
+                                 "--address", ctx.address_info["gcs_address"]], capture_output=True, text=True, timeout=120)
+    st = json.loads(cli_status.stdout)  # the operator's view
     over_in = ray.get(monitor.overlap_of.remote(inliers))
     over_new = ray.get(monitor.overlap_of.remote(live))
     drift_jobs = _drift_jobs(jobs_address, f"{name}-drift-")
@@ -209,7 +214,7 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
               "overlap_inlier": over_in["j"], "overlap_inlier_n": over_in["n"],
               "overlap_new_task": over_new["j"], "overlap_new_task_n": over_new["n"],
               "spent_usd": st["spent_usd"], "drift_jobs": drift_jobs, "killed_mid_evaluation": killed,
-              "driver": "monitor"}  # nothing here called report/tick/evaluate: the ingress and the scheduler did
+              "served_before_monitor": bool(early.choices[0].message.content), "driver": "monitor"}  # nothing here called report/tick/evaluate: the ingress and the scheduler did
     subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "stop", "--name", name,
                     "--address", ctx.address_info["gcs_address"]], capture_output=True, timeout=120)
     serve.shutdown()

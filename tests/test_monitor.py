@@ -224,7 +224,7 @@ def test_drift_demo_end_to_end(tmp_path):
     res = run(task=TASK, n_per_task=30, min_batch=10, n_inliers=60, state_dir=tmp_path, timeout_s=240,
               kill_mid_evaluation=True)
     print(json.dumps(res))
-    assert res["driver"] == "monitor" and res["judge"] == POOL[-1]
+    assert res["driver"] == "monitor" and res["judge"] == POOL[-1] and res["served_before_monitor"]
     assert res["killed_mid_evaluation"] and len(res["drift_jobs"]) == 1  # not submitted twice
     assert res["evaluations"] >= 1 and res["served_router_switched"]
     assert res["after"] > res["before"] + 2.0

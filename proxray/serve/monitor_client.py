@@ -17,7 +17,7 @@ logger = logging.getLogger("ray.serve")
 
 class MonitorClient:
     def __init__(self, name: str, reload_every_s: float, router_path: str, encoder_id: str, on_router,
-                 retry_s: float = 10.0):
+                 retry_s: float = 2.0):
         self.name, self.reload_every_s, self.router_path, self.encoder_id = name, reload_every_s, router_path, encoder_id
         self.on_router, self.retry_s = on_router, retry_s
         self.actor, self._next_lookup = None, 0.0
