@@ -40,7 +40,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .engines import Sampling
 from .grading import grade
@@ -240,21 +240,9 @@ def check_cluster(specs) -> None:
 
 def load_config(path) -> JobConfig:
     """Read and validate a job YAML; errors name the file, the field, the value and the rule."""
-    import yaml
+    from .yamlconfig import load_yaml_model
 
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    try:
-        return JobConfig.model_validate(raw)
-    except ValidationError as e:
-        lines = [f"  {'.'.join(map(str, err['loc'])) or '(top level)'}: {err['msg']} (got {err.get('input')!r})"
-                 for err in e.errors()]
-        raise ConfigError(f"{path}: invalid job config:\n" + "\n".join(lines)) from None
+    return load_yaml_model(path, JobConfig, "job config", ConfigError)
 
 
 # ---- queries -------------------------------------------------------------------------------------
@@ -540,7 +528,7 @@ def run_job(config: JobConfig, output=None, models=None, max_batches: int | None
     run_id = time.strftime("%Y%m%d%H%M%S") + "-" + uuid.uuid4().hex[:6]
     stats = run_pool(specs, todos, queries, keys, sampling, store, run_id, sources, max_batches)
     judge_stats = None
-    if judging and (max_batches is None or not any(st["written"] + st["errors"] for st in stats)):
+    if judging and max_batches is None:  # a run cut short (max_batches) leaves the judging to the next run
         judge_stats = run_judge(config, [s.id for s in specs], queries, keys, sampling, store, run_id, sources)
     result = consolidate(store, keys)
     result["runs"] = stats

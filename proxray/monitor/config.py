@@ -67,18 +67,6 @@ class MonitorConfig(BaseModel):
 
 def load_monitor_config(path) -> MonitorConfig:
     """Read and validate ``monitor.yaml``; errors name the file, the field, the value and the rule."""
-    import yaml
+    from ..yamlconfig import load_yaml_model
 
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such monitor config")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML: {e}") from None
-    try:
-        return MonitorConfig.model_validate(raw)
-    except ValidationError as e:
-        lines = [f"  {'.'.join(map(str, x['loc'])) or '(top level)'}: {x['msg']} (got {x.get('input')!r})"[:400]
-                 for x in e.errors()]
-        raise ValueError(f"{path}: invalid monitor config:\n" + "\n".join(lines)) from None
+    return load_yaml_model(path, MonitorConfig, "monitor config")

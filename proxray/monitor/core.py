@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..engines import _unit
 from ..metrics import jaccard
 from .config import MonitorConfig
 from .jobs import InlineRunner, JobsApiRunner
@@ -44,11 +45,6 @@ logger = logging.getLogger("proxray.monitor")
 def text_key(prompt: str) -> str:
     """A query's identity in the monitor: the hash of its text (retries and repeats count once)."""
     return hashlib.sha256(str(prompt).encode()).hexdigest()[:20]
-
-
-def _unit(*parts) -> float:
-    h = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(h[:8], "big") / 2**64
 
 
 def top_z(objective, z: int) -> frozenset:
