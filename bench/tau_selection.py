@@ -6,7 +6,8 @@
 For every configuration of bench/real_tables.sh and seeds 42, 7, 99 it computes the leave-one-task-out
 CV curves on the training set, then the test scores of Prox at every 1/tau of the grid (Base is the
 grid's limit: inf for KMeans, 0 for kNN). Besides the fixed 1/tau it scores per-query temperatures
-``rel:a`` (1/tau(x) = a / phi_min(x), ``proxray.tuning.estimates_over``). Printed: for each selection rule
+``rel:a`` (1/tau(x) = a / phi_min(x), ``proxray.tuning.estimates_over``) and ``spr:a`` (1/tau(x) = a /
+std(phi(x)), the distances in units of their own spread). Printed: for each selection rule
 (each reads only the configuration's own training CV curves) and each fixed setting, the mean over
 configurations of Prox − Base on the outlier, inlier and overall splits, and how many configurations
 lose more than 0.3 pp of outlier or 0.5 pp of inlier score.
@@ -39,7 +40,8 @@ CONFIGS = (
        ("routerdc7", "km", "leave-task-out", ["humaneval", "mbpp", "javascript"])])
 SEEDS = (42, 7, 99)
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
-SETTINGS = (*GRID, *REL)
+SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
+SETTINGS = (*GRID, *REL, *SPR)
 
 
 def run_config(table, X, acc, cost, router, protocol, outliers, seed):
@@ -64,8 +66,11 @@ def _smooth(v):
 RULES = {  # name -> (settings it may pick from, how): each uses the configuration's own CV curves only
     "auto, fixed grid (today's)": (range(len(GRID)), lambda o, i: (o + i) / 2),
     "auto, fixed grid, smoothed CV": (range(len(GRID)), lambda o, i: _smooth((o + i) / 2)),
-    "auto, relative only": (range(len(GRID), len(SETTINGS)), lambda o, i: (o + i) / 2),
-    "auto, fixed or relative": (range(len(SETTINGS)), lambda o, i: (o + i) / 2),
+    "auto, relative only": (range(len(GRID), len(GRID) + len(REL)), lambda o, i: (o + i) / 2),
+    "auto, fixed or relative": (range(len(GRID) + len(REL)), lambda o, i: (o + i) / 2),
+    "auto, spread only": (range(len(GRID) + len(REL), len(SETTINGS)), lambda o, i: (o + i) / 2),
+    "auto, spread only, smoothed CV": (range(len(GRID) + len(REL), len(SETTINGS)), lambda o, i: _smooth((o + i) / 2)),
+    "auto, any": (range(len(SETTINGS)), lambda o, i: (o + i) / 2),
 }
 
 

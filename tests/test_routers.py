@@ -307,3 +307,23 @@ def test_km_prox_estimates_follow_the_formula_with_the_spread_prior(rng):
     acc_hat, cost_hat = r.estimate(Q)
     np.testing.assert_allclose(acc_hat, w @ V, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(cost_hat, w @ W, rtol=1e-5, atol=1e-7)
+
+
+def test_estimates_over_fixed_relative_and_spread_temperatures():
+    """tuning.estimates_over: a number is the router's own estimate at that 1/tau; rel:a and spr:a are the
+    formula with phi scaled per query by its nearest distance / by the std of its distances."""
+    from proxray import KNNRouter
+    from proxray.tuning import RELATIVE_FLOOR, estimates_over
+    from proxray.weights import proximity_weights
+
+    rng = np.random.default_rng(3)
+    X, acc = rng.normal(size=(120, 8)), rng.uniform(size=(120, 3))
+    r = KNNRouter(k=15, inv_tau=7.0).fit(X, acc)
+    Q = rng.normal(size=(6, 8))
+    (fixed, _), (rel, _), (spr, _) = estimates_over(r, Q, [7.0, "rel:2", "spr:0.5"])
+    assert np.allclose(fixed, r.estimate(Q)[0])
+    phi, ref, _ = r._search(Q)
+    for got, scale, a in ((rel, np.maximum(phi.min(1), RELATIVE_FLOOR), 2.0), (spr, phi.std(1), 0.5)):
+        w = proximity_weights(phi / scale[:, None], a, None)
+        want = np.einsum("qk,qkm->qm", w, acc[ref])
+        assert np.allclose(got, want)
