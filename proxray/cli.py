@@ -45,9 +45,9 @@ def _cmd_fit(a):
     enc = SentenceEncoder(a.encoder)
     X = enc.encode(table.prompts)
     if a.router == "knn":
-        r = KNNRouter(k=a.k, weighting=a.weighting, inv_tau=a.inv_tau)
+        r = KNNRouter(k=a.k, weighting=a.weighting, inv_tau=a.inv_tau, temperature=a.temperature)
     else:
-        r = KMeansRouter(n_clusters=a.clusters, weighting=a.weighting, inv_tau=a.inv_tau)
+        r = KMeansRouter(n_clusters=a.clusters, weighting=a.weighting, inv_tau=a.inv_tau, temperature=a.temperature)
     r.fit(X, acc, cost, models=models, encoder_id=enc.id).save(a.out)
     print(f"fitted {r!r} on {table} -> {a.out}")
 
@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--k", type=int, default=100)
     fit.add_argument("--clusters", type=int, default=32)
     fit.add_argument("--inv-tau", type=float, default=20.0)
+    fit.add_argument("--temperature", choices=["fixed", "spread"], default="fixed",
+                     help="spread: 1/tau(x) = inv-tau / std of the query's distances (README: How τ is chosen; "
+                     "KMeans: --inv-tau 2)")
     fit.add_argument("--encoder", default=None, help="sentence-transformers name or path (default: shipped MiniLM)")
     fit.add_argument("--out", required=True, help="artifact folder")
     fit.set_defaults(func=_cmd_fit)

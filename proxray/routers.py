@@ -20,7 +20,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from .index import NeighborIndex, as_matrix, check_metric, pairwise_distance, prepare
-from .weights import proximity_weights, resolve_inv_tau
+from .weights import TEMPERATURES, proximity_weights, resolve_inv_tau, spread_scaled
 
 WEIGHTINGS = ("base", "prox")
 
@@ -179,10 +179,17 @@ class _ProxRouter(RouterMixin, BaseEstimator):
     def _init_common(self, X, acc, cost, models, encoder_id):
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting={self.weighting!r}: allowed values are {', '.join(WEIGHTINGS)}")
+        if self.temperature not in TEMPERATURES:
+            raise ValueError(f"temperature={self.temperature!r}: allowed values are {', '.join(TEMPERATURES)}")
         check_metric(self.metric)
         out = self._fit_inputs(X, acc, cost, models, encoder_id)
         self.inv_tau_ = self._effective_inv_tau()
         return out
+
+    def _kernel_phi(self, phi):
+        """The distances the formula tilts by: as they are (``temperature="fixed"``) or in units of the
+        query's own spread (``"spread"``: 1/tau(x) = inv_tau / std(phi(x)), ``weights.spread_scaled``)."""
+        return spread_scaled(phi) if getattr(self, "temperature", "fixed") == "spread" else phi
 
     def _check_fitted(self):
         if not hasattr(self, "models_"):
@@ -196,7 +203,7 @@ class _ProxRouter(RouterMixin, BaseEstimator):
     def weights(self, X):
         """Weights over the reference set: (w (q, n_ref), ref_index (q, n_ref) or None)."""
         phi, ref, prior = self._search(X)
-        return proximity_weights(phi, self.inv_tau_, prior), ref
+        return proximity_weights(self._kernel_phi(phi), self.inv_tau_, prior), ref
 
     def _values_at(self, w, ref):
         """Σ_i w_i V_i for dense weights over all reference elements (clusters): two (q, M) arrays."""
@@ -226,7 +233,7 @@ class _ProxRouter(RouterMixin, BaseEstimator):
         """``estimate`` and ``outlier_score`` from one search (the serving path needs both):
         (acc_hat (q, M), cost_hat (q, M), outlier (q,))."""
         phi, ref, prior = self._search(X)
-        acc_hat, cost_hat = self._values_at(proximity_weights(phi, self.inv_tau_, prior), ref)
+        acc_hat, cost_hat = self._values_at(proximity_weights(self._kernel_phi(phi), self.inv_tau_, prior), ref)
         return acc_hat, cost_hat, phi.min(axis=1)
 
     def _check_new_targets(self, acc, cost):
@@ -259,6 +266,7 @@ class KNNRouter(_ProxRouter):
     k : int, neighbours (clipped to the training-set size).
     weighting : "base" (uniform over the k) | "prox" (uniform prior tilted by exp(-phi/tau)).
     inv_tau, tau : temperature of the tilt, as 1/tau (default 20, the paper's) or tau.
+    temperature : "fixed" (1/tau as given) | "spread" (1/tau(x) = inv_tau / std of the query's k distances).
     metric : "cosine" | "euclidean".
     index : "flat" (exact) | "ivf" | "hnsw" (approximate, for large reference sets).
     nprobe, hnsw_m, ef_search : approximate-index knobs.
@@ -268,11 +276,12 @@ class KNNRouter(_ProxRouter):
     """
 
     def __init__(self, k=100, weighting="prox", inv_tau=20.0, tau=None, metric="cosine", index="flat",
-                 nprobe=16, hnsw_m=32, ef_search=128):
+                 nprobe=16, hnsw_m=32, ef_search=128, temperature="fixed"):
         self.k = k
         self.weighting = weighting
         self.inv_tau = inv_tau
         self.tau = tau
+        self.temperature = temperature
         self.metric = metric
         self.index = index
         self.nprobe = nprobe
@@ -365,6 +374,7 @@ class KMeansRouter(_ProxRouter):
     n_clusters : K.
     weighting : "base" (nearest cluster only) | "prox" (prior tilted by exp(-phi/tau) over all K).
     inv_tau, tau : temperature of the tilt (default 1/tau = 20, the paper's).
+    temperature : "fixed" (1/tau as given) | "spread" (1/tau(x) = inv_tau / std of the query's K distances).
     metric : "cosine" | "euclidean" (distance of queries to centroids, and of members for s_i).
     prior : "spread" (p_i ∝ n_i / s_i, the paper's least-variance prior) | "size" (∝ n_i) | "uniform".
     random_state, n_init : KMeans seeding.
@@ -377,11 +387,12 @@ class KMeansRouter(_ProxRouter):
     PRIORS = ("spread", "size", "uniform")
 
     def __init__(self, n_clusters=32, weighting="prox", inv_tau=20.0, tau=None, metric="cosine", prior="spread",
-                 random_state=42, n_init=3):
+                 random_state=42, n_init=3, temperature="fixed"):
         self.n_clusters = n_clusters
         self.weighting = weighting
         self.inv_tau = inv_tau
         self.tau = tau
+        self.temperature = temperature
         self.metric = metric
         self.prior = prior
         self.random_state = random_state

@@ -72,20 +72,17 @@ def estimates_over(fitted, X, settings):
     nearer the query's nearest reference element, the sharper the tilt, and far queries are smoothed more
     (the paper's bias–variance argument); ``"spr:a"`` is 1/tau = a / std(phi(x)), the distances measured
     in units of their own spread over the query's reference set. Yields (acc_hat, cost_hat) per setting."""
-    from .weights import proximity_weights
+    from .weights import proximity_weights, spread_scaled
 
     phi, ref, prior = fitted._search(X)
-    finite = np.isfinite(phi)
-    nearest = np.maximum(np.where(finite, phi, np.inf).min(axis=1), RELATIVE_FLOOR)
-    spread = None
+    nearest = np.maximum(np.where(np.isfinite(phi), phi, np.inf).min(axis=1), RELATIVE_FLOOR)
+    scaled = None
     for setting in settings:
         if isinstance(setting, str) and setting.startswith("rel:"):
             w = proximity_weights(phi / nearest[:, None], float(setting[4:]), prior)
-        elif isinstance(setting, str) and setting.startswith("spr:"):
-            if spread is None:  # the spread (std) of the query's own distances to its reference elements
-                m = np.where(finite, phi, np.nan)
-                spread = np.maximum(np.nan_to_num(np.nanstd(m, axis=1), nan=1.0), 1e-3)
-            w = proximity_weights(phi / spread[:, None], float(setting[4:]), prior)
+        elif isinstance(setting, str) and setting.startswith("spr:"):  # the routers' temperature="spread"
+            scaled = spread_scaled(phi) if scaled is None else scaled
+            w = proximity_weights(scaled, float(setting[4:]), prior)
         else:
             w = proximity_weights(phi, float(setting), prior)
         yield fitted._values_at(w, ref)

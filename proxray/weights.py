@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["proximity_weights", "resolve_inv_tau", "effective_sample_size"]
+__all__ = ["proximity_weights", "resolve_inv_tau", "effective_sample_size", "spread_scaled", "TEMPERATURES"]
+
+TEMPERATURES = ("fixed", "spread")
 
 
 def resolve_inv_tau(inv_tau=20.0, tau=None) -> float:
@@ -44,6 +46,19 @@ def resolve_inv_tau(inv_tau=20.0, tau=None) -> float:
     if not inv_tau >= 0:
         raise ValueError(f"inv_tau={inv_tau!r}: must be a number >= 0 (0 = plain prior average, inf = hard nearest)")
     return inv_tau
+
+
+def spread_scaled(phi) -> np.ndarray:
+    """``phi`` in units of each query's own spread: phi / std(phi(x)) over the row's present (finite)
+    elements, the std floored at 1e-3 (a row with one present element keeps scale 1). With it the formula's
+    1/tau becomes per query, 1/tau(x) = inv_tau / std(phi(x)) — the ``spread`` temperature: scale-free, so one
+    constant carries across tables and encoders (README, "How τ is chosen"). ``+inf`` stays ``+inf``."""
+    phi = np.asarray(phi, dtype=np.float64)
+    finite = np.isfinite(phi)
+    with np.errstate(invalid="ignore"):
+        spread = np.nanstd(np.where(finite, phi, np.nan), axis=1)
+    spread = np.maximum(np.nan_to_num(spread, nan=1.0), 1e-3)
+    return phi / spread[:, None]
 
 
 def proximity_weights(phi, inv_tau, prior=None) -> np.ndarray:

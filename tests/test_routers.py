@@ -327,3 +327,28 @@ def test_estimates_over_fixed_relative_and_spread_temperatures():
         w = proximity_weights(phi / scale[:, None], a, None)
         want = np.einsum("qk,qkm->qm", w, acc[ref])
         assert np.allclose(got, want)
+
+
+@pytest.mark.parametrize("kind", ["knn", "km"])
+def test_spread_temperature_is_the_formula_on_rescaled_distances(kind, tmp_path):
+    """temperature="spread": 1/tau(x) = inv_tau / std(phi(x)); the same as tuning's spr:a, saved and loaded."""
+    from proxray import KMeansRouter, KNNRouter
+    from proxray.artifact import load_router
+    from proxray.tuning import estimates_over
+    from proxray.weights import proximity_weights
+
+    rng = np.random.default_rng(5)
+    X, acc = rng.normal(size=(150, 8)), rng.uniform(size=(150, 3))
+    make = (lambda **kw: KNNRouter(k=20, **kw)) if kind == "knn" else (lambda **kw: KMeansRouter(n_clusters=8, **kw))
+    r = make(inv_tau=2.0, temperature="spread").fit(X, acc)
+    Q = rng.normal(size=(7, 8))
+    phi, ref, prior = r._search(Q)
+    w = proximity_weights(phi / phi.std(axis=1, keepdims=True), 2.0, prior)
+    assert np.allclose(r.weights(Q)[0], w)
+    assert np.allclose(r.estimate(Q)[0], next(estimates_over(make(inv_tau=20.0).fit(X, acc), Q, ["spr:2"]))[0])
+    assert not np.allclose(r.estimate(Q)[0], make(inv_tau=2.0).fit(X, acc).estimate(Q)[0])
+    r.save(tmp_path / "a")
+    back = load_router(tmp_path / "a")
+    assert back.temperature == "spread" and np.allclose(back.estimate(Q)[0], r.estimate(Q)[0])
+    with pytest.raises(ValueError, match="temperature='warm': allowed values are fixed, spread"):
+        make(temperature="warm").fit(X, acc)
