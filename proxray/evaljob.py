@@ -515,7 +515,8 @@ def run_job(config: JobConfig, output=None, models=None, max_batches: int | None
     sampling = Sampling(**config.sampling.model_dump())
     keys = expected_keys(config.models, queries, sampling, config.grader)
     done = current_rows(store.read_parts("table"), keys)
-    done_keys = set(zip(done["model"], done["query_id"])) if len(done) else set()
+    graded_keys = set(zip(done["model"], done["query_id"])) if len(done) else set()
+    done_keys = set(graded_keys)
     judging = bool(keys["judged"].any())
     if judging:  # responses already generated and waiting for the judge are not generated again
         generated = _generated(store, keys)
@@ -529,7 +530,8 @@ def run_job(config: JobConfig, output=None, models=None, max_batches: int | None
     stats = run_pool(specs, todos, queries, keys, sampling, store, run_id, sources, max_batches)
     judge_stats = None
     if judging and max_batches is None:  # a run cut short (max_batches) leaves the judging to the next run
-        judge_stats = run_judge(config, [s.id for s in specs], queries, keys, sampling, store, run_id, sources)
+        judge_stats = run_judge(config, [s.id for s in specs], queries, keys, sampling, store, run_id, sources,
+                                graded_keys)
     result = consolidate(store, keys)
     result["runs"] = stats
     if judge_stats is not None:
@@ -548,15 +550,15 @@ def _generated(store: Store, keys: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_judge(config: JobConfig, model_ids, queries: pd.DataFrame, keys: pd.DataFrame, sampling: Sampling,
-              store: Store, run_id: str, sources: dict) -> dict:
+              store: Store, run_id: str, sources: dict, done_keys: set) -> dict:
     """Judge grading: every generated response of ``model_ids`` that has no judged row yet goes through the
     judge model (its own engine, one Ray Data pipeline) with the rubric prompt; the score becomes
     ``correct``, the judge's tokens at its prices ``judge_cost``, ``grader`` = ``judge:<model>``. A reply
-    without a score is an error row (retried by the next run), never a guess."""
+    without a score is an error row (retried by the next run), never a guess. ``done_keys``: the (model,
+    query) pairs the table already holds current rows for (read once by ``run_job``; generation writes only
+    reference-graded rows there, never judged ones)."""
     grader = config.grader
     judge = next(m for m in config.models if m.id == grader.model)
-    done = current_rows(store.read_parts("table"), keys)
-    done_keys = set(zip(done["model"], done["query_id"])) if len(done) else set()
     pending = _generated(store, keys)
     pending = pending[[(m, q) not in done_keys and m in model_ids
                        for m, q in zip(pending["model"], pending["query_id"])]].reset_index(drop=True)

@@ -189,7 +189,7 @@ class _ProxRouter(RouterMixin, BaseEstimator):
     def _kernel_phi(self, phi):
         """The distances the formula tilts by: as they are (``temperature="fixed"``) or in units of the
         query's own spread (``"spread"``: 1/tau(x) = inv_tau / std(phi(x)), ``weights.spread_scaled``)."""
-        return spread_scaled(phi) if getattr(self, "temperature", "fixed") == "spread" else phi
+        return spread_scaled(phi) if self.temperature == "spread" else phi
 
     def _check_fitted(self):
         if not hasattr(self, "models_"):

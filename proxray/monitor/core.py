@@ -502,7 +502,7 @@ class DriftMonitor:
                 "drift_queue": len(self.drift_queue), "shadow_queue": len(self.shadow_queue),
                 "shadow_labelled": len(self.shadow_obs), "dropped_full": self.stats["dropped_full"],
                 "repeats": self.stats["repeats"], "spent_usd": round(self.spent, 8), "budget_usd": self.config.cost_budget,
-                "est_cost_per_query": self.est_cost, "blocked": getattr(self, "blocked", None),
+                "est_cost_per_query": self.est_cost, "blocked": self.blocked,
                 "evaluations": len([e for e in self.evaluations if e["kind"] == "drift"]),
                 "jobs": [{k: e.get(k) for k in ("id", "kind", "n", "status", "charged", "error")} for e in self.evaluations[-8:]],
                 "router_version": self.version, "router_path": self.router_path, "models": self.models,
