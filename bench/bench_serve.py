@@ -58,7 +58,11 @@ def breakdown(timings: list) -> str:
     keys = ["parse_ms", "embed_ms", "estimate_ms", "model_ms", "outside_ms"]
     med = {k: statistics.median(t.get(k, 0.0) for t in timings) for k in keys}
     hits = sum(t.get("embedding_cache") == "hit" for t in timings)
-    return " | ".join(f"{k[:-3]} {v:.1f}" for k, v in med.items()) + f" | cache hits {hits}/{len(timings)}"
+    batch = [t["encoder_batch"] for t in timings if "encoder_batch" in t]
+    return (" | ".join(f"{k[:-3]} {v:.1f}" for k, v in med.items())
+            + f" | cache hits {hits}/{len(timings)}"
+            + (f" | encoder batch mean {statistics.mean(batch):.1f}, pass "
+               f"{statistics.median(t['encode_ms'] for t in timings if 'encode_ms' in t):.1f} ms" if batch else ""))
 
 
 def start_demo_app(**app_args):
@@ -95,11 +99,13 @@ def main(argv=None):
     p.add_argument("--backend", default="onnx", choices=["torch", "onnx", "onnx-int8"])
     p.add_argument("--cache-entries", type=int, default=10000)
     p.add_argument("--batch-wait-s", type=float, default=0.0)
+    p.add_argument("--threads", type=int, default=None, help="the encoder's threads (default min(2, CPUs))")
     a = p.parse_args(argv)
     from proxray.synthetic import generate_queries
 
     url, prompts, stop = start_demo_app(encoder_backend=a.backend, embedding_cache_entries=a.cache_entries,
-                                        embed_batch_wait_s=a.batch_wait_s)
+                                        embed_batch_wait_s=a.batch_wait_s,
+                                        encoder_threads=a.threads)
     sent = set(prompts)
     fresh = iter(dict.fromkeys(p for s in range(1000, 1100) for p in generate_queries(40, seed=s).prompt
                                if p not in sent))  # never sent before: every one a cache miss

@@ -7,7 +7,7 @@ constant picked on tau_selection's configurations carries over.
 """
 import sys, numpy as np
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from tau_selection import D, SEEDS
+from tau_selection import D, MIX, SEEDS
 from proxray.embed import SentenceEncoder
 from proxray.experiments import protocol_split
 from proxray.metrics import routing_score
@@ -20,7 +20,7 @@ NEW = ([("routerbench_slice", "km", "few-shot-outlier", [o]) for o in ("mbpp", "
        + [("routerdc7", r, p, ["mmlu", "cmmlu", "ceval"]) for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
        + [("routerdc7", "km", "few-shot-outlier", ["gsm8k", "math_prealgebra"]), ("routerdc7", "knn", "leave-task-out", ["humaneval", "mbpp", "javascript"]),
           ("routerdc7", "knn", "leave-task-out", ["arc_easy", "arc_challenge"]), ("routerdc7", "km", "leave-task-out", ["arc_easy", "arc_challenge"])])
-SET = [*GRID, "spr:0.2", "spr:0.5", "spr:1", "spr:2", "spr:4"]
+SET = [*GRID, "spr:0.2", "spr:0.5", "spr:1", "spr:2", "spr:4", *MIX]
 enc = SentenceEncoder(progress=False); cache = {}; res = {"km": [], "knn": []}
 for name, router, protocol, outliers in NEW:
     if name not in cache:
@@ -37,6 +37,7 @@ for name, router, protocol, outliers in NEW:
     print(name, router, protocol, outliers, "done", file=sys.stderr, flush=True)
 for router, rows in res.items():
     print(f"\n{router}: {len(rows)} new configurations x 3 seeds, Prox - Base")
+    print(f"best fixed 1/tau in hindsight: " + format(GRID[int(np.argmax([np.mean([r['overall'][g] for r in rows]) for g in range(len(GRID))]))], "g"))
     for g, s in enumerate(SET):
         d = {k: [r[k][g] for r in rows] for k in ("outlier", "inlier", "overall")}
         print(f"{str(s):8s} overall {np.mean(d['overall']):+.2f} outlier {np.mean(d['outlier']):+.2f} inlier {np.mean(d['inlier']):+.2f} "

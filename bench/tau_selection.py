@@ -7,7 +7,8 @@ For every configuration of bench/real_tables.sh and seeds 42, 7, 99 it computes 
 CV curves on the training set, then the test scores of Prox at every 1/tau of the grid (Base is the
 grid's limit: inf for KMeans, 0 for kNN). Besides the fixed 1/tau it scores per-query temperatures
 ``rel:a`` (1/tau(x) = a / phi_min(x), ``proxray.tuning.estimates_over``) and ``spr:a`` (1/tau(x) = a /
-std(phi(x)), the distances in units of their own spread). Printed: for each selection rule
+std(phi(x)), the distances in units of their own spread) and ``mix:a,b,...`` (the weights averaged over
+several fixed 1/tau: an ensemble over temperatures). Printed: for each selection rule
 (each reads only the configuration's own training CV curves) and each fixed setting, the mean over
 configurations of Prox − Base on the outlier, inlier and overall splits, and how many configurations
 lose more than 0.3 pp of outlier or 0.5 pp of inlier score.
@@ -41,7 +42,9 @@ CONFIGS = (
 SEEDS = (42, 7, 99)
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
-SETTINGS = (*GRID, *REL, *SPR)
+MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
+       "mix:0,1,2,5,10,20,50,100,200,inf")  # weights averaged over several fixed 1/tau
+SETTINGS = (*GRID, *REL, *SPR, *MIX)
 
 
 def run_config(table, X, acc, cost, router, protocol, outliers, seed):
@@ -68,8 +71,9 @@ RULES = {  # name -> (settings it may pick from, how): each uses the configurati
     "auto, fixed grid, smoothed CV": (range(len(GRID)), lambda o, i: _smooth((o + i) / 2)),
     "auto, relative only": (range(len(GRID), len(GRID) + len(REL)), lambda o, i: (o + i) / 2),
     "auto, fixed or relative": (range(len(GRID) + len(REL)), lambda o, i: (o + i) / 2),
-    "auto, spread only": (range(len(GRID) + len(REL), len(SETTINGS)), lambda o, i: (o + i) / 2),
-    "auto, spread only, smoothed CV": (range(len(GRID) + len(REL), len(SETTINGS)), lambda o, i: _smooth((o + i) / 2)),
+    "auto, spread only": (range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR)), lambda o, i: (o + i) / 2),
+    "auto, spread only, smoothed CV": (range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR)), lambda o, i: _smooth((o + i) / 2)),
+    "auto, mixture only": (range(len(SETTINGS) - len(MIX), len(SETTINGS)), lambda o, i: (o + i) / 2),
     "auto, any": (range(len(SETTINGS)), lambda o, i: (o + i) / 2),
 }
 

@@ -137,8 +137,13 @@ class SentenceEncoder:
         self.cache = EmbeddingCache(cache) if cache else None
         # each backend's vectors apart in the on-disk cache, so a comparison of backends compares them
         self._cache_id = self.id if backend == "torch" else f"{self.id}#{backend}"
+        if backend == "onnx-int8":  # a new quantization recipe is a new approximation: never the old vectors
+            from .embed_onnx import INT8_RECIPE
+
+            self._cache_id += f"/{INT8_RECIPE}"
         self._model = None
         self._onnx = None
+        self.onnx_folder = None  # the exported model folder, once the ONNX session exists
 
     @property
     def onnx(self):
@@ -146,8 +151,8 @@ class SentenceEncoder:
         if self._onnx is None:
             from .embed_onnx import OnnxSession, export
 
-            folder = export(self._source, "int8" if self.backend == "onnx-int8" else None)
-            self._onnx = OnnxSession(folder, self.threads)
+            self.onnx_folder = export(self._source, "int8" if self.backend == "onnx-int8" else None)
+            self._onnx = OnnxSession(self.onnx_folder, self.threads)
         return self._onnx
 
     @property

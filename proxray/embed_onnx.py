@@ -4,7 +4,10 @@
 of a local model folder or name to one ONNX graph with ``torch.onnx`` — once, offline, nothing downloaded
 — and saves it with the model's ``tokenizer.json`` and a ``meta.json`` into a folder of the proxray cache
 keyed on the source's content, written beside and renamed into place (concurrent replicas race safely).
-``quantize="int8"`` adds ONNX Runtime's dynamic int8 quantization of the weights.
+``quantize="int8"`` adds ONNX Runtime's dynamic int8 quantization of the weight matrices, except the
+feed-forward output projections (their inputs, GELU outputs, have the outliers that per-tensor dynamic
+activation scales lose): cosine to fp32 0.9967 mean / 0.988 min on the shared tables' prompts instead of
+0.9929 / 0.974 when every weight matrix is quantized, at the same speed (``INT8_RECIPE``).
 
 ``OnnxSession`` then needs only ``onnxruntime`` and ``tokenizers``: no torch, no sentence-transformers.
 fp32 output equals the torch encoder's to float precision (cosine ≥ 0.99999, tested); int8 is an
@@ -24,6 +27,7 @@ import numpy as np
 
 FORMAT = 1
 QUANTIZE = (None, "int8")
+INT8_RECIPE = "weights-except-ffn-out"  # part of the export key and of the int8 embeddings' cache id
 
 
 def source_fingerprint(source: str) -> str:
@@ -50,7 +54,9 @@ def source_fingerprint(source: str) -> str:
 def export_dir(source: str, quantize: str | None, cache_dir: Path) -> Path:
     import onnxruntime
 
-    key = json.dumps([FORMAT, source_fingerprint(source), quantize, onnxruntime.__version__])
+    recipe = INT8_RECIPE if quantize else None
+    key = json.dumps([FORMAT, source_fingerprint(source), quantize, onnxruntime.__version__]
+                     + ([recipe] if recipe else []))
     return Path(cache_dir) / "onnx" / hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
@@ -117,17 +123,30 @@ def _export_into(source: str, quantize: str | None, out: Path) -> None:
                           dynamic_axes={**{n: {0: "batch", 1: "tokens"} for n in names},
                                         "sentence_embedding": {0: "batch"}})
     if quantize == "int8":
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        # per-channel weight scales: cosine to fp32 0.993 mean on MiniLM (per-tensor: 0.960)
-        quantize_dynamic(str(fp32), str(out / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True)
+        _quantize_int8(fp32, out / "model.onnx")
         fp32.unlink()
     tok.backend_tokenizer.save(str(out / "tokenizer.json"))
-    meta = {"format": FORMAT, "source": source, "quantize": quantize, "inputs": names,
+    meta = {"format": FORMAT, "source": source, "quantize": quantize,
+            "recipe": INT8_RECIPE if quantize else None, "inputs": names,
             "max_seq_length": int(st.max_seq_length), "pad_id": int(tok.pad_token_id or 0),
             "pad_token": tok.pad_token or "[PAD]", "dim": dim,
             "torch": torch.__version__}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def _quantize_int8(src: Path, dst: Path) -> None:
+    """Dynamic int8 (per-channel weight scales) of the MatMuls with a weight matrix, except the
+    feed-forward output projections (``INT8_RECIPE``); activation × activation products stay fp32."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph = onnx.load(str(src), load_external_data=False).graph
+    weights = {i.name for i in graph.initializer}
+    ffn_out = lambda n: n.endswith("/output/dense/MatMul") and "/attention/" not in n  # noqa: E731 - BERT naming
+    nodes = [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights and not ffn_out(n.name)]
+    if not nodes:
+        raise ValueError(f"{src}: no MatMul with a weight matrix to quantize")
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, nodes_to_quantize=nodes)
 
 
 class OnnxSession:

@@ -71,7 +71,9 @@ def estimates_over(fitted, X, settings):
     number is a fixed 1/tau; ``"rel:a"`` is a per-query 1/tau = a / max(phi_min(x), RELATIVE_FLOOR) — the
     nearer the query's nearest reference element, the sharper the tilt, and far queries are smoothed more
     (the paper's bias–variance argument); ``"spr:a"`` is 1/tau = a / std(phi(x)), the distances measured
-    in units of their own spread over the query's reference set. Yields (acc_hat, cost_hat) per setting."""
+    in units of their own spread over the query's reference set; ``"mix:a,b,..."`` averages the weights at
+    the fixed 1/tau values a, b, ... (an ensemble over temperatures instead of one choice).
+    Yields (acc_hat, cost_hat) per setting."""
     from .weights import proximity_weights, spread_scaled
 
     phi, ref, prior = fitted._search(X)
@@ -83,6 +85,9 @@ def estimates_over(fitted, X, settings):
         elif isinstance(setting, str) and setting.startswith("spr:"):  # the routers' temperature="spread"
             scaled = spread_scaled(phi) if scaled is None else scaled
             w = proximity_weights(scaled, float(setting[4:]), prior)
+        elif isinstance(setting, str) and setting.startswith("mix:"):
+            taus = [float(v) for v in setting[4:].split(",")]
+            w = sum(proximity_weights(phi, t, prior) for t in taus) / len(taus)
         else:
             w = proximity_weights(phi, float(setting), prior)
         yield fitted._values_at(w, ref)

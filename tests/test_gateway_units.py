@@ -134,3 +134,48 @@ def test_api_key_comes_from_a_file_or_an_env_var_never_silently_from_nothing(tmp
         load_api_key(AppArgs.model_validate({**base, "api_key_file": str(tmp_path / "none")}))
     with pytest.raises(ValueError, match="give one of them, not both"):
         AppArgs.model_validate({**base, "api_key_file": str(key_file), "api_key_env": "X"})
+
+
+def test_encoder_batcher_forms_the_next_pass_from_everything_queued_while_the_encoder_was_busy():
+    """Ray's @serve.batch formed batches on arrival (mean 1.3 under load); this one takes what arrived
+    during the previous pass. Errors reach every waiter of their pass; a cancelled waiter is skipped."""
+    import asyncio
+    import threading
+
+    from proxray.serve.encoding import EncoderBatcher
+
+    passes, gate = [], threading.Event()
+
+    def encode(texts):
+        passes.append(list(texts))
+        if len(passes) == 1:
+            gate.wait(5)  # the first pass holds the encoder while the others queue up
+        if "boom" in texts:
+            raise RuntimeError("encoder failed")
+        return np.array([[float(len(t))] for t in texts])
+
+    async def main():
+        b = EncoderBatcher(encode, max_batch=3)
+        first = asyncio.create_task(b.encode("a"))
+        await asyncio.sleep(0.05)
+        assert b.busy and passes == [["a"]]
+        rest = [asyncio.create_task(b.encode(t)) for t in ("bb", "ccc", "dddd", "eeeee")]
+        gone = asyncio.create_task(b.encode("cancelled"))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        gate.set()
+        out = [await first] + [await r for r in rest]
+        assert [float(v[0]) for v, _, _ in out] == [1, 2, 3, 4, 5]  # each caller gets its own text's vector
+        assert [n for _, n, _ in out] == [1, 3, 3, 3, 1] and all(ms >= 0 for _, _, ms in out)
+        assert passes == [["a"], ["bb", "ccc", "dddd"], ["eeeee"]]  # capped at max_batch, cancelled one skipped
+        assert not b.busy
+        bad = [asyncio.create_task(b.encode(t)) for t in ("boom", "x")]
+        for r in bad:
+            with pytest.raises(RuntimeError, match="encoder failed"):
+                await r
+        v, n, _ = await b.encode("ok")  # the batcher goes on after a failed pass
+        assert float(v[0]) == 2 and n == 1
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="max_batch=0"):
+        EncoderBatcher(encode, max_batch=0)

@@ -309,9 +309,10 @@ def test_km_prox_estimates_follow_the_formula_with_the_spread_prior(rng):
     np.testing.assert_allclose(cost_hat, w @ W, rtol=1e-5, atol=1e-7)
 
 
-def test_estimates_over_fixed_relative_and_spread_temperatures():
+def test_estimates_over_fixed_relative_spread_and_mixed_temperatures():
     """tuning.estimates_over: a number is the router's own estimate at that 1/tau; rel:a and spr:a are the
-    formula with phi scaled per query by its nearest distance / by the std of its distances."""
+    formula with phi scaled per query by its nearest distance / by the std of its distances; mix:a,b the
+    mean of the weights at a and b."""
     from proxray import KNNRouter
     from proxray.tuning import RELATIVE_FLOOR, estimates_over
     from proxray.weights import proximity_weights
@@ -320,9 +321,11 @@ def test_estimates_over_fixed_relative_and_spread_temperatures():
     X, acc = rng.normal(size=(120, 8)), rng.uniform(size=(120, 3))
     r = KNNRouter(k=15, inv_tau=7.0).fit(X, acc)
     Q = rng.normal(size=(6, 8))
-    (fixed, _), (rel, _), (spr, _) = estimates_over(r, Q, [7.0, "rel:2", "spr:0.5"])
+    (fixed, _), (rel, _), (spr, _), (mix, _) = estimates_over(r, Q, [7.0, "rel:2", "spr:0.5", "mix:0,7"])
     assert np.allclose(fixed, r.estimate(Q)[0])
     phi, ref, _ = r._search(Q)
+    uniform = acc[ref].mean(axis=1)  # 1/tau = 0: the k neighbours' plain mean
+    assert np.allclose(mix, (uniform + fixed) / 2) and not np.allclose(mix, fixed)
     for got, scale, a in ((rel, np.maximum(phi.min(1), RELATIVE_FLOOR), 2.0), (spr, phi.std(1), 0.5)):
         w = proximity_weights(phi / scale[:, None], a, None)
         want = np.einsum("qk,qkm->qm", w, acc[ref])

@@ -26,6 +26,7 @@ from ray import serve
 
 from . import plan as planning
 from .client import ModelClient, ModelError, failure_reason
+from .encoding import EncoderBatcher
 from .models import ModelServer, refused_parameters
 from .plan import RequestError
 from .schemas import (ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, ServedModel, load_api_key,
@@ -114,7 +115,7 @@ class RouterIngress:
             self.encoder = SentenceEncoder(self.args.encoder, cache=False, progress=False)
             self.encoder.encode(["warm-up"])
         self.embeddings = LRUEmbeddings(self.args.embedding_cache_entries)
-        self._embed.set_batch_wait_timeout_s(self.args.embed_batch_wait_s)
+        self.batcher = EncoderBatcher(self.encoder.encode, max_batch=32, wait_s=self.args.embed_batch_wait_s)
         self.router = load_router(self.args.router, encoder_id=self.encoder.id)
         if not hasattr(self.router, "estimate_with_outlier_score"):
             raise ValueError(f"{self.args.router}: serving needs a KNNRouter or KMeansRouter artifact "
@@ -187,21 +188,15 @@ class RouterIngress:
             raise RequestError(400, msg, loc) from None
 
     # ---- routing -------------------------------------------------------------------------------
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.0)  # the wait is set from the args in __init__
-    async def _embed(self, texts: list) -> list:
-        """Concurrent requests share one encoder forward pass (the encoder is most of the routing
-        cost); it runs in a thread so the replica keeps accepting requests meanwhile."""
-        X = await asyncio.to_thread(self.encoder.encode, texts)
-        return list(X)
-
     async def _vector(self, text: str, timings: dict):
-        """The routing text's embedding: from the LRU (no thread hop, no batch) or the encoder."""
+        """The routing text's embedding: from the LRU (no thread hop, no batch) or the next encoder pass,
+        shared with whatever else is queued (``EncoderBatcher``)."""
         t0 = time.perf_counter()
         key = self.embeddings.key(text)
         v = self.embeddings.get(key)
         timings["embedding_cache"] = "hit" if v is not None else "miss"
         if v is None:
-            v = await self._embed(text)
+            v, timings["encoder_batch"], timings["encode_ms"] = await self.batcher.encode(text)
             self.embeddings.put(key, v)
         timings["embed_ms"] = 1e3 * (time.perf_counter() - t0)
         return v

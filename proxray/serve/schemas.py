@@ -219,7 +219,8 @@ class AppArgs(BaseModel):
     embedding_cache_entries: int = Field(10000, ge=0, description=(
         "LRU of routing-text embeddings in each ingress replica (~1.7 KB each); 0 = off"))
     embed_batch_wait_s: float = Field(0.0, ge=0, le=0.1, description=(
-        "how long a routed request waits for others to share its encoder pass; 0 = take what is queued"))
+        "how long the encoder, once free, waits for more routed requests before its next pass; "
+        "0 = take what is queued"))
     models: list[ServedModel] = Field(min_length=1)
     lam: float = Field(0.0, ge=0, description="default λ when a request gives none (and no budget is set)")
     budget: BudgetSpec | None = Field(None, description=(
