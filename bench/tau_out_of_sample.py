@@ -37,7 +37,7 @@ for name, router, protocol, outliers in NEW:
     print(name, router, protocol, outliers, "done", file=sys.stderr, flush=True)
 for router, rows in res.items():
     print(f"\n{router}: {len(rows)} new configurations x 3 seeds, Prox - Base")
-    print(f"best fixed 1/tau in hindsight: " + format(GRID[int(np.argmax([np.mean([r['overall'][g] for r in rows]) for g in range(len(GRID))]))], "g"))
+    print("best fixed 1/tau in hindsight: " + format(GRID[int(np.argmax([np.mean([r['overall'][g] for r in rows]) for g in range(len(GRID))]))], "g"))
     for g, s in enumerate(SET):
         d = {k: [r[k][g] for r in rows] for k in ("outlier", "inlier", "overall")}
         print(f"{str(s):8s} overall {np.mean(d['overall']):+.2f} outlier {np.mean(d['outlier']):+.2f} inlier {np.mean(d['inlier']):+.2f} "

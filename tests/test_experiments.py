@@ -6,7 +6,7 @@ import pytest
 from proxray.cli import main
 from proxray.experiments import evaluate, protocol_split
 from proxray.synthetic import make_table
-from proxray.tuning import GRID, auto_inv_tau
+from proxray.tuning import auto_inv_tau
 
 
 @pytest.fixture(scope="module")

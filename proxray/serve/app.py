@@ -16,7 +16,6 @@ import asyncio
 import hmac
 import json
 import logging
-import os
 import time
 
 from fastapi import FastAPI, Request
