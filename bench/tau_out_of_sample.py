@@ -21,24 +21,31 @@ NEW = ([("routerbench_slice", "km", "few-shot-outlier", [o]) for o in ("mbpp", "
        + [("routerdc7", "km", "few-shot-outlier", ["gsm8k", "math_prealgebra"]), ("routerdc7", "knn", "leave-task-out", ["humaneval", "mbpp", "javascript"]),
           ("routerdc7", "knn", "leave-task-out", ["arc_easy", "arc_challenge"]), ("routerdc7", "km", "leave-task-out", ["arc_easy", "arc_challenge"])])
 SET = [*GRID, "spr:0.2", "spr:0.5", "spr:1", "spr:2", "spr:4", *MIX]
-enc = SentenceEncoder(progress=False); cache = {}; res = {"km": [], "knn": []}
-for name, router, protocol, outliers in NEW:
-    if name not in cache:
-        t = RoutingTable.read(D / f"{name}.parquet"); cache[name] = (t, enc.encode(t.prompts), *t.matrices())
-    t, X, acc, cost = cache[name]; c = lambda idx: None if cost is None else cost[idx]
-    per = []
-    for seed in SEEDS:
-        sp = protocol_split(t.tasks, outliers, protocol, seed); tr = sp.base_train
-        f = make_router(router, "prox", {"n_clusters": 32, "k": 100, "random_state": seed}).fit(X[tr], acc[tr], c(tr))
-        test = {"outlier": sp.test[sp.test_outlier], "inlier": sp.test[~sp.test_outlier], "overall": sp.test}
-        per.append({k: [routing_score(a, ch, acc[idx], c(idx)) for a, ch in estimates_over(f, X[idx], SET)] for k, idx in test.items()})
-    base = SET.index(float("inf")) if router == "km" else SET.index(0.0)
-    res[router].append({k: [np.mean([p[k][g] - p[k][base] for p in per]) for g in range(len(SET))] for k in ("outlier", "inlier", "overall")})
-    print(name, router, protocol, outliers, "done", file=sys.stderr, flush=True)
-for router, rows in res.items():
-    print(f"\n{router}: {len(rows)} new configurations x 3 seeds, Prox - Base")
-    print("best fixed 1/tau in hindsight: " + format(GRID[int(np.argmax([np.mean([r['overall'][g] for r in rows]) for g in range(len(GRID))]))], "g"))
-    for g, s in enumerate(SET):
-        d = {k: [r[k][g] for r in rows] for k in ("outlier", "inlier", "overall")}
-        print(f"{str(s):8s} overall {np.mean(d['overall']):+.2f} outlier {np.mean(d['outlier']):+.2f} inlier {np.mean(d['inlier']):+.2f} "
-              f"losers {sum(v < -0.3 for v in d['outlier'])}/{sum(v < -0.5 for v in d['inlier'])} of {len(rows)}")
+
+
+def main():
+    enc = SentenceEncoder(progress=False); cache = {}; res = {"km": [], "knn": []}
+    for name, router, protocol, outliers in NEW:
+        if name not in cache:
+            t = RoutingTable.read(D / f"{name}.parquet"); cache[name] = (t, enc.encode(t.prompts), *t.matrices())
+        t, X, acc, cost = cache[name]; c = lambda idx: None if cost is None else cost[idx]
+        per = []
+        for seed in SEEDS:
+            sp = protocol_split(t.tasks, outliers, protocol, seed); tr = sp.base_train
+            f = make_router(router, "prox", {"n_clusters": 32, "k": 100, "random_state": seed}).fit(X[tr], acc[tr], c(tr))
+            test = {"outlier": sp.test[sp.test_outlier], "inlier": sp.test[~sp.test_outlier], "overall": sp.test}
+            per.append({k: [routing_score(a, ch, acc[idx], c(idx)) for a, ch in estimates_over(f, X[idx], SET)] for k, idx in test.items()})
+        base = SET.index(float("inf")) if router == "km" else SET.index(0.0)
+        res[router].append({k: [np.mean([p[k][g] - p[k][base] for p in per]) for g in range(len(SET))] for k in ("outlier", "inlier", "overall")})
+        print(name, router, protocol, outliers, "done", file=sys.stderr, flush=True)
+    for router, rows in res.items():
+        print(f"\n{router}: {len(rows)} new configurations x 3 seeds, Prox - Base")
+        print("best fixed 1/tau in hindsight: " + format(GRID[int(np.argmax([np.mean([r['overall'][g] for r in rows]) for g in range(len(GRID))]))], "g"))
+        for g, s in enumerate(SET):
+            d = {k: [r[k][g] for r in rows] for k in ("outlier", "inlier", "overall")}
+            print(f"{str(s):8s} overall {np.mean(d['overall']):+.2f} outlier {np.mean(d['outlier']):+.2f} inlier {np.mean(d['inlier']):+.2f} "
+                  f"losers {sum(v < -0.3 for v in d['outlier'])}/{sum(v < -0.5 for v in d['inlier'])} of {len(rows)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -103,9 +103,14 @@ def budget_scores(fitted: dict, X_cal, Xt, at, ct, budgets) -> list:
 
 
 def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: int, few_shot: int = 25,
-             n_clusters: int = 32, k: int = 100, inv_tau="auto", keep_curves: bool = False, budgets=()) -> dict:
+             n_clusters: int = 32, k: int = 100, inv_tau="auto", keep_curves: bool = False, budgets=(),
+             temperature: str = "fixed") -> dict:
     """One seed of one protocol: {"scores": {split: {key: value}}, "inv_tau": used, "curves": …,
-    "budgets": [per budget: per router λ, accuracy and cost reached on the test split]}."""
+    "budgets": [per budget: per router λ, accuracy and cost reached on the test split]}.
+    ``temperature="spread"`` gives Prox 1/tau(x) = inv_tau / std of the query's distances (a number only)."""
+    if temperature == "spread" and inv_tau == "auto":
+        raise ValueError("temperature='spread' needs a number for inv_tau (auto chooses a fixed 1/tau); "
+                         "README: How τ is chosen")
     sp = protocol_split(tasks, outliers, protocol, seed, few_shot)
     hp = {"n_clusters": n_clusters, "k": k, "random_state": seed}
     if inv_tau == "auto":
@@ -116,7 +121,7 @@ def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: in
     c_tr = (lambda idx: None if cost is None else cost[idx])
     fitted = {
         "base": make_router(router, "base", hp).fit(X[sp.base_train], acc[sp.base_train], c_tr(sp.base_train)),
-        "prox": make_router(router, "prox", hp, chosen).fit(X[sp.base_train], acc[sp.base_train], c_tr(sp.base_train)),
+        "prox": make_router(router, "prox", hp, chosen, temperature=temperature).fit(X[sp.base_train], acc[sp.base_train], c_tr(sp.base_train)),
         "allsee": make_router(router, "base", hp).fit(X[sp.allsee_train], acc[sp.allsee_train], c_tr(sp.allsee_train)),
     }
     Xt, at, ct = X[sp.test], acc[sp.test], c_tr(sp.test)
@@ -157,20 +162,22 @@ def _mean_budgets(runs) -> list:
 
 
 def evaluate(X, acc, cost, tasks, router="km", protocol="leave-task-out", outliers=(), seeds=(42, 7, 99),
-             few_shot=25, n_clusters=32, k=100, inv_tau="auto", keep_curves=False, budgets=()) -> dict:
+             few_shot=25, n_clusters=32, k=100, inv_tau="auto", keep_curves=False, budgets=(),
+             temperature="fixed") -> dict:
     """All seeds; the result has the JSON shape of ``proxray eval --json``."""
     runs = []
     for s in seeds:
         log(f"seed {s}: {router} / {protocol} / outliers {', '.join(outliers)}"
             + (" — choosing 1/tau on training tasks" if inv_tau == "auto" else ""))
         runs.append(run_once(X, acc, cost, np.asarray(tasks), router, protocol, list(outliers), s, few_shot,
-                             n_clusters, k, inv_tau, keep_curves=keep_curves and not runs, budgets=budgets))
+                             n_clusters, k, inv_tau, keep_curves=keep_curves and not runs, budgets=budgets,
+                             temperature=temperature))
     keys = ROUTER_KEYS + BASELINE_KEYS
     mean = {sp: {key: float(np.mean([r["scores"][sp][key] for r in runs])) for key in keys} for sp in SPLITS}
     std = {sp: {key: float(np.std([r["scores"][sp][key] for r in runs])) for key in keys} for sp in SPLITS}
     taus = [r["inv_tau"] for r in runs]
     return {"router": router, "protocol": protocol, "outliers": list(outliers),
-            "inv_tau": taus if inv_tau == "auto" else taus[0], "metric": "auc" if cost is not None else "accuracy",
+            "inv_tau": taus if inv_tau == "auto" else taus[0], "temperature": temperature, "metric": "auc" if cost is not None else "accuracy",
             "seeds": list(seeds), "splits": mean, "std": std, "budgets": _mean_budgets(runs),
             "_curves": runs[0]["curves"]}
 
@@ -185,7 +192,9 @@ def format_result(res: dict) -> str:
     metric = "normalized AUC %" if res["metric"] == "auc" else "accuracy % at λ=0 (table has no cost)"
     taus = res["inv_tau"] if isinstance(res["inv_tau"], list) else [res["inv_tau"]]
     lines = [f"{name} router, {res['protocol']}, outliers: {', '.join(res['outliers'])}, "
-             f"seeds {res['seeds']}, 1/tau used: {', '.join(_fmt_tau(t) for t in taus)}  ({metric})"]
+             f"seeds {res['seeds']}, 1/tau used: {', '.join(_fmt_tau(t) for t in taus)}"
+             + (" / std of the query's distances (spread temperature)" if res.get("temperature") == "spread" else "")
+             + f"  ({metric})"]
     head = ["Split", f"{name}-Base", f"{name}-Prox", f"{name}-AllSee", "Random", "Largest", "Oracle"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
@@ -280,6 +289,8 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--clusters", type=int, default=32)
     p.add_argument("--k", type=int, default=100)
     p.add_argument("--inv-tau", default="auto", help="1/tau for Prox: a number, inf, or auto (chosen on training tasks)")
+    p.add_argument("--temperature", choices=["fixed", "spread"], default="fixed",
+                   help="spread: 1/tau(x) = inv-tau / std of the query's distances (needs a number --inv-tau)")
     p.add_argument("--seeds", default="42,7,99")
     p.add_argument("--encoder", default=None, help="sentence-transformers name or path (default: shipped MiniLM)")
     p.add_argument("--n-per-task", type=int, default=200, help="synthetic table: queries per task")
@@ -354,10 +365,13 @@ def cmd_eval(a) -> None:
     protocol = a.protocol or ("leave-task-out" if a.router == "km" else "few-shot-outlier")
     protocol_split(table.tasks, outliers, protocol, 0)  # fail on bad outliers before the slow encoding
     budgets = _parse_budgets(a.budgets, cost)
+    if a.temperature == "spread" and a.inv_tau == "auto" and not (a.sweep or "").startswith("inv-tau="):
+        raise ValueError("--temperature spread needs a number for --inv-tau (auto chooses a fixed 1/tau), e.g. "
+                         "--inv-tau 2 for KMeans")
     X = embed_prompts(table, a.encoder)
     seeds = [int(s) for s in a.seeds.split(",")]
     common = dict(router=a.router, protocol=protocol, outliers=outliers, seeds=seeds, few_shot=a.few_shot,
-                  n_clusters=a.clusters, k=a.k, inv_tau=_parse_inv_tau(a.inv_tau))
+                  n_clusters=a.clusters, k=a.k, inv_tau=_parse_inv_tau(a.inv_tau), temperature=a.temperature)
     if a.sweep:
         param, _, values = a.sweep.partition("=")
         if param not in ("clusters", "k", "inv-tau") or not values:

@@ -24,14 +24,16 @@ from .routers import KMeansRouter, KNNRouter
 GRID = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, float("inf"))
 
 
-def make_router(kind: str, weighting: str, hp: dict, inv_tau: float = 20.0, n_train: int | None = None):
+def make_router(kind: str, weighting: str, hp: dict, inv_tau: float = 20.0, n_train: int | None = None,
+                temperature: str = "fixed"):
     """A KMeans ('km') or kNN ('knn') router from shared hyperparameters
     {n_clusters, k, random_state}; K is capped at the training-set size when given."""
     if kind == "km":
         K = hp.get("n_clusters", 32) if n_train is None else min(hp.get("n_clusters", 32), n_train)
-        return KMeansRouter(n_clusters=K, weighting=weighting, inv_tau=inv_tau, random_state=hp.get("random_state", 42))
+        return KMeansRouter(n_clusters=K, weighting=weighting, inv_tau=inv_tau, random_state=hp.get("random_state", 42),
+                            temperature=temperature)
     if kind == "knn":
-        return KNNRouter(k=hp.get("k", 100), weighting=weighting, inv_tau=inv_tau)
+        return KNNRouter(k=hp.get("k", 100), weighting=weighting, inv_tau=inv_tau, temperature=temperature)
     raise ValueError(f"router={kind!r}: allowed values are km, knn")
 
 

@@ -89,6 +89,28 @@ def test_evaluate_shape_and_prox_helps_outliers(synth):
     assert res["splits"]["outlier"]["prox"] > res["splits"]["outlier"]["base"]
 
 
+def test_evaluate_with_the_spread_temperature_is_that_router(synth):
+    """eval's --temperature spread: Prox is the router with temperature="spread" (scored by hand here), not the
+    fixed one; auto is refused with it (auto picks a fixed 1/tau)."""
+    from proxray import KMeansRouter
+    from proxray.metrics import routing_score
+
+    t, X, acc, cost = synth
+    kw = dict(router="km", protocol="leave-task-out", outliers=["gsm8k"], seeds=(42,), n_clusters=8, inv_tau=2.0)
+    spread, fixed = evaluate(X, acc, cost, t.tasks, temperature="spread", **kw), evaluate(X, acc, cost, t.tasks, **kw)
+    assert spread["temperature"] == "spread" and fixed["temperature"] == "fixed"
+    sp = protocol_split(t.tasks, ["gsm8k"], "leave-task-out", 42)
+    r = KMeansRouter(n_clusters=8, inv_tau=2.0, temperature="spread", random_state=42).fit(
+        X[sp.base_train], acc[sp.base_train], cost[sp.base_train])
+    a_hat, c_hat = r.estimate(X[sp.test])
+    want = routing_score(a_hat, c_hat, acc[sp.test], cost[sp.test])
+    assert spread["splits"]["overall"]["prox"] == pytest.approx(want)
+    assert spread["splits"]["overall"]["prox"] != pytest.approx(fixed["splits"]["overall"]["prox"])
+    assert spread["splits"]["overall"]["base"] == pytest.approx(fixed["splits"]["overall"]["base"])
+    with pytest.raises(ValueError, match="temperature='spread' needs a number"):
+        evaluate(X, acc, cost, t.tasks, temperature="spread", **{**kw, "inv_tau": "auto"})
+
+
 def test_accuracy_only_tables(synth):
     t, X, acc, _ = synth
     res = evaluate(X, acc, None, t.tasks, router="km", outliers=["medqa"], seeds=(42,), n_clusters=8, inv_tau=20.0)
@@ -122,3 +144,9 @@ def test_eval_needs_outliers_with_a_table(tmp_path, capsys):
     make_table(5).write(tmp_path / "t.parquet")
     assert main(["eval", "--table", str(tmp_path / "t.parquet")]) == 2
     assert "--outliers is required" in capsys.readouterr().err
+
+
+def test_eval_refuses_spread_with_auto_before_encoding(capsys):
+    assert main(["eval", "--n-per-task", "5", "--temperature", "spread"]) == 2
+    err = capsys.readouterr().err
+    assert "--temperature spread needs a number for --inv-tau" in err and "encoding" not in err
