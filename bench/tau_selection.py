@@ -106,11 +106,30 @@ def summarize(rows):
     return "\n".join(lines)
 
 
+def cv_agreement(rows) -> str:
+    """How well the training CV curve orders the fixed grid as the test split does: Spearman's rho over the
+    whole grid and among the 4 best settings on test, and the regret (test pp) of the CV-chosen 1/tau."""
+    from scipy.stats import spearmanr
+
+    rho, rho_top, regret = [], [], []
+    for r in rows:
+        for s in r["seeds"]:
+            cv = (np.array(s["out_cv"])[:len(GRID)] + np.array(s["in_cv"])[:len(GRID)]) / 2
+            te = np.array(s["test"]["overall"])[:len(GRID)]
+            top = np.argsort(te)[-4:]
+            rho.append(spearmanr(cv, te).statistic)
+            rho_top.append(spearmanr(cv[top], te[top]).statistic)
+            regret.append(te.max() - te[int(np.argmax(cv))])
+    return (f"CV vs test over the fixed grid: Spearman {np.nanmean(rho):.2f}, among the 4 best on test "
+            f"{np.nanmean(rho_top):.2f}; regret of the CV pick {np.mean(regret):.2f} pp (median {np.median(regret):.2f})")
+
+
 def report(rows):
     for router in ("km", "knn"):
         sel = [r for r in rows if r["router"] == router]
         print(f"\n{router}: {len(sel)} configurations x {len(SEEDS)} seeds, Prox - Base on the test split")
         print(summarize(sel))
+        print(cv_agreement(sel))
 
 
 def main(argv=None):
