@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tau_out_of_sample import NEW  # noqa: E402
-from tau_selection import CONFIGS, D, SEEDS  # noqa: E402
+from tau_selection import CONFIGS, D, OUT_OF_SAMPLE, SEEDS  # noqa: E402
 
 from proxray.embed import SentenceEncoder  # noqa: E402
 from proxray.experiments import protocol_split  # noqa: E402
@@ -48,7 +47,7 @@ def scores(t, X, acc, cost, protocol, outliers, seed):
 
 def main():
     enc, cache = SentenceEncoder(progress=False), {}
-    for label, configs in (("tau_selection's configurations", CONFIGS), ("tau_out_of_sample's", NEW)):
+    for label, configs in (("tau_selection's configurations", CONFIGS), ("tau_out_of_sample's", OUT_OF_SAMPLE)):
         seen, rows = set(), []
         for name, _, protocol, outliers in configs:
             key = (name, protocol, tuple(outliers))

@@ -7,19 +7,12 @@ constant picked on tau_selection's configurations carries over.
 """
 import sys, numpy as np
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from tau_selection import D, MIX, SEEDS
+from tau_selection import D, MIX, OUT_OF_SAMPLE as NEW, SEEDS
 from proxray.embed import SentenceEncoder
 from proxray.experiments import protocol_split
 from proxray.metrics import routing_score
 from proxray.table import RoutingTable
 from proxray.tuning import GRID, estimates_over, make_router
-NEW = ([("routerbench_slice", "km", "few-shot-outlier", [o]) for o in ("mbpp", "arc-challenge", "winogrande")]
-       + [("routerbench_slice", "knn", "leave-task-out", [o]) for o in ("mbpp", "arc-challenge", "winogrande")]
-       + [("bbh19_dev", r, p, ["logical_deduction_seven_objects", "logical_deduction_three_objects", "tracking_shuffled_objects_five_objects"]) for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
-       + [("bbh19_dev", r, "leave-task-out", ["reasoning_about_colored_objects", "tracking_shuffled_objects_three_objects"]) for r in ("km", "knn")]
-       + [("routerdc7", r, p, ["mmlu", "cmmlu", "ceval"]) for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
-       + [("routerdc7", "km", "few-shot-outlier", ["gsm8k", "math_prealgebra"]), ("routerdc7", "knn", "leave-task-out", ["humaneval", "mbpp", "javascript"]),
-          ("routerdc7", "knn", "leave-task-out", ["arc_easy", "arc_challenge"]), ("routerdc7", "km", "leave-task-out", ["arc_easy", "arc_challenge"])])
 SET = [*GRID, "spr:0.2", "spr:0.5", "spr:1", "spr:2", "spr:4", *MIX]
 
 

@@ -11,7 +11,8 @@ std(phi(x)), the distances in units of their own spread) and ``mix:a,b,...`` (th
 several fixed 1/tau: an ensemble over temperatures). Printed: for each selection rule
 (each reads only the configuration's own training CV curves) and each fixed setting, the mean over
 configurations of Prox − Base on the outlier, inlier and overall splits, and how many configurations
-lose more than 0.3 pp of outlier or 0.5 pp of inlier score.
+lose more than 0.3 pp of outlier or 0.5 pp of inlier score. The "Brier CV" rules pick from CV curves of
+the estimates' mean squared error (``tuning.brier_score``) instead of the AUC: a smoother criterion.
 """
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ CONFIGS = (
        ("routerdc7", "knn", "few-shot-outlier", ["gsm8k", "math_prealgebra"]),
        ("routerdc7", "km", "leave-task-out", ["humaneval", "mbpp", "javascript"])])
 SEEDS = (42, 7, 99)
+OUT_OF_SAMPLE = (  # configurations this study never used (bench/tau_out_of_sample.py, --configs out-of-sample)
+    [("routerbench_slice", "km", "few-shot-outlier", [o]) for o in ("mbpp", "arc-challenge", "winogrande")]
+    + [("routerbench_slice", "knn", "leave-task-out", [o]) for o in ("mbpp", "arc-challenge", "winogrande")]
+    + [("bbh19_dev", r, p, ["logical_deduction_seven_objects", "logical_deduction_three_objects", "tracking_shuffled_objects_five_objects"]) for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
+    + [("bbh19_dev", r, "leave-task-out", ["reasoning_about_colored_objects", "tracking_shuffled_objects_three_objects"]) for r in ("km", "knn")]
+    + [("routerdc7", r, p, ["mmlu", "cmmlu", "ceval"]) for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
+    + [("routerdc7", "km", "few-shot-outlier", ["gsm8k", "math_prealgebra"]), ("routerdc7", "knn", "leave-task-out", ["humaneval", "mbpp", "javascript"]),
+       ("routerdc7", "knn", "leave-task-out", ["arc_easy", "arc_challenge"]), ("routerdc7", "km", "leave-task-out", ["arc_easy", "arc_challenge"])])
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
@@ -53,11 +62,14 @@ def run_config(table, X, acc, cost, router, protocol, outliers, seed):
     tr = sp.base_train
     c = (lambda idx: None if cost is None else cost[idx])
     out_cv, in_cv = cv_curves(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, SETTINGS)
+    out_bri, in_bri = cv_curves(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, SETTINGS,
+                                score="brier")
     fitted = make_router(router, "prox", hp).fit(X[tr], acc[tr], c(tr))
     test = {"outlier": sp.test[sp.test_outlier], "inlier": sp.test[~sp.test_outlier], "overall": sp.test}
     scores = {k: [routing_score(a_hat, c_hat, acc[idx], c(idx)) for a_hat, c_hat in estimates_over(fitted, X[idx], SETTINGS)]
               for k, idx in test.items()}
-    return {"out_cv": out_cv.tolist(), "in_cv": in_cv.tolist(), "test": scores}
+    return {"out_cv": out_cv.tolist(), "in_cv": in_cv.tolist(), "out_brier": out_bri.tolist(),
+            "in_brier": in_bri.tolist(), "test": scores}
 
 
 def _smooth(v):
@@ -75,6 +87,11 @@ RULES = {  # name -> (settings it may pick from, how): each uses the configurati
     "auto, spread only, smoothed CV": (range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR)), lambda o, i: _smooth((o + i) / 2)),
     "auto, mixture only": (range(len(SETTINGS) - len(MIX), len(SETTINGS)), lambda o, i: (o + i) / 2),
     "auto, any": (range(len(SETTINGS)), lambda o, i: (o + i) / 2),
+}
+BRIER_RULES = {  # the same, from CV curves of the estimates' squared error instead of the AUC
+    "auto (Brier CV), fixed grid": range(len(GRID)),
+    "auto (Brier CV), spread only": range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR)),
+    "auto (Brier CV), any": range(len(SETTINGS)),
 }
 
 
@@ -99,6 +116,15 @@ def summarize(rows):
 
         def pick(s, allowed=allowed, curve=curve):
             v = curve(np.array(s["out_cv"])[allowed], np.array(s["in_cv"])[allowed])
+            return allowed[int(np.argmax(v))]
+        line(name, pick)
+    for name, allowed in BRIER_RULES.items():
+        if "out_brier" not in rows[0]["seeds"][0]:
+            break  # a JSON saved before the Brier CV existed
+        allowed = list(allowed)
+
+        def pick(s, allowed=allowed):
+            v = np.array(s["out_brier"])[allowed] + np.array(s["in_brier"])[allowed]
             return allowed[int(np.argmax(v))]
         line(name, pick)
     for gi, g in enumerate(SETTINGS):
@@ -136,13 +162,15 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default=None)
     p.add_argument("--from-json", default=None, help="only summarize a saved run")
+    p.add_argument("--configs", choices=["study", "out-of-sample"], default="study",
+                   help="out-of-sample: the configurations of bench/tau_out_of_sample.py, CV rules included")
     a = p.parse_args(argv)
     if a.from_json:
         report(json.loads(Path(a.from_json).read_text())["rows"])
         return
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}
-    for name, router, protocol, outliers in CONFIGS:
+    for name, router, protocol, outliers in (CONFIGS if a.configs == "study" else OUT_OF_SAMPLE):
         if name not in cache:
             t = RoutingTable.read(D / f"{name}.parquet")
             cache[name] = (t, enc.encode(t.prompts), *t.matrices())

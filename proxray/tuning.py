@@ -37,10 +37,19 @@ def make_router(kind: str, weighting: str, hp: dict, inv_tau: float = 20.0, n_tr
     raise ValueError(f"router={kind!r}: allowed values are km, knn")
 
 
+def brier_score(acc_hat, acc) -> float:
+    """Minus the mean squared error (in %², higher is better) of the accuracy estimates against the observed
+    correctness: a smooth, per-query criterion, unlike the hull-based AUC."""
+    return -100.0 * float(np.mean((np.asarray(acc_hat, float) - np.asarray(acc, float)) ** 2))
+
+
 def cv_curves(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
-              seed: int = 42, grid=GRID, min_task_size: int = 10):
+              seed: int = 42, grid=GRID, min_task_size: int = 10, score: str = "routing"):
     """Leave-one-training-task-out scores for every 1/tau of ``grid``: (outlier (G,), inlier (G,)),
-    each the mean over folds, or None when fewer than two tasks are large enough to hold out."""
+    each the mean over folds, or None when fewer than two tasks are large enough to hold out.
+    ``score``: "routing" (normalized AUC, ``routing_score``) or "brier" (``brier_score`` of the estimates)."""
+    if score not in ("routing", "brier"):
+        raise ValueError(f"score={score!r}: allowed values are routing, brier")
     tasks = np.asarray(tasks)
     names, counts = np.unique(tasks, return_counts=True)
     folds = [t for t, c in zip(names, counts) if c >= min_task_size]
@@ -61,7 +70,8 @@ def cv_curves(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave
             X[train], acc[train], None if cost is None else cost[train])
         for val, total in ((out_val, out_scores), (in_val, in_scores)):
             for g, (a_hat, c_hat) in enumerate(estimates_over(fitted, X[val], grid)):
-                total[g] += routing_score(a_hat, c_hat, acc[val], None if cost is None else cost[val])
+                total[g] += (brier_score(a_hat, acc[val]) if score == "brier" else
+                             routing_score(a_hat, c_hat, acc[val], None if cost is None else cost[val]))
     return out_scores / len(folds), in_scores / len(folds)
 
 

@@ -355,3 +355,19 @@ def test_spread_temperature_is_the_formula_on_rescaled_distances(kind, tmp_path)
     assert back.temperature == "spread" and np.allclose(back.estimate(Q)[0], r.estimate(Q)[0])
     with pytest.raises(ValueError, match="temperature='warm': allowed values are fixed, spread"):
         make(temperature="warm").fit(X, acc)
+
+
+def test_brier_cv_scores_the_estimates_squared_error():
+    """cv_curves(score="brier"): minus the mean squared error of the accuracy estimates, per 1/tau; the Base
+    limit of kNN (1/tau = 0) is the neighbours' mean, which a sharper 1/tau does not equal."""
+    from proxray.tuning import brier_score, cv_curves
+
+    assert brier_score([[0.5, 1.0]], [[0, 1]]) == pytest.approx(-12.5)
+    rng = np.random.default_rng(11)
+    tasks = np.repeat(np.array(["a", "b", "c"]), 40)
+    X = rng.normal(size=(120, 6)) + (tasks[:, None] == "a") * 2.0
+    acc = (rng.uniform(size=(120, 3)) < np.where(tasks[:, None] == "a", 0.8, 0.3)).astype(float)
+    out, inl = cv_curves(X, acc, None, tasks, "knn", {"k": 20}, grid=(0.0, 5.0), score="brier")
+    assert out.shape == inl.shape == (2,) and (out < 0).all() and (inl < 0).all() and out[0] != out[1]
+    with pytest.raises(ValueError, match="score='auc'"):
+        cv_curves(X, acc, None, tasks, "knn", {"k": 20}, score="auc")
