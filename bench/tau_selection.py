@@ -41,7 +41,7 @@ CONFIGS = (
        ("routerdc7", "knn", "few-shot-outlier", ["gsm8k", "math_prealgebra"]),
        ("routerdc7", "km", "leave-task-out", ["humaneval", "mbpp", "javascript"])])
 SEEDS = (42, 7, 99)
-OUT_OF_SAMPLE = (  # configurations this study never used (bench/tau_out_of_sample.py, --configs out-of-sample)
+OUT_OF_SAMPLE = (  # other outlier sets / protocols of the same tables, never used to choose anything here
     [("routerbench_slice", "km", "few-shot-outlier", [o]) for o in ("mbpp", "arc-challenge", "winogrande")]
     + [("routerbench_slice", "knn", "leave-task-out", [o]) for o in ("mbpp", "arc-challenge", "winogrande")]
     + [("bbh19_dev", r, p, ["logical_deduction_seven_objects", "logical_deduction_three_objects", "tracking_shuffled_objects_five_objects"]) for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
@@ -56,20 +56,22 @@ MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,in
 SETTINGS = (*GRID, *REL, *SPR, *MIX)
 
 
-def run_config(table, X, acc, cost, router, protocol, outliers, seed):
+def run_config(table, X, acc, cost, router, protocol, outliers, seed, cv=True):
     sp = protocol_split(table.tasks, outliers, protocol, seed)
     hp = {"n_clusters": 32, "k": 100, "random_state": seed}
     tr = sp.base_train
     c = (lambda idx: None if cost is None else cost[idx])
-    out_cv, in_cv = cv_curves(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, SETTINGS)
-    out_bri, in_bri = cv_curves(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, SETTINGS,
-                                score="brier")
     fitted = make_router(router, "prox", hp).fit(X[tr], acc[tr], c(tr))
     test = {"outlier": sp.test[sp.test_outlier], "inlier": sp.test[~sp.test_outlier], "overall": sp.test}
     scores = {k: [routing_score(a_hat, c_hat, acc[idx], c(idx)) for a_hat, c_hat in estimates_over(fitted, X[idx], SETTINGS)]
               for k, idx in test.items()}
-    return {"out_cv": out_cv.tolist(), "in_cv": in_cv.tolist(), "out_brier": out_bri.tolist(),
-            "in_brier": in_bri.tolist(), "test": scores}
+    if not cv:
+        return {"test": scores}
+    curves = {}
+    for score, name in (("routing", "cv"), ("brier", "brier")):
+        o, i = cv_curves(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, SETTINGS, score=score)
+        curves.update({f"out_{name}": o.tolist(), f"in_{name}": i.tolist()})
+    return {**curves, "test": scores}
 
 
 def _smooth(v):
@@ -112,6 +114,8 @@ def summarize(rows):
                      f"{np.mean(d['overall']):+.2f} | {lose_out}/{len(rows)} | {lose_in}/{len(rows)} |")
 
     for name, (allowed, curve) in RULES.items():
+        if "out_cv" not in rows[0]["seeds"][0]:
+            break  # run with --no-cv: fixed settings only
         allowed = list(allowed)
 
         def pick(s, allowed=allowed, curve=curve):
@@ -155,7 +159,8 @@ def report(rows):
         sel = [r for r in rows if r["router"] == router]
         print(f"\n{router}: {len(sel)} configurations x {len(SEEDS)} seeds, Prox - Base on the test split")
         print(summarize(sel))
-        print(cv_agreement(sel))
+        if "out_cv" in sel[0]["seeds"][0]:
+            print(cv_agreement(sel))
 
 
 def main(argv=None):
@@ -163,7 +168,8 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--from-json", default=None, help="only summarize a saved run")
     p.add_argument("--configs", choices=["study", "out-of-sample"], default="study",
-                   help="out-of-sample: the configurations of bench/tau_out_of_sample.py, CV rules included")
+                   help="out-of-sample: configurations this study never chose anything on")
+    p.add_argument("--no-cv", action="store_true", help="fixed settings only (no CV curves, no auto rules)")
     a = p.parse_args(argv)
     if a.from_json:
         report(json.loads(Path(a.from_json).read_text())["rows"])
@@ -176,7 +182,7 @@ def main(argv=None):
             cache[name] = (t, enc.encode(t.prompts), *t.matrices())
         table, X, acc, cost = cache[name]
         print(f"[tau] {name} {router} {protocol} {','.join(outliers)}", file=sys.stderr, flush=True)
-        seeds = [run_config(table, X, acc, cost, router, protocol, outliers, s) for s in SEEDS]
+        seeds = [run_config(table, X, acc, cost, router, protocol, outliers, s, cv=not a.no_cv) for s in SEEDS]
         rows.append({"table": name, "router": router, "protocol": protocol, "outliers": outliers, "seeds": seeds})
     report(rows)
     if a.json:
