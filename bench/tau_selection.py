@@ -80,20 +80,22 @@ def _smooth(v):
     return np.array([v[max(0, i - 1): i + 2].mean() for i in range(len(v))])
 
 
-RULES = {  # name -> (settings it may pick from, how): each uses the configuration's own CV curves only
-    "auto, fixed grid (today's)": (range(len(GRID)), lambda o, i: (o + i) / 2),
-    "auto, fixed grid, smoothed CV": (range(len(GRID)), lambda o, i: _smooth((o + i) / 2)),
-    "auto, relative only": (range(len(GRID), len(GRID) + len(REL)), lambda o, i: (o + i) / 2),
-    "auto, fixed or relative": (range(len(GRID) + len(REL)), lambda o, i: (o + i) / 2),
-    "auto, spread only": (range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR)), lambda o, i: (o + i) / 2),
-    "auto, spread only, smoothed CV": (range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR)), lambda o, i: _smooth((o + i) / 2)),
-    "auto, mixture only": (range(len(SETTINGS) - len(MIX), len(SETTINGS)), lambda o, i: (o + i) / 2),
-    "auto, any": (range(len(SETTINGS)), lambda o, i: (o + i) / 2),
-}
-BRIER_RULES = {  # the same, from CV curves of the estimates' squared error instead of the AUC
-    "auto (Brier CV), fixed grid": range(len(GRID)),
-    "auto (Brier CV), spread only": range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR)),
-    "auto (Brier CV), any": range(len(SETTINGS)),
+_MEAN = lambda o, i: (o + i) / 2  # noqa: E731
+_SMOOTHED = lambda o, i: _smooth((o + i) / 2)  # noqa: E731
+_SPREAD = range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR))
+RULES = {  # name -> (settings it may pick from, how, which CV curves): each uses the configuration's own CV only
+    "auto, fixed grid (today's)": (range(len(GRID)), _MEAN, "cv"),
+    "auto, fixed grid, smoothed CV": (range(len(GRID)), _SMOOTHED, "cv"),
+    "auto, relative only": (range(len(GRID), len(GRID) + len(REL)), _MEAN, "cv"),
+    "auto, fixed or relative": (range(len(GRID) + len(REL)), _MEAN, "cv"),
+    "auto, spread only": (_SPREAD, _MEAN, "cv"),
+    "auto, spread only, smoothed CV": (_SPREAD, _SMOOTHED, "cv"),
+    "auto, mixture only": (range(len(SETTINGS) - len(MIX), len(SETTINGS)), _MEAN, "cv"),
+    "auto, any": (range(len(SETTINGS)), _MEAN, "cv"),
+    # the same from CV curves of the estimates' squared error instead of the AUC
+    "auto (Brier CV), fixed grid": (range(len(GRID)), _MEAN, "brier"),
+    "auto (Brier CV), spread only": (_SPREAD, _MEAN, "brier"),
+    "auto (Brier CV), any": (range(len(SETTINGS)), _MEAN, "brier"),
 }
 
 
@@ -113,22 +115,13 @@ def summarize(rows):
         lines.append(f"| {name} | {np.mean(d['outlier']):+.2f} | {np.mean(d['inlier']):+.2f} | "
                      f"{np.mean(d['overall']):+.2f} | {lose_out}/{len(rows)} | {lose_in}/{len(rows)} |")
 
-    for name, (allowed, curve) in RULES.items():
-        if "out_cv" not in rows[0]["seeds"][0]:
-            break  # run with --no-cv: fixed settings only
+    for name, (allowed, curve, src) in RULES.items():
+        if f"out_{src}" not in rows[0]["seeds"][0]:
+            continue  # run with --no-cv, or saved before these CV curves existed
         allowed = list(allowed)
 
-        def pick(s, allowed=allowed, curve=curve):
-            v = curve(np.array(s["out_cv"])[allowed], np.array(s["in_cv"])[allowed])
-            return allowed[int(np.argmax(v))]
-        line(name, pick)
-    for name, allowed in BRIER_RULES.items():
-        if "out_brier" not in rows[0]["seeds"][0]:
-            break  # a JSON saved before the Brier CV existed
-        allowed = list(allowed)
-
-        def pick(s, allowed=allowed):
-            v = np.array(s["out_brier"])[allowed] + np.array(s["in_brier"])[allowed]
+        def pick(s, allowed=allowed, curve=curve, src=src):
+            v = curve(np.array(s[f"out_{src}"])[allowed], np.array(s[f"in_{src}"])[allowed])
             return allowed[int(np.argmax(v))]
         line(name, pick)
     for gi, g in enumerate(SETTINGS):
