@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tau_selection import CONFIGS, D, OUT_OF_SAMPLE, SEEDS  # noqa: E402
+from tau_selection import CONFIGS, D, OUT_OF_SAMPLE, SEEDS, test_splits  # noqa: E402
 
 from proxray.embed import SentenceEncoder  # noqa: E402
 from proxray.experiments import protocol_split  # noqa: E402
@@ -35,7 +35,7 @@ def scores(t, X, acc, cost, protocol, outliers, seed):
     km = make_router("km", "prox", hp).fit(X[tr], acc[tr], c(tr))
     knn = make_router("knn", "prox", hp).fit(X[tr], acc[tr], c(tr))
     out = {}
-    for split, idx in {"outlier": sp.test[sp.test_outlier], "inlier": sp.test[~sp.test_outlier], "overall": sp.test}.items():
+    for split, idx in test_splits(sp).items():
         (kb, kbc), (k20, k20c) = estimates_over(km, X[idx], [float("inf"), 20.0])
         (nb, nbc), (n2, n2c) = estimates_over(knn, X[idx], [0.0, 2.0])
         cc = lambda a, b: None if a is None else (a + b) / 2  # noqa: E731
@@ -64,8 +64,8 @@ def main():
               "minus the better Base of the configuration (pp)")
         print("| estimator | Δ outlier | Δ inlier | Δ overall | losing > 0.3 pp outlier | > 0.5 pp inlier |")
         print("|---|---|---|---|---|---|")
+        best_base = [int(np.argmax(r["overall"][:2])) for r in rows]
         for i, n in enumerate(NAMES):
-            best_base = [int(np.argmax(r["overall"][:2])) for r in rows]
             d = {k: [r[k][i] - r[k][b] for r, b in zip(rows, best_base)] for k in ("outlier", "inlier", "overall")}
             print(f"| {n} | {np.mean(d['outlier']):+.2f} | {np.mean(d['inlier']):+.2f} | {np.mean(d['overall']):+.2f} | "
                   f"{sum(v < -0.3 for v in d['outlier'])}/{len(rows)} | {sum(v < -0.5 for v in d['inlier'])}/{len(rows)} |")

@@ -56,15 +56,19 @@ MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,in
 SETTINGS = (*GRID, *REL, *SPR, *MIX)
 
 
+def test_splits(sp) -> dict:
+    """The test split's query indices: outlier, inlier and overall."""
+    return {"outlier": sp.test[sp.test_outlier], "inlier": sp.test[~sp.test_outlier], "overall": sp.test}
+
+
 def run_config(table, X, acc, cost, router, protocol, outliers, seed, cv=True):
     sp = protocol_split(table.tasks, outliers, protocol, seed)
     hp = {"n_clusters": 32, "k": 100, "random_state": seed}
     tr = sp.base_train
     c = (lambda idx: None if cost is None else cost[idx])
     fitted = make_router(router, "prox", hp).fit(X[tr], acc[tr], c(tr))
-    test = {"outlier": sp.test[sp.test_outlier], "inlier": sp.test[~sp.test_outlier], "overall": sp.test}
     scores = {k: [routing_score(a_hat, c_hat, acc[idx], c(idx)) for a_hat, c_hat in estimates_over(fitted, X[idx], SETTINGS)]
-              for k, idx in test.items()}
+              for k, idx in test_splits(sp).items()}
     if not cv:
         return {"test": scores}
     curves = {}
