@@ -12,7 +12,9 @@ several fixed 1/tau: an ensemble over temperatures). Printed: for each selection
 (each reads only the configuration's own training CV curves) and each fixed setting, the mean over
 configurations of Prox − Base on the outlier, inlier and overall splits, and how many configurations
 lose more than 0.3 pp of outlier or 0.5 pp of inlier score. The "Brier CV" rules pick from CV curves of
-the estimates' mean squared error (``tuning.brier_score``) instead of the AUC: a smoother criterion.
+the estimates' mean squared error (``tuning.brier_score``) instead of the AUC: a smoother criterion
+(with ``--brier``). The CV averages its folds over ``--cv-repeats`` random splits (default: as ``--inv-tau
+auto``, ``tuning.CV_REPEATS``; 1 is the one-pass CV of the earlier saved runs).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from proxray.embed import SentenceEncoder
 from proxray.experiments import protocol_split
 from proxray.metrics import routing_score
 from proxray.table import RoutingTable
-from proxray.tuning import GRID, cv_curves, estimates_over, make_router
+from proxray.tuning import CV_REPEATS, GRID, cv_curves, estimates_over, make_router
 
 D = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 CONFIGS = (
@@ -61,7 +63,8 @@ def test_splits(sp) -> dict:
     return {"outlier": sp.test[sp.test_outlier], "inlier": sp.test[~sp.test_outlier], "overall": sp.test}
 
 
-def run_config(table, X, acc, cost, router, protocol, outliers, seed, cv=True):
+def run_config(table, X, acc, cost, router, protocol, outliers, seed, cv=True, brier=False, repeats=CV_REPEATS,
+               fold_tasks=1):
     sp = protocol_split(table.tasks, outliers, protocol, seed)
     hp = {"n_clusters": 32, "k": 100, "random_state": seed}
     tr = sp.base_train
@@ -72,8 +75,9 @@ def run_config(table, X, acc, cost, router, protocol, outliers, seed, cv=True):
     if not cv:
         return {"test": scores}
     curves = {}
-    for score, name in (("routing", "cv"), ("brier", "brier")):
-        o, i = cv_curves(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, SETTINGS, score=score)
+    for score, name in (("routing", "cv"), ("brier", "brier"))[:2 if brier else 1]:
+        o, i = cv_curves(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, SETTINGS, score=score,
+                         repeats=repeats, fold_tasks=len(outliers) if fold_tasks == "outliers" else int(fold_tasks))
         curves.update({f"out_{name}": o.tolist(), f"in_{name}": i.tolist()})
     return {**curves, "test": scores}
 
@@ -167,9 +171,17 @@ def main(argv=None):
     p.add_argument("--configs", choices=["study", "out-of-sample"], default="study",
                    help="out-of-sample: configurations this study never chose anything on")
     p.add_argument("--no-cv", action="store_true", help="fixed settings only (no CV curves, no auto rules)")
+    p.add_argument("--cv-repeats", type=int, default=CV_REPEATS,
+                   help=f"the CV's random splits averaged (default {CV_REPEATS}, as --inv-tau auto; 1 = one pass)")
+    p.add_argument("--brier", action="store_true", help="also the Brier CV curves and rules")
+    p.add_argument("--cv-fold-tasks", default="1", choices=["1", "2", "3", "4", "outliers"],
+                   help="training tasks a CV fold holds out together; outliers: as many as the configuration has")
     a = p.parse_args(argv)
     if a.from_json:
-        report(json.loads(Path(a.from_json).read_text())["rows"])
+        saved = json.loads(Path(a.from_json).read_text())
+        print(f"CV over {saved.get('cv_repeats', 1)} random split(s), {saved.get('cv_fold_tasks', '1')} task(s) "
+              "held out per fold")  # runs saved before these options: 1 and 1
+        report(saved["rows"])
         return
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}
@@ -179,12 +191,14 @@ def main(argv=None):
             cache[name] = (t, enc.encode(t.prompts), *t.matrices())
         table, X, acc, cost = cache[name]
         print(f"[tau] {name} {router} {protocol} {','.join(outliers)}", file=sys.stderr, flush=True)
-        seeds = [run_config(table, X, acc, cost, router, protocol, outliers, s, cv=not a.no_cv) for s in SEEDS]
+        seeds = [run_config(table, X, acc, cost, router, protocol, outliers, s, cv=not a.no_cv, brier=a.brier,
+                            repeats=a.cv_repeats, fold_tasks=a.cv_fold_tasks) for s in SEEDS]
         rows.append({"table": name, "router": router, "protocol": protocol, "outliers": outliers, "seeds": seeds})
     report(rows)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({"settings": [str(g) for g in SETTINGS], "rows": rows}))
+        Path(a.json).write_text(json.dumps({"settings": [str(g) for g in SETTINGS], "cv_repeats": a.cv_repeats,
+                                            "cv_fold_tasks": a.cv_fold_tasks, "rows": rows}))
 
 
 if __name__ == "__main__":

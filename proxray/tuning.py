@@ -10,6 +10,9 @@ for each training task t (in turn playing the outlier):
     tasks (inlier score), for every 1/tau of the grid;
 pick the 1/tau with the best mean of (outlier score + inlier score) / 2 over the folds.
 
+The folds are repeated over ``CV_REPEATS`` random 80/20 splits (and task orders) and averaged: one pass's
+curve is too noisy near its top to rank the best few 1/tau (README: How τ is chosen).
+
 The grid contains the Base limit itself (inf for KMeans, 0 for kNN), so when tilting does not help
 on the training tasks, auto falls back to the Base router. Fitting is done once per fold: the
 weights are computed at estimate time, so every 1/tau reuses the same fitted reference set.
@@ -21,6 +24,7 @@ import numpy as np
 from .metrics import routing_score
 from .routers import KMeansRouter, KNNRouter
 
+CV_REPEATS = 3  # auto's CV averages its folds over 3 random splits (README: How τ is chosen)
 GRID = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, float("inf"))
 
 
@@ -44,22 +48,35 @@ def brier_score(acc_hat, acc) -> float:
 
 
 def cv_curves(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
-              seed: int = 42, grid=GRID, min_task_size: int = 10, score: str = "routing"):
-    """Leave-one-training-task-out scores for every 1/tau of ``grid``: (outlier (G,), inlier (G,)),
+              seed: int = 42, grid=GRID, min_task_size: int = 10, score: str = "routing",
+              fold_tasks: int = 1, repeats: int = 1):
+    """Leave-training-tasks-out scores for every 1/tau of ``grid``: (outlier (G,), inlier (G,)),
     each the mean over folds, or None when fewer than two tasks are large enough to hold out.
-    ``score``: "routing" (normalized AUC, ``routing_score``) or "brier" (``brier_score`` of the estimates)."""
+    ``score``: "routing" (normalized AUC, ``routing_score``) or "brier" (``brier_score`` of the estimates).
+    ``fold_tasks``: how many training tasks a fold holds out together (1: each task once, in name order;
+    more: the tasks in random groups of about that size, at least two groups), and in the few-shot protocol
+    the ``few_shot`` shots are drawn from the group's queries together, as ``protocol_split`` draws them from
+    all outlier tasks; ``repeats``: that many random partitions (and 80/20 splits), their folds averaged."""
     if score not in ("routing", "brier"):
         raise ValueError(f"score={score!r}: allowed values are routing, brier")
+    if int(fold_tasks) < 1 or int(repeats) < 1:
+        raise ValueError(f"fold_tasks={fold_tasks!r}, repeats={repeats!r}: both must be integers >= 1")
     tasks = np.asarray(tasks)
     names, counts = np.unique(tasks, return_counts=True)
-    folds = [t for t, c in zip(names, counts) if c >= min_task_size]
-    if len(folds) < 2:
+    eligible = [t for t, c in zip(names, counts) if c >= min_task_size]
+    if len(eligible) < 2:
         return None
     rng = np.random.default_rng([seed, 17])
+    if fold_tasks == 1 and repeats == 1:
+        folds = [[t] for t in eligible]  # the original leave-one-task-out order (and random stream)
+    else:
+        folds = [list(g) for _ in range(repeats)
+                 for g in np.array_split(rng.permutation(eligible), max(2, len(eligible) // fold_tasks))]
     out_scores, in_scores = np.zeros(len(grid)), np.zeros(len(grid))
-    for t in folds:
-        held = np.flatnonzero(tasks == t)
-        rest = rng.permutation(np.flatnonzero(tasks != t))
+    for group in folds:
+        in_group = np.isin(tasks, group)
+        held = np.flatnonzero(in_group)
+        rest = rng.permutation(np.flatnonzero(~in_group))
         cut = int(0.8 * len(rest))
         train, in_val, out_val = rest[:cut], rest[cut:], held
         if protocol == "few-shot-outlier" and few_shot > 0:
@@ -120,9 +137,10 @@ def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = "mean", ma
 
 
 def auto_inv_tau(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
-                 seed: int = 42, grid=GRID, rule: str = "mean"):
-    """Return (chosen 1/tau, {1/tau: (CV outlier score, CV inlier score)}) from the training set only."""
-    curves = cv_curves(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, grid)
+                 seed: int = 42, grid=GRID, rule: str = "mean", repeats: int = CV_REPEATS):
+    """Return (chosen 1/tau, {1/tau: (CV outlier score, CV inlier score)}) from the training set only;
+    ``repeats``: the CV's folds over that many random 80/20 splits, averaged (``cv_curves``)."""
+    curves = cv_curves(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, grid, repeats=repeats)
     if curves is None:
         return 20.0, {}  # too few training tasks to cross-validate: the paper's default
     out_cv, in_cv = curves

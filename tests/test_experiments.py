@@ -150,3 +150,23 @@ def test_eval_refuses_spread_with_auto_before_encoding(capsys):
     assert main(["eval", "--n-per-task", "5", "--temperature", "spread"]) == 2
     err = capsys.readouterr().err
     assert "--temperature spread needs a number for --inv-tau" in err and "encoding" not in err
+
+
+def test_eval_refuses_cv_repeats_below_one_before_encoding(capsys):
+    assert main(["eval", "--n-per-task", "5", "--cv-repeats", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--cv-repeats 0: expected an integer >= 1" in err and "encoding" not in err
+
+
+def test_run_once_passes_cv_repeats_to_auto(synth, monkeypatch):
+    """run_once's auto uses CV_REPEATS passes by default and what cv_repeats says otherwise."""
+    import proxray.experiments as ex
+
+    t, X, acc, cost = synth
+    seen = []
+    real = ex.auto_inv_tau
+    monkeypatch.setattr(ex, "auto_inv_tau", lambda *a, **kw: (seen.append(kw["repeats"]), real(*a, **kw))[1])
+    kw = dict(router="km", protocol="leave-task-out", outliers=["medqa", "hellaswag"], n_clusters=16)
+    ex.run_once(X, acc, cost, t.tasks, seed=42, **kw)
+    ex.run_once(X, acc, cost, t.tasks, seed=42, cv_repeats=1, **kw)
+    assert seen == [3, 1]

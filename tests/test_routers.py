@@ -371,3 +371,75 @@ def test_brier_cv_scores_the_estimates_squared_error():
     assert out.shape == inl.shape == (2,) and (out < 0).all() and (inl < 0).all() and out[0] != out[1]
     with pytest.raises(ValueError, match="score='auc'"):
         cv_curves(X, acc, None, tasks, "knn", {"k": 20}, score="auc")
+
+
+@pytest.mark.parametrize("protocol", ["leave-task-out", "few-shot-outlier"])
+def test_cv_folds_hold_out_whole_task_groups_over_repeated_splits(protocol, monkeypatch):
+    """cv_curves(fold_tasks=, repeats=): each repeat partitions the eligible training tasks into groups of about
+    fold_tasks (at least two); a fold trains on 80 % of the other tasks (plus, few-shot, at most few_shot shots
+    drawn from the group's queries together), scores the group's other queries as outliers and the other 20 % as
+    inliers; the scores are the mean over all folds of all repeats. One task of 5 queries is too small to hold out."""
+    import proxray.tuning as tuning
+
+    rng = np.random.default_rng(3)
+    tasks = np.concatenate([np.repeat(np.array(list("abcdef")), 30), np.repeat(np.array(["tiny"]), 5)])
+    n = len(tasks)
+    X = rng.normal(size=(n, 6))
+    X[:, 0] = np.arange(n)  # the row's index rides along in its first coordinate
+    acc = (rng.uniform(size=(n, 3)) < 0.5).astype(float)
+    fits, scored = [], []
+    real_make, real_est = tuning.make_router, tuning.estimates_over
+
+    class Recorder:
+        def __init__(self, r):
+            self.r = r
+
+        def fit(self, X, *a, **kw):
+            fits.append(X[:, 0].astype(int))
+            self.r.fit(X, *a, **kw)
+            return self
+
+    monkeypatch.setattr(tuning, "make_router", lambda *a, **kw: Recorder(real_make(*a, **kw)))
+    monkeypatch.setattr(tuning, "estimates_over",
+                        lambda fitted, Xv, grid: (scored.append(Xv[:, 0].astype(int)), real_est(fitted.r, Xv, grid))[1])
+    out, inl = tuning.cv_curves(X, acc, None, tasks, "knn", {"k": 10}, protocol, few_shot=7, seed=1,
+                                grid=(0.0, 2.0), fold_tasks=2, repeats=3)
+    assert out.shape == inl.shape == (2,)
+    assert len(fits) == 3 * 3 and len(scored) == 2 * len(fits)  # 6 tasks in 3 groups of 2, 3 repeats
+    held_per_repeat = [[], [], []]
+    for f, (train, out_val, in_val) in enumerate(zip(fits, scored[0::2], scored[1::2])):
+        group = set(tasks[out_val])
+        assert len(group) == 2 and "tiny" not in group
+        shots = [i for i in train if tasks[i] in group]
+        assert len(shots) == (7 if protocol == "few-shot-outlier" else 0)
+        assert not set(train) & set(out_val) and not set(train) & set(in_val) and not set(in_val) & set(out_val)
+        assert set(out_val) | set(shots) == set(np.flatnonzero(np.isin(tasks, list(group))))  # the whole group
+        others = np.flatnonzero(~np.isin(tasks, list(group)))
+        assert len(in_val) == len(others) - int(0.8 * len(others))  # 20 % of the others, the rest trains
+        held_per_repeat[f // 3] += sorted(group)
+    assert all(sorted(h) == list("abcdef") for h in held_per_repeat)  # each task held out once per repeat
+    assert len({tuple(sorted(f)) for f in fits}) == len(fits)  # the repeats draw new splits
+    one = tuning.cv_curves(X, acc, None, tasks, "knn", {"k": 10}, protocol, few_shot=7, seed=1, grid=(0.0, 2.0))
+    assert not np.allclose(np.concatenate(one), np.concatenate([out, inl]))
+    with pytest.raises(ValueError, match="fold_tasks=0"):
+        tuning.cv_curves(X, acc, None, tasks, "knn", {"k": 10}, fold_tasks=0)
+
+
+def test_cv_default_is_one_task_per_fold_in_name_order(monkeypatch):
+    """Without fold_tasks / repeats the CV holds out each eligible task once, in name order (the saved
+    one-pass studies); auto_inv_tau averages CV_REPEATS passes by default."""
+    import proxray.tuning as tuning
+
+    rng = np.random.default_rng(4)
+    tasks = np.repeat(np.array(["c", "a", "b"]), 25)
+    X, acc = rng.normal(size=(75, 5)), (rng.uniform(size=(75, 2)) < 0.5).astype(float)
+    X[:, 0] = np.arange(75)
+    held, calls = [], []
+    real_est = tuning.estimates_over
+    monkeypatch.setattr(tuning, "estimates_over", lambda f, Xv, grid: (held.append(Xv[:, 0].astype(int)), real_est(f, Xv, grid))[1])
+    tuning.cv_curves(X, acc, None, tasks, "knn", {"k": 10}, grid=(0.0, 1.0))
+    assert [sorted(set(tasks[h])) for h in held[0::2]] == [["a"], ["b"], ["c"]]
+    real_cv = tuning.cv_curves
+    monkeypatch.setattr(tuning, "cv_curves", lambda *a, **kw: (calls.append(kw.get("repeats")), real_cv(*a, **kw))[1])
+    tuning.auto_inv_tau(X, acc, None, tasks, "knn", {"k": 10}, grid=(0.0, 1.0))
+    assert calls == [tuning.CV_REPEATS] and tuning.CV_REPEATS == 3
