@@ -59,8 +59,9 @@ def cv_curves(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave
     all outlier tasks; ``repeats``: that many random partitions (and 80/20 splits), their folds averaged."""
     if score not in ("routing", "brier"):
         raise ValueError(f"score={score!r}: allowed values are routing, brier")
-    if int(fold_tasks) < 1 or int(repeats) < 1:
-        raise ValueError(f"fold_tasks={fold_tasks!r}, repeats={repeats!r}: both must be integers >= 1")
+    for name, v in (("fold_tasks", fold_tasks), ("repeats", repeats)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name}={v!r}: allowed values are integers >= 1")
     tasks = np.asarray(tasks)
     names, counts = np.unique(tasks, return_counts=True)
     eligible = [t for t, c in zip(names, counts) if c >= min_task_size]

@@ -421,8 +421,10 @@ def test_cv_folds_hold_out_whole_task_groups_over_repeated_splits(protocol, monk
     assert len({tuple(sorted(f)) for f in fits}) == len(fits)  # the repeats draw new splits
     one = tuning.cv_curves(X, acc, None, tasks, "knn", {"k": 10}, protocol, few_shot=7, seed=1, grid=(0.0, 2.0))
     assert not np.allclose(np.concatenate(one), np.concatenate([out, inl]))
-    with pytest.raises(ValueError, match="fold_tasks=0"):
+    with pytest.raises(ValueError, match="fold_tasks=0: allowed values are integers >= 1"):
         tuning.cv_curves(X, acc, None, tasks, "knn", {"k": 10}, fold_tasks=0)
+    with pytest.raises(ValueError, match="repeats=1.5: allowed values are integers >= 1"):
+        tuning.cv_curves(X, acc, None, tasks, "knn", {"k": 10}, repeats=1.5)
 
 
 def test_cv_default_is_one_task_per_fold_in_name_order(monkeypatch):
