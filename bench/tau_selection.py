@@ -13,7 +13,8 @@ several fixed 1/tau: an ensemble over temperatures). Printed: for each selection
 configurations of Prox − Base on the outlier, inlier and overall splits, and how many configurations
 lose more than 0.3 pp of outlier or 0.5 pp of inlier score. The "Brier CV" rules pick from CV curves of
 the estimates' mean squared error (``tuning.brier_score``) instead of the AUC: a smoother criterion
-(with ``--brier``). The CV averages its folds over ``--cv-repeats`` random splits (default: as ``--inv-tau
+(with ``--brier``). "nearest Base within t pp" (parsimony) takes, among the fixed 1/tau whose CV mean is within
+t pp of the best, the one nearest the Base limit. The CV averages its folds over ``--cv-repeats`` random splits (default: as ``--inv-tau
 auto``, ``tuning.CV_REPEATS``; 1 is the one-pass CV of the earlier saved runs).
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from proxray.embed import SentenceEncoder
 from proxray.experiments import protocol_split
 from proxray.metrics import routing_score
 from proxray.table import RoutingTable
-from proxray.tuning import CV_REPEATS, GRID, cv_curves, estimates_over, make_router
+from proxray.tuning import CV_REPEATS, GRID, cv_curves, estimates_over, make_router, select_inv_tau
 
 D = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 CONFIGS = (
@@ -51,6 +52,14 @@ OUT_OF_SAMPLE = (  # other outlier sets / protocols of the same tables, never us
     + [("routerdc7", r, p, ["mmlu", "cmmlu", "ceval"]) for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
     + [("routerdc7", "km", "few-shot-outlier", ["gsm8k", "math_prealgebra"]), ("routerdc7", "knn", "leave-task-out", ["humaneval", "mbpp", "javascript"]),
        ("routerdc7", "knn", "leave-task-out", ["arc_easy", "arc_challenge"]), ("routerdc7", "km", "leave-task-out", ["arc_easy", "arc_challenge"])])
+FRESH = (  # a third set, first run after the parsimony rules below were read off the other two
+    [("bbh19_dev", r, p, o) for o in (["navigate", "ruin_names"],
+                                       ["geometric_shapes", "logical_deduction_three_objects", "tracking_shuffled_objects_three_objects"],
+                                       ["boolean_expressions", "movie_recommendation"],
+                                       ["object_counting", "reasoning_about_colored_objects", "salient_translation_error_detection"])
+     for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
+    + [("routerdc7", "km", "few-shot-outlier", ["humaneval", "mbpp", "javascript"]),
+       ("routerdc7", "knn", "few-shot-outlier", ["arc_easy", "arc_challenge"])])
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
@@ -88,12 +97,24 @@ def _smooth(v):
     return np.array([v[max(0, i - 1): i + 2].mean() for i in range(len(v))])
 
 
-_MEAN = lambda o, i: (o + i) / 2  # noqa: E731
-_SMOOTHED = lambda o, i: _smooth((o + i) / 2)  # noqa: E731
+_MEAN = lambda o, i, router: (o + i) / 2  # noqa: E731
+_SMOOTHED = lambda o, i, router: _smooth((o + i) / 2)  # noqa: E731
+
+
+def _toward_base(tol):
+    """``tuning.select_inv_tau(rule="near-base")`` over the fixed grid, as a curve whose argmax is its pick."""
+    def curve(o, i, router):
+        pick = select_inv_tau(o, i, router, GRID, "near-base", tol=tol)
+        return (np.asarray(GRID) == pick).astype(float)
+    return curve
+
+
 _SPREAD = range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR))
 RULES = {  # name -> (settings it may pick from, how, which CV curves): each uses the configuration's own CV only
     "auto, fixed grid (today's)": (range(len(GRID)), _MEAN, "cv"),
     "auto, fixed grid, smoothed CV": (range(len(GRID)), _SMOOTHED, "cv"),
+    **{f"auto, fixed grid, nearest Base within {t:g} pp of the best CV": (range(len(GRID)), _toward_base(t), "cv")
+       for t in (0.05, 0.1, 0.2, 0.5, 1.0)},
     "auto, relative only": (range(len(GRID), len(GRID) + len(REL)), _MEAN, "cv"),
     "auto, fixed or relative": (range(len(GRID) + len(REL)), _MEAN, "cv"),
     "auto, spread only": (_SPREAD, _MEAN, "cv"),
@@ -129,7 +150,7 @@ def summarize(rows):
         allowed = list(allowed)
 
         def pick(s, allowed=allowed, curve=curve, src=src):
-            v = curve(np.array(s[f"out_{src}"])[allowed], np.array(s[f"in_{src}"])[allowed])
+            v = curve(np.array(s[f"out_{src}"])[allowed], np.array(s[f"in_{src}"])[allowed], rows[0]["router"])
             return allowed[int(np.argmax(v))]
         line(name, pick)
     for gi, g in enumerate(SETTINGS):
@@ -168,8 +189,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default=None)
     p.add_argument("--from-json", default=None, help="only summarize a saved run")
-    p.add_argument("--configs", choices=["study", "out-of-sample"], default="study",
-                   help="out-of-sample: configurations this study never chose anything on")
+    p.add_argument("--configs", choices=["study", "out-of-sample", "fresh"], default="study",
+                   help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
+                   "never looked at before the parsimony rules were chosen")
     p.add_argument("--no-cv", action="store_true", help="fixed settings only (no CV curves, no auto rules)")
     p.add_argument("--cv-repeats", type=int, default=CV_REPEATS,
                    help=f"the CV's random splits averaged (default {CV_REPEATS}, as --inv-tau auto; 1 = one pass)")
@@ -185,7 +207,7 @@ def main(argv=None):
         return
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}
-    for name, router, protocol, outliers in (CONFIGS if a.configs == "study" else OUT_OF_SAMPLE):
+    for name, router, protocol, outliers in {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH}[a.configs]:
         if name not in cache:
             t = RoutingTable.read(D / f"{name}.parquet")
             cache[name] = (t, enc.encode(t.prompts), *t.matrices())

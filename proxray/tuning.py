@@ -123,10 +123,17 @@ def estimates_over(fitted, X, settings):
         yield fitted._values_at(w, ref)
 
 
-def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = "mean", max_inlier_loss: float = 0.5) -> float:
+NEAR_BASE_TOL = 1.0  # pp: the "near-base" rule's tolerance (README: How τ is chosen)
+RULES = ("mean", "guarded", "near-base")
+
+
+def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = "mean", max_inlier_loss: float = 0.5,
+                   tol: float = NEAR_BASE_TOL) -> float:
     """Pick 1/tau from CV curves. ``mean``: best (outlier + inlier) / 2. ``guarded``: best outlier
     score among the 1/tau whose inlier score is within ``max_inlier_loss`` pp of the Base limit's.
-    Ties go to the first (smaller) 1/tau."""
+    ``near-base``: among the 1/tau whose mean is within ``tol`` pp of the best mean, the one nearest the
+    Base limit (KMeans: the largest, toward inf; kNN: the smallest, toward 0) — parsimony: tilt only as far
+    as the CV can tell apart. Ties go to the first (smaller) 1/tau."""
     grid = np.asarray(grid, dtype=float)
     if rule == "mean":
         return float(grid[int(np.argmax((out_cv + in_cv) / 2))])
@@ -134,7 +141,11 @@ def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = "mean", ma
         base = int(np.flatnonzero(np.isinf(grid))[0]) if router == "km" else int(np.flatnonzero(grid == 0)[0])
         ok = in_cv >= in_cv[base] - max_inlier_loss
         return float(grid[int(np.argmax(np.where(ok, out_cv, -np.inf)))])
-    raise ValueError(f"rule={rule!r}: allowed values are mean, guarded")
+    if rule == "near-base":
+        mean = (np.asarray(out_cv) + np.asarray(in_cv)) / 2
+        ok = grid[mean >= mean.max() - tol]
+        return float(ok.max() if router == "km" else ok.min())
+    raise ValueError(f"rule={rule!r}: allowed values are {', '.join(RULES)}")
 
 
 def auto_inv_tau(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,

@@ -158,15 +158,19 @@ def test_eval_refuses_cv_repeats_below_one_before_encoding(capsys):
     assert "--cv-repeats 0: expected an integer >= 1" in err and "encoding" not in err
 
 
-def test_run_once_passes_cv_repeats_to_auto(synth, monkeypatch):
-    """run_once's auto uses CV_REPEATS passes by default and what cv_repeats says otherwise."""
+def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
+    """run_once's auto uses CV_REPEATS passes and the "mean" rule by default, and what cv_repeats / cv_rule say
+    otherwise; near-base never picks a sharper KMeans 1/tau than mean does (it moves toward inf)."""
     import proxray.experiments as ex
 
     t, X, acc, cost = synth
     seen = []
     real = ex.auto_inv_tau
-    monkeypatch.setattr(ex, "auto_inv_tau", lambda *a, **kw: (seen.append(kw["repeats"]), real(*a, **kw))[1])
+    monkeypatch.setattr(ex, "auto_inv_tau",
+                        lambda *a, **kw: (seen.append((kw["repeats"], kw["rule"])), real(*a, **kw))[1])
     kw = dict(router="km", protocol="leave-task-out", outliers=["medqa", "hellaswag"], n_clusters=16)
-    ex.run_once(X, acc, cost, t.tasks, seed=42, **kw)
+    mean = ex.run_once(X, acc, cost, t.tasks, seed=42, **kw)["inv_tau"]
     ex.run_once(X, acc, cost, t.tasks, seed=42, cv_repeats=1, **kw)
-    assert seen == [3, 1]
+    near = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="near-base", **kw)["inv_tau"]
+    assert seen == [(3, "mean"), (1, "mean"), (3, "near-base")]
+    assert near >= mean

@@ -445,3 +445,19 @@ def test_cv_default_is_one_task_per_fold_in_name_order(monkeypatch):
     monkeypatch.setattr(tuning, "cv_curves", lambda *a, **kw: (calls.append(kw.get("repeats")), real_cv(*a, **kw))[1])
     tuning.auto_inv_tau(X, acc, None, tasks, "knn", {"k": 10}, grid=(0.0, 1.0))
     assert calls == [tuning.CV_REPEATS] and tuning.CV_REPEATS == 3
+
+
+def test_near_base_rule_takes_the_1_over_tau_nearest_base_within_tol():
+    """select_inv_tau(rule="near-base"): among the 1/tau whose CV mean is within tol pp of the best, KMeans takes
+    the largest (toward its Base limit inf), kNN the smallest (toward 0); tol 0 is the plain argmax."""
+    from proxray.tuning import GRID, select_inv_tau
+
+    mean = np.array([70.0, 71.0, 71.5, 72.2, 72.5, 72.0, 71.6, 71.0, 70.5, 70.0])  # peak at 1/tau = 10
+    out, inl = mean + 1.0, mean - 1.0
+    assert select_inv_tau(out, inl, "km", GRID, "mean") == 10.0
+    assert select_inv_tau(out, inl, "km", GRID, "near-base", tol=1.0) == 50.0  # 71.6 >= 72.5 - 1
+    assert select_inv_tau(out, inl, "knn", GRID, "near-base", tol=1.0) == 2.0  # 71.5 >= 71.5
+    assert select_inv_tau(out, inl, "km", GRID, "near-base", tol=0.0) == 10.0
+    assert select_inv_tau(out, inl, "km", GRID, "near-base", tol=3.0) == float("inf")  # Base itself
+    with pytest.raises(ValueError, match="rule='best': allowed values are mean, guarded, near-base"):
+        select_inv_tau(out, inl, "km", GRID, "best")
