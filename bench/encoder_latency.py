@@ -39,6 +39,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--variants", default="onnx,onnx-int8,torch,torch-bf16")
     a = p.parse_args(argv)
+    import torch
+
     from proxray.synthetic import generate_queries
 
     texts = list(dict.fromkeys(q for s in range(1000, 1100) for q in generate_queries(40, seed=s).prompt))[:a.n]
@@ -49,8 +51,6 @@ def main(argv=None):
     ref = encs["torch"].encode(texts)
     print("| variant | p50 ms | p90 ms | cosine to torch fp32: mean / min |\n|---|---|---|---|")
     for name, enc in encs.items():
-        import torch
-
         with torch.inference_mode():
             for t in texts[:20]:
                 enc.encode([t])  # warm-up
