@@ -13,9 +13,10 @@ several fixed 1/tau: an ensemble over temperatures). Printed: for each selection
 configurations of Prox − Base on the outlier, inlier and overall splits, and how many configurations
 lose more than 0.3 pp of outlier or 0.5 pp of inlier score. The "Brier CV" rules pick from CV curves of
 the estimates' mean squared error (``tuning.brier_score``) instead of the AUC: a smoother criterion
-(with ``--brier``). "nearest Base within t pp" (parsimony) takes, among the fixed 1/tau whose CV mean is within
-t pp of the best, the one nearest the Base limit. The CV averages its folds over ``--cv-repeats`` random splits (default: as ``--inv-tau
-auto``, ``tuning.CV_REPEATS``; 1 is the one-pass CV of the earlier saved runs).
+(with ``--brier``). "nearest Base within t pp" (parsimony, ``tuning.select_inv_tau(rule="near-base")``) takes,
+among the fixed 1/tau whose CV mean is within t pp of the best, the one nearest the Base limit. The CV averages
+its folds over ``--cv-repeats`` random splits (default: as ``--inv-tau auto``, ``tuning.CV_REPEATS``; 1 is the
+one-pass CV of the earlier saved runs).
 """
 from __future__ import annotations
 

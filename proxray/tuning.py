@@ -133,7 +133,7 @@ def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = "mean", ma
     score among the 1/tau whose inlier score is within ``max_inlier_loss`` pp of the Base limit's.
     ``near-base``: among the 1/tau whose mean is within ``tol`` pp of the best mean, the one nearest the
     Base limit (KMeans: the largest, toward inf; kNN: the smallest, toward 0) — parsimony: tilt only as far
-    as the CV can tell apart. Ties go to the first (smaller) 1/tau."""
+    as the CV can tell apart. In ``mean`` and ``guarded``, ties go to the first (smaller) 1/tau."""
     grid = np.asarray(grid, dtype=float)
     if rule == "mean":
         return float(grid[int(np.argmax((out_cv + in_cv) / 2))])
