@@ -31,7 +31,8 @@ from proxray.embed import SentenceEncoder
 from proxray.experiments import protocol_split
 from proxray.metrics import routing_score
 from proxray.table import RoutingTable
-from proxray.tuning import CV_REPEATS, GRID, cv_curves, estimates_over, make_router, select_inv_tau
+from proxray.tuning import (CV_REPEATS, GRID, CVFolds, cv_folds, estimates_over, make_router, select_inv_tau,
+                            smooth_curve)
 
 D = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 CONFIGS = (
@@ -61,6 +62,15 @@ FRESH = (  # a third set, first run after the parsimony rules below were read of
      for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
     + [("routerdc7", "km", "few-shot-outlier", ["humaneval", "mbpp", "javascript"]),
        ("routerdc7", "knn", "few-shot-outlier", ["arc_easy", "arc_challenge"])])
+FRESH2 = (  # a fourth set, defined before the CV-spread rules (select_inv_tau rule="lcb") were measured anywhere
+    [("bbh19_dev", r, p, o) for o in (["logical_deduction_seven_objects", "navigate", "salient_translation_error_detection"],
+                                       ["movie_recommendation", "object_counting", "tracking_shuffled_objects_five_objects"],
+                                       ["boolean_expressions", "reasoning_about_colored_objects", "ruin_names", "geometric_shapes"])
+     for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
+    + [("routerdc7", "km", "few-shot-outlier", ["arc_easy", "arc_challenge"]),
+       ("routerdc7", "knn", "few-shot-outlier", ["humaneval", "mbpp", "javascript"]),
+       ("routerdc7", "knn", "leave-task-out", ["gsm8k", "math_prealgebra"]),
+       ("routerdc7", "km", "leave-task-out", ["gsm8k", "mbpp"])])
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
@@ -86,35 +96,42 @@ def run_config(table, X, acc, cost, router, protocol, outliers, seed, cv=True, b
         return {"test": scores}
     curves = {}
     for score, name in (("routing", "cv"), ("brier", "brier"))[:2 if brier else 1]:
-        o, i = cv_curves(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, SETTINGS, score=score,
+        folds = cv_folds(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, SETTINGS, score=score,
                          repeats=repeats, fold_tasks=len(outliers) if fold_tasks == "outliers" else int(fold_tasks))
+        o, i = folds.curves()
         curves.update({f"out_{name}": o.tolist(), f"in_{name}": i.tolist()})
+        if name == "cv":  # the folds apart, for rules that need the CV's own spread (select_inv_tau rule="lcb")
+            curves["folds_cv"] = {"out": folds.out.tolist(), "in": folds.inl.tolist(), "groups": folds.groups}
     return {**curves, "test": scores}
 
 
-def _smooth(v):
-    """A CV curve averaged with its neighbours on the grid (ends with their one neighbour)."""
-    v = np.asarray(v, dtype=float)
-    return np.array([v[max(0, i - 1): i + 2].mean() for i in range(len(v))])
-
-
 _MEAN = lambda o, i, router: (o + i) / 2  # noqa: E731
-_SMOOTHED = lambda o, i, router: _smooth((o + i) / 2)  # noqa: E731
+_SMOOTHED = lambda o, i, router: smooth_curve((o + i) / 2)  # noqa: E731
 
 
-def _toward_base(tol):
-    """``tuning.select_inv_tau(rule="near-base")`` over the fixed grid, as a curve whose argmax is its pick."""
+def _select(rule, **kw):
+    """``tuning.select_inv_tau(rule=...)`` over the fixed grid, as a curve whose argmax is its pick."""
     def curve(o, i, router):
-        pick = select_inv_tau(o, i, router, GRID, "near-base", tol=tol)
-        return (np.asarray(GRID) == pick).astype(float)
+        return (np.asarray(GRID) == select_inv_tau(o, i, router, GRID, rule, **kw)).astype(float)
     return curve
+
+
+def _fold_rule(rule, se_mult=1.0):
+    """``tuning.select_inv_tau(rule=...)`` over the fixed grid from the saved folds (``folds_cv``)."""
+    def pick(s, router):
+        f = s["folds_cv"]
+        folds = CVFolds(np.array(f["out"])[:, :len(GRID)], np.array(f["in"])[:, :len(GRID)],
+                        tuple(tuple(g) for g in f["groups"]))
+        o, i = folds.curves()
+        return GRID.index(select_inv_tau(o, i, router, GRID, rule, folds=folds, se_mult=se_mult))
+    return pick
 
 
 _SPREAD = range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR))
 RULES = {  # name -> (settings it may pick from, how, which CV curves): each uses the configuration's own CV only
-    "auto, fixed grid (today's)": (range(len(GRID)), _MEAN, "cv"),
+    "auto, fixed grid, mean (the default before)": (range(len(GRID)), _MEAN, "cv"),
     "auto, fixed grid, smoothed CV": (range(len(GRID)), _SMOOTHED, "cv"),
-    **{f"auto, fixed grid, nearest Base within {t:g} pp of the best CV": (range(len(GRID)), _toward_base(t), "cv")
+    **{f"auto, fixed grid, nearest Base within {t:g} pp of the best CV": (range(len(GRID)), _select("near-base", tol=t), "cv")
        for t in (0.05, 0.1, 0.2, 0.5, 1.0)},
     "auto, relative only": (range(len(GRID), len(GRID) + len(REL)), _MEAN, "cv"),
     "auto, fixed or relative": (range(len(GRID) + len(REL)), _MEAN, "cv"),
@@ -126,6 +143,10 @@ RULES = {  # name -> (settings it may pick from, how, which CV curves): each use
     "auto (Brier CV), fixed grid": (range(len(GRID)), _MEAN, "brier"),
     "auto (Brier CV), spread only": (_SPREAD, _MEAN, "brier"),
     "auto (Brier CV), any": (range(len(SETTINGS)), _MEAN, "brier"),
+    "auto, fixed grid, smoothed CV, one step toward Base (shifted: the default)": (range(len(GRID)), _select("shifted"), "cv"),
+    # from the folds apart: the CV's spread over the held-out tasks (runs saved before --json kept them: skipped)
+    **{f"auto, fixed grid, lcb ({m:g} se)": (None, _fold_rule("lcb", m), "folds") for m in (0.5, 1.0, 2.0)},
+    **{f"auto, fixed grid, one-se ({m:g} se)": (None, _fold_rule("one-se", m), "folds") for m in (0.5, 1.0)},
 }
 
 
@@ -146,8 +167,11 @@ def summarize(rows):
                      f"{np.mean(d['overall']):+.2f} | {lose_out}/{len(rows)} | {lose_in}/{len(rows)} |")
 
     for name, (allowed, curve, src) in RULES.items():
-        if f"out_{src}" not in rows[0]["seeds"][0]:
+        if (f"{src}_cv" if src == "folds" else f"out_{src}") not in rows[0]["seeds"][0]:
             continue  # run with --no-cv, or saved before these CV curves existed
+        if src == "folds":
+            line(name, lambda s, curve=curve: curve(s, rows[0]["router"]))
+            continue
         allowed = list(allowed)
 
         def pick(s, allowed=allowed, curve=curve, src=src):
@@ -190,9 +214,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default=None)
     p.add_argument("--from-json", default=None, help="only summarize a saved run")
-    p.add_argument("--configs", choices=["study", "out-of-sample", "fresh"], default="study",
+    p.add_argument("--configs", choices=["study", "out-of-sample", "fresh", "fresh2"], default="study",
                    help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
-                   "never looked at before the parsimony rules were chosen")
+                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule")
     p.add_argument("--no-cv", action="store_true", help="fixed settings only (no CV curves, no auto rules)")
     p.add_argument("--cv-repeats", type=int, default=CV_REPEATS,
                    help=f"the CV's random splits averaged (default {CV_REPEATS}, as --inv-tau auto; 1 = one pass)")
@@ -208,7 +232,7 @@ def main(argv=None):
         return
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}
-    for name, router, protocol, outliers in {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH}[a.configs]:
+    for name, router, protocol, outliers in {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2}[a.configs]:
         if name not in cache:
             t = RoutingTable.read(D / f"{name}.parquet")
             cache[name] = (t, enc.encode(t.prompts), *t.matrices())

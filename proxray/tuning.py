@@ -8,7 +8,10 @@ for each training task t (in turn playing the outlier):
     fit Prox on 80 % of the other training tasks (plus ``few_shot`` queries of t in the few-shot
     protocol), score routing on the rest of t (outlier score) and on the held-out 20 % of the other
     tasks (inlier score), for every 1/tau of the grid;
-pick the 1/tau with the best mean of (outlier score + inlier score) / 2 over the folds.
+average (outlier score + inlier score) / 2 over the folds, smooth that curve over grid neighbours, take its
+argmax and move one grid step toward the Base limit (rule "shifted", ``DEFAULT_RULE``: the training CV's best
+1/tau sits further from Base than the test split's, README: How τ is chosen; the other rules of
+``select_inv_tau`` are options).
 
 The folds are repeated over ``CV_REPEATS`` random 80/20 splits (and task orders) and averaged: one pass's
 curve is too noisy near its top to rank the best few 1/tau (README: How τ is chosen).
@@ -18,6 +21,8 @@ on the training tasks, auto falls back to the Base router. Fitting is done once 
 weights are computed at estimate time, so every 1/tau reuses the same fitted reference set.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,11 +52,42 @@ def brier_score(acc_hat, acc) -> float:
     return -100.0 * float(np.mean((np.asarray(acc_hat, float) - np.asarray(acc, float)) ** 2))
 
 
+@dataclass(frozen=True)
+class CVFolds:
+    """Per-fold CV scores: ``out`` and ``inl`` (F, G) — fold f's outlier and inlier score at grid setting g —
+    and ``groups``, the training tasks each fold held out (F tuples). ``curves()`` is what ``cv_curves``
+    returns (the means over folds); ``by_task()`` averages each task's folds over the repeats."""
+    out: np.ndarray
+    inl: np.ndarray
+    groups: tuple
+
+    def curves(self):
+        return self.out.mean(axis=0), self.inl.mean(axis=0)
+
+    def by_task(self):
+        """(T, G) mean of (outlier + inlier) / 2 per held-out task group (its folds over the repeats averaged):
+        the units a task-level standard error is taken over (``select_inv_tau(rule="lcb")``)."""
+        keys = sorted(set(self.groups))
+        m = (self.out + self.inl) / 2
+        return np.stack([m[[g == k for g in self.groups]].mean(axis=0) for k in keys])
+
+
 def cv_curves(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
               seed: int = 42, grid=GRID, min_task_size: int = 10, score: str = "routing",
               fold_tasks: int = 1, repeats: int = 1):
     """Leave-training-tasks-out scores for every 1/tau of ``grid``: (outlier (G,), inlier (G,)),
-    each the mean over folds, or None when fewer than two tasks are large enough to hold out.
+    each the mean over folds, or None when fewer than two tasks are large enough to hold out
+    (``cv_folds`` keeps the folds apart)."""
+    folds = cv_folds(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, grid, min_task_size, score,
+                     fold_tasks, repeats)
+    return None if folds is None else folds.curves()
+
+
+def cv_folds(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
+             seed: int = 42, grid=GRID, min_task_size: int = 10, score: str = "routing",
+             fold_tasks: int = 1, repeats: int = 1):
+    """The folds of ``cv_curves``, kept apart (``CVFolds``), or None when fewer than two tasks are large
+    enough to hold out.
     ``score``: "routing" (normalized AUC, ``routing_score``) or "brier" (``brier_score`` of the estimates).
     ``fold_tasks``: how many training tasks a fold holds out together (1: each task once, in name order;
     more: the tasks in random groups of about that size, at least two groups), and in the few-shot protocol
@@ -73,8 +109,8 @@ def cv_curves(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave
     else:
         folds = [list(g) for _ in range(repeats)
                  for g in np.array_split(rng.permutation(eligible), max(2, len(eligible) // fold_tasks))]
-    out_scores, in_scores = np.zeros(len(grid)), np.zeros(len(grid))
-    for group in folds:
+    out_scores, in_scores = np.zeros((len(folds), len(grid))), np.zeros((len(folds), len(grid)))
+    for f, group in enumerate(folds):
         in_group = np.isin(tasks, group)
         held = np.flatnonzero(in_group)
         rest = rng.permutation(np.flatnonzero(~in_group))
@@ -88,9 +124,9 @@ def cv_curves(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave
             X[train], acc[train], None if cost is None else cost[train])
         for val, total in ((out_val, out_scores), (in_val, in_scores)):
             for g, (a_hat, c_hat) in enumerate(estimates_over(fitted, X[val], grid)):
-                total[g] += (brier_score(a_hat, acc[val]) if score == "brier" else
-                             routing_score(a_hat, c_hat, acc[val], None if cost is None else cost[val]))
-    return out_scores / len(folds), in_scores / len(folds)
+                total[f, g] = (brier_score(a_hat, acc[val]) if score == "brier" else
+                               routing_score(a_hat, c_hat, acc[val], None if cost is None else cost[val]))
+    return CVFolds(out_scores, in_scores, tuple(tuple(sorted(str(t) for t in g)) for g in folds))
 
 
 RELATIVE_FLOOR = 0.05  # distances below it count as it: an exact duplicate must not make 1/tau infinite
@@ -124,37 +160,99 @@ def estimates_over(fitted, X, settings):
 
 
 NEAR_BASE_TOL = 1.0  # pp: the "near-base" rule's tolerance (README: How τ is chosen)
-RULES = ("mean", "guarded", "near-base")
+SE_MULT = 1.0  # the "lcb" and "one-se" rules: how many task-level standard errors (README: How τ is chosen)
+RULES = ("mean", "guarded", "near-base", "shifted", "lcb", "one-se")
+DEFAULT_RULE = "shifted"  # what --inv-tau auto uses (README: How τ is chosen; "mean" until this change)
+FOLD_RULES = ("lcb", "one-se")  # the rules that read the folds apart (CVFolds), not only the mean curves
 
 
-def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = "mean", max_inlier_loss: float = 0.5,
-                   tol: float = NEAR_BASE_TOL) -> float:
+def _base_index(grid, router: str) -> int:
+    at = np.flatnonzero(np.isinf(grid) if router == "km" else grid == 0)
+    if not len(at):
+        raise ValueError(f"grid={[float(g) for g in grid]!r}: must contain the Base limit ({'inf' if router == 'km' else 0})")
+    return int(at[0])
+
+
+def smooth_curve(v) -> np.ndarray:
+    """A CV curve averaged with its neighbours on the grid (the ends with their one neighbour)."""
+    v = np.asarray(v, dtype=float)
+    return np.array([v[max(0, i - 1): i + 2].mean() for i in range(len(v))])
+
+
+def _toward_base(grid, candidates, router: str) -> int:
+    """Of the grid positions ``candidates``, the one nearest the Base limit (KMeans: the largest 1/tau)."""
+    return int(candidates[np.argmax(grid[candidates]) if router == "km" else np.argmin(grid[candidates])])
+
+
+def _step_toward_base(grid, at: int, router: str) -> int:
+    """The grid position one step from ``at`` toward the Base limit (the next larger 1/tau for KMeans, the next
+    smaller for kNN), or ``at`` itself at the limit."""
+    if router == "km":
+        beyond = np.flatnonzero(grid > grid[at])
+        return int(beyond[np.argmin(grid[beyond])]) if len(beyond) else at
+    beyond = np.flatnonzero(grid < grid[at])
+    return int(beyond[np.argmax(grid[beyond])]) if len(beyond) else at
+
+
+def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = DEFAULT_RULE, max_inlier_loss: float = 0.5,
+                   tol: float = NEAR_BASE_TOL, folds: CVFolds | None = None, se_mult: float = SE_MULT) -> float:
     """Pick 1/tau from CV curves. ``mean``: best (outlier + inlier) / 2. ``guarded``: best outlier
     score among the 1/tau whose inlier score is within ``max_inlier_loss`` pp of the Base limit's.
     ``near-base``: among the 1/tau whose mean is within ``tol`` pp of the best mean, the one nearest the
     Base limit (KMeans: the largest, toward inf; kNN: the smallest, toward 0) — parsimony: tilt only as far
-    as the CV can tell apart. In ``mean`` and ``guarded``, ties go to the first (smaller) 1/tau."""
+    as the CV can tell apart. ``shifted``: the argmax of the CV mean smoothed over grid neighbours
+    (``smooth_curve``), then one grid step toward Base (the training CV's optimum sits further from Base than
+    the test split's: README, How τ is chosen). In ``mean`` and ``guarded``, ties go to the first (smaller) 1/tau.
+
+    The fold rules read ``folds`` (``cv_folds``), per held-out task d_t(g) = its CV mean at g minus at the Base
+    limit, and their standard error over the T tasks, se(g) = std_t(d_t(g)) / sqrt(T):
+    ``lcb``: the largest lower confidence bound of the gain over Base, mean_t d_t(g) − se_mult · se(g) (Base
+    scores 0, so a tilt is taken only when its gain is ``se_mult`` standard errors clear of nothing; between
+    tilts of equal mean gain the steadier one wins). ``one-se``: Breiman's one-standard-error rule — among the
+    1/tau whose mean is within ``se_mult`` standard errors (of the paired difference to the best) of the best,
+    the one nearest Base: ``near-base`` with the tolerance the CV's own spread gives."""
     grid = np.asarray(grid, dtype=float)
     if rule == "mean":
         return float(grid[int(np.argmax((out_cv + in_cv) / 2))])
     if rule == "guarded":
-        base = int(np.flatnonzero(np.isinf(grid))[0]) if router == "km" else int(np.flatnonzero(grid == 0)[0])
+        base = _base_index(grid, router)
         ok = in_cv >= in_cv[base] - max_inlier_loss
         return float(grid[int(np.argmax(np.where(ok, out_cv, -np.inf)))])
     if rule == "near-base":
         mean = (np.asarray(out_cv) + np.asarray(in_cv)) / 2
-        ok = grid[mean >= mean.max() - tol]
-        return float(ok.max() if router == "km" else ok.min())
+        return float(grid[_toward_base(grid, np.flatnonzero(mean >= mean.max() - tol), router)])
+    if rule == "shifted":
+        if np.any(np.diff(grid) <= 0):
+            raise ValueError(f"grid={[float(g) for g in grid]!r}: rule 'shifted' smooths over grid neighbours and "
+                             "needs an ascending grid")
+        at = int(np.argmax(smooth_curve((np.asarray(out_cv) + np.asarray(in_cv)) / 2)))
+        return float(grid[_step_toward_base(grid, at, router)])
+    if rule in FOLD_RULES:
+        if folds is None:
+            raise ValueError(f"rule={rule!r} reads the CV folds apart: pass folds= (tuning.cv_folds)")
+        per_task = folds.by_task()
+        if per_task.shape != (len(per_task), len(grid)) or len(per_task) < 2:
+            raise ValueError(f"folds: {per_task.shape[0]} task(s) x {per_task.shape[1]} settings; "
+                             f"the rule needs >= 2 tasks over the {len(grid)} settings of the grid")
+        T = len(per_task)
+        if rule == "lcb":
+            d = per_task - per_task[:, [_base_index(grid, router)]]
+            lcb = d.mean(axis=0) - se_mult * d.std(axis=0, ddof=1) / np.sqrt(T)
+            return float(grid[_toward_base(grid, np.flatnonzero(lcb >= lcb.max()), router)])
+        d = per_task - per_task[:, [int(np.argmax(per_task.mean(axis=0)))]]
+        ok = d.mean(axis=0) + se_mult * d.std(axis=0, ddof=1) / np.sqrt(T) >= 0
+        return float(grid[_toward_base(grid, np.flatnonzero(ok), router)])
     raise ValueError(f"rule={rule!r}: allowed values are {', '.join(RULES)}")
 
 
 def auto_inv_tau(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
-                 seed: int = 42, grid=GRID, rule: str = "mean", repeats: int = CV_REPEATS):
+                 seed: int = 42, grid=GRID, rule: str = DEFAULT_RULE, repeats: int = CV_REPEATS):
     """Return (chosen 1/tau, {1/tau: (CV outlier score, CV inlier score)}) from the training set only;
-    ``repeats``: the CV's folds over that many random 80/20 splits, averaged (``cv_curves``)."""
-    curves = cv_curves(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, grid, repeats=repeats)
-    if curves is None:
+    ``repeats``: the CV's folds over that many random 80/20 splits, averaged (``cv_folds``); ``rule``: one of
+    ``RULES`` (``select_inv_tau``)."""
+    folds = cv_folds(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, grid, repeats=repeats)
+    if folds is None:
         return 20.0, {}  # too few training tasks to cross-validate: the paper's default
-    out_cv, in_cv = curves
-    chosen = select_inv_tau(out_cv, in_cv, router, grid, rule)
+    out_cv, in_cv = folds.curves()
+    chosen = select_inv_tau(out_cv, in_cv, router, grid, rule, folds=folds)
     return chosen, {float(g): (float(o), float(i)) for g, o, i in zip(grid, out_cv, in_cv)}

@@ -159,8 +159,8 @@ def test_eval_refuses_cv_repeats_below_one_before_encoding(capsys):
 
 
 def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
-    """run_once's auto uses CV_REPEATS passes and the "mean" rule by default, and what cv_repeats / cv_rule say
-    otherwise; near-base never picks a sharper KMeans 1/tau than mean does (it moves toward inf)."""
+    """run_once's auto uses CV_REPEATS passes and the "shifted" rule by default, and what cv_repeats / cv_rule say
+    otherwise; near-base and shifted never pick a sharper KMeans 1/tau than mean does (they move toward inf)."""
     import proxray.experiments as ex
 
     t, X, acc, cost = synth
@@ -169,8 +169,9 @@ def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
     monkeypatch.setattr(ex, "auto_inv_tau",
                         lambda *a, **kw: (seen.append((kw["repeats"], kw["rule"])), real(*a, **kw))[1])
     kw = dict(router="km", protocol="leave-task-out", outliers=["medqa", "hellaswag"], n_clusters=16)
-    mean = ex.run_once(X, acc, cost, t.tasks, seed=42, **kw)["inv_tau"]
+    shifted = ex.run_once(X, acc, cost, t.tasks, seed=42, **kw)["inv_tau"]
     ex.run_once(X, acc, cost, t.tasks, seed=42, cv_repeats=1, **kw)
+    mean = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="mean", **kw)["inv_tau"]
     near = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="near-base", **kw)["inv_tau"]
-    assert seen == [(3, "mean"), (1, "mean"), (3, "near-base")]
-    assert near >= mean
+    assert seen == [(3, "shifted"), (1, "shifted"), (3, "mean"), (3, "near-base")]
+    assert near >= mean and shifted > mean

@@ -441,10 +441,57 @@ def test_cv_default_is_one_task_per_fold_in_name_order(monkeypatch):
     monkeypatch.setattr(tuning, "estimates_over", lambda f, Xv, grid: (held.append(Xv[:, 0].astype(int)), real_est(f, Xv, grid))[1])
     tuning.cv_curves(X, acc, None, tasks, "knn", {"k": 10}, grid=(0.0, 1.0))
     assert [sorted(set(tasks[h])) for h in held[0::2]] == [["a"], ["b"], ["c"]]
-    real_cv = tuning.cv_curves
-    monkeypatch.setattr(tuning, "cv_curves", lambda *a, **kw: (calls.append(kw.get("repeats")), real_cv(*a, **kw))[1])
+    real_cv = tuning.cv_folds
+    monkeypatch.setattr(tuning, "cv_folds", lambda *a, **kw: (calls.append(kw.get("repeats")), real_cv(*a, **kw))[1])
     tuning.auto_inv_tau(X, acc, None, tasks, "knn", {"k": 10}, grid=(0.0, 1.0))
     assert calls == [tuning.CV_REPEATS] and tuning.CV_REPEATS == 3
+
+
+def test_fold_rules_weigh_the_gain_over_base_by_its_spread_over_tasks():
+    """select_inv_tau(rule="lcb"): the largest lower bound mean − se of the per-task gain over Base; "one-se":
+    the 1/tau nearest Base whose mean is within one standard error of the best's. A large but erratic gain
+    (1/tau = 5: +1 pp, tasks from −3 to +5) loses to a small steady one (2: +0.5 pp) under lcb, and one-se goes
+    back to Base; the folds' repeats are averaged per task first."""
+    from proxray.tuning import CVFolds, select_inv_tau
+
+    grid = (0.0, 2.0, 5.0)  # kNN: Base is 1/tau = 0
+    gain = {"a": (0.6, 4.0), "b": (0.4, -3.0), "c": (0.5, 5.0), "d": (0.5, -2.0)}  # per task: gain at 2, at 5
+    rows, groups = [], []
+    for rep in (-0.25, 0.25):  # two repeats, each task's two folds differ by +-0.25 around its gain
+        for t, (g2, g5) in gain.items():
+            rows.append([70.0 + rep, 70.0 + g2 + rep, 70.0 + g5 - rep])
+            groups.append((t,))
+    folds = CVFolds(np.array(rows), np.array(rows), tuple(groups))
+    np.testing.assert_allclose(folds.by_task()[:, 2] - 70.0, [4.0, -3.0, 5.0, -2.0])
+    out, inl = folds.curves()
+    assert select_inv_tau(out, inl, "knn", grid, "mean") == 5.0
+    assert select_inv_tau(out, inl, "knn", grid, "lcb", folds=folds) == 2.0  # 0.5 - 0.04 > 0 > 1 - 2.2
+    assert select_inv_tau(out, inl, "knn", grid, "lcb", folds=folds, se_mult=0.0) == 5.0  # mean gain alone
+    assert select_inv_tau(out, inl, "knn", grid, "one-se", folds=folds) == 0.0  # Base within one se of 5's
+    assert select_inv_tau(out, inl, "knn", grid, "one-se", folds=folds, se_mult=0.0) == 5.0
+    with pytest.raises(ValueError, match="rule='lcb' reads the CV folds apart: pass folds="):
+        select_inv_tau(out, inl, "knn", grid, "lcb")
+    with pytest.raises(ValueError, match=r"grid=\[2.0, 5.0\]: must contain the Base limit \(0\)"):
+        two = CVFolds(np.array(rows)[:, 1:], np.array(rows)[:, 1:], tuple(groups))
+        select_inv_tau(out[1:], inl[1:], "knn", (2.0, 5.0), "lcb", folds=two)
+    with pytest.raises(ValueError, match="the rule needs >= 2 tasks over the 3 settings"):
+        select_inv_tau(out, inl, "knn", grid, "lcb", folds=CVFolds(np.array(rows[:1]), np.array(rows[:1]), (("a",),)))
+
+
+def test_cv_folds_keep_the_folds_that_cv_curves_averages():
+    """cv_folds: one row per fold (repeats x task groups), its groups the held-out tasks; cv_curves is the mean."""
+    from proxray.tuning import cv_curves, cv_folds
+
+    rng = np.random.default_rng(3)
+    tasks = np.repeat(np.array(["a", "b", "c"]), 30)
+    X, acc = rng.normal(size=(90, 6)), (rng.uniform(size=(90, 2)) < 0.5).astype(float)
+    folds = cv_folds(X, acc, None, tasks, "knn", {"k": 10}, grid=(0.0, 1.0, 5.0), repeats=2)
+    assert folds.out.shape == folds.inl.shape == (6, 3)
+    assert sorted(folds.groups) == [("a",), ("a",), ("b",), ("b",), ("c",), ("c",)]
+    assert folds.by_task().shape == (3, 3)
+    for got, want in zip(cv_curves(X, acc, None, tasks, "knn", {"k": 10}, grid=(0.0, 1.0, 5.0), repeats=2),
+                         folds.curves()):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_near_base_rule_takes_the_1_over_tau_nearest_base_within_tol():
@@ -459,5 +506,14 @@ def test_near_base_rule_takes_the_1_over_tau_nearest_base_within_tol():
     assert select_inv_tau(out, inl, "knn", GRID, "near-base", tol=1.0) == 2.0  # 71.5 >= 71.5
     assert select_inv_tau(out, inl, "km", GRID, "near-base", tol=0.0) == 10.0
     assert select_inv_tau(out, inl, "km", GRID, "near-base", tol=3.0) == float("inf")  # Base itself
-    with pytest.raises(ValueError, match="rule='best': allowed values are mean, guarded, near-base"):
+    # shifted: the smoothed curve peaks at 10 too (72.23), then one grid step toward Base
+    assert select_inv_tau(out, inl, "km", GRID, "shifted") == 20.0
+    assert select_inv_tau(out, inl, "knn", GRID, "shifted") == 5.0
+    rising = np.arange(10.0)  # peaks at the KMeans limit itself: the step stays there
+    assert select_inv_tau(rising, rising, "km", GRID, "shifted") == float("inf")
+    assert select_inv_tau(rising[::-1], rising[::-1], "knn", GRID, "shifted") == 0.0
+    with pytest.raises(ValueError, match="rule 'shifted' smooths over grid neighbours and needs an ascending grid"):
+        select_inv_tau(out[:3], inl[:3], "knn", (0.0, 5.0, 2.0), "shifted")
+    assert select_inv_tau(out[:3], inl[:3], "knn", (0.0, 5.0, 2.0), "near-base", tol=1.0) == 2.0  # 5 and 2 qualify: by value
+    with pytest.raises(ValueError, match="rule='best': allowed values are mean, guarded, near-base, shifted, lcb, one-se"):
         select_inv_tau(out, inl, "km", GRID, "best")
