@@ -150,37 +150,92 @@ RULES = {  # name -> (settings it may pick from, how, which CV curves): each use
 }
 
 
-def summarize(rows):
-    lines = ["| rule | Δ outlier (pp) | Δ inlier (pp) | Δ overall (pp) | configs losing > 0.3 pp outlier | "
-             "configs losing > 0.5 pp inlier |", "|---|---|---|---|---|---|"]
+SPLITS = ("outlier", "inlier", "overall")
 
-    def line(name, pick):
-        d = {k: [] for k in ("outlier", "inlier", "overall")}
-        for r in rows:
-            base = GRID.index(float("inf")) if r["router"] == "km" else GRID.index(0.0)
-            per_seed = [pick(s) for s in r["seeds"]]
-            for k in d:
-                d[k].append(np.mean([s["test"][k][g] - s["test"][k][base] for s, g in zip(r["seeds"], per_seed)]))
-        lose_out = sum(v < -0.3 for v in d["outlier"])
-        lose_in = sum(v < -0.5 for v in d["inlier"])
-        lines.append(f"| {name} | {np.mean(d['outlier']):+.2f} | {np.mean(d['inlier']):+.2f} | "
-                     f"{np.mean(d['overall']):+.2f} | {lose_out}/{len(rows)} | {lose_in}/{len(rows)} |")
 
+def effect(rows, pick) -> dict:
+    """Per configuration, Prox − Base on each split (mean over its seeds) when ``pick(seed_result)`` chooses the
+    setting; and the configurations losing more than 0.3 pp outlier / 0.5 pp inlier."""
+    d = {k: [] for k in SPLITS}
+    for r in rows:
+        base = GRID.index(float("inf")) if r["router"] == "km" else GRID.index(0.0)
+        per_seed = [pick(s) for s in r["seeds"]]
+        for k in d:
+            d[k].append(np.mean([s["test"][k][g] - s["test"][k][base] for s, g in zip(r["seeds"], per_seed)]))
+    d = {k: np.array(v) for k, v in d.items()}
+    return {**d, "lose_out": int((d["outlier"] < -0.3).sum()), "lose_in": int((d["inlier"] < -0.5).sum())}
+
+
+def pickers(rows):
+    """(name, pick) for every rule the saved run allows (each reads the configuration's own CV only), then every
+    fixed setting."""
     for name, (allowed, curve, src) in RULES.items():
         if (f"{src}_cv" if src == "folds" else f"out_{src}") not in rows[0]["seeds"][0]:
             continue  # run with --no-cv, or saved before these CV curves existed
         if src == "folds":
-            line(name, lambda s, curve=curve: curve(s, rows[0]["router"]))
+            yield name, (lambda s, curve=curve: curve(s, rows[0]["router"]))
             continue
         allowed = list(allowed)
 
         def pick(s, allowed=allowed, curve=curve, src=src):
             v = curve(np.array(s[f"out_{src}"])[allowed], np.array(s[f"in_{src}"])[allowed], rows[0]["router"])
             return allowed[int(np.argmax(v))]
-        line(name, pick)
+        yield name, pick
     for gi, g in enumerate(SETTINGS):
-        line(f"fixed {'1/tau = ' + format(g, 'g') if not isinstance(g, str) else g}", lambda s, gi=gi: gi)
+        yield f"fixed {'1/tau = ' + format(g, 'g') if not isinstance(g, str) else g}", (lambda s, gi=gi: gi)
+
+
+def summarize(rows):
+    lines = ["| rule | Δ outlier (pp) | Δ inlier (pp) | Δ overall (pp) | configs losing > 0.3 pp outlier | "
+             "configs losing > 0.5 pp inlier |", "|---|---|---|---|---|---|"]
+    for name, pick in pickers(rows):
+        e = effect(rows, pick)
+        lines.append(f"| {name} | {e['outlier'].mean():+.2f} | {e['inlier'].mean():+.2f} | "
+                     f"{e['overall'].mean():+.2f} | {e['lose_out']}/{len(rows)} | {e['lose_in']}/{len(rows)} |")
     return "\n".join(lines)
+
+
+PLOTTED = {"mean (before)": "auto, fixed grid, mean (the default before)",
+           "shifted (default)": "auto, fixed grid, smoothed CV, one step toward Base (shifted: the default)",
+           "near-base 1 pp": "auto, fixed grid, nearest Base within 1 pp of the best CV",
+           "lcb 1 se": "auto, fixed grid, lcb (1 se)"}
+
+
+def plot_sets(sets: dict, path) -> None:
+    """One panel per router: Prox − Base overall (mean over configurations) of the main rules and of the best
+    fixed 1/tau in hindsight on each saved set, each bar labelled with its losing configurations
+    (outlier/inlier)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for ax, router in zip(axes, ("km", "knn")):
+        names = list(PLOTTED) + ["best fixed 1/τ (hindsight)"]
+        width = 0.8 / len(names)
+        for si, (label, rows) in enumerate(sets.items()):
+            rows = [r for r in rows if r["router"] == router]
+            picks = dict(pickers(rows))
+            fixed = [effect(rows, lambda s, g=g: g) for g in range(len(GRID))]
+            best = int(np.argmax([e["overall"].mean() for e in fixed]))
+            effects = [effect(rows, picks[PLOTTED[n]]) if PLOTTED.get(n) in picks else None for n in PLOTTED]
+            for ni, e in enumerate(effects + [fixed[best]]):
+                if e is None:
+                    continue
+                x = si + (ni - (len(names) - 1) / 2) * width
+                ax.bar(x, e["overall"].mean(), width, color=f"C{ni}", label=names[ni] if si == 0 else None)
+                tag = f"{e['lose_out']}/{e['lose_in']}" + (f"\n1/τ={GRID[best]:g}" if ni == len(effects) else "")
+                ax.annotate(tag, (x, e["overall"].mean()), ha="center", va="bottom", fontsize=6)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xticks(range(len(sets)), [f"{k}\n({len([r for r in v if r['router'] == router])} configs)"
+                                         for k, v in sets.items()])
+        ax.set_ylabel("Prox − Base, overall AUC (pp)")
+        ax.set_title(f"{router}: τ rules vs the best fixed 1/τ (labels: losing configs out/in)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    print(f"wrote {path}")
 
 
 def cv_agreement(rows) -> str:
@@ -213,7 +268,8 @@ def report(rows):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default=None)
-    p.add_argument("--from-json", default=None, help="only summarize a saved run")
+    p.add_argument("--from-json", default=None, help="only summarize saved runs (comma-separated JSON paths)")
+    p.add_argument("--plot", default=None, help="with --from-json: a PNG of the main rules on each saved set")
     p.add_argument("--configs", choices=["study", "out-of-sample", "fresh", "fresh2"], default="study",
                    help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
                    "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule")
@@ -225,10 +281,15 @@ def main(argv=None):
                    help="training tasks a CV fold holds out together; outliers: as many as the configuration has")
     a = p.parse_args(argv)
     if a.from_json:
-        saved = json.loads(Path(a.from_json).read_text())
-        print(f"CV over {saved.get('cv_repeats', 1)} random split(s), {saved.get('cv_fold_tasks', '1')} task(s) "
-              "held out per fold")  # runs saved before these options: 1 and 1
-        report(saved["rows"])
+        sets = {}
+        for path in a.from_json.split(","):
+            saved = json.loads(Path(path).read_text())
+            print(f"\n# {path}: CV over {saved.get('cv_repeats', 1)} random split(s), "
+                  f"{saved.get('cv_fold_tasks', '1')} task(s) held out per fold")  # saved before these options: 1, 1
+            report(saved["rows"])
+            sets[Path(path).stem.removeprefix("tau_sel_folds_")] = saved["rows"]
+        if a.plot:
+            plot_sets(sets, a.plot)
         return
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}

@@ -6,7 +6,7 @@ import pytest
 from proxray.cli import main
 from proxray.experiments import evaluate, protocol_split
 from proxray.synthetic import make_table
-from proxray.tuning import auto_inv_tau
+from proxray.tuning import GRID, auto_inv_tau
 
 
 @pytest.fixture(scope="module")
@@ -173,5 +173,6 @@ def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
     ex.run_once(X, acc, cost, t.tasks, seed=42, cv_repeats=1, **kw)
     mean = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="mean", **kw)["inv_tau"]
     near = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="near-base", **kw)["inv_tau"]
-    assert seen == [(3, "shifted"), (1, "shifted"), (3, "mean"), (3, "near-base")]
-    assert near >= mean and shifted > mean
+    lcb = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="lcb", **kw)["inv_tau"]  # reads the folds apart
+    assert seen == [(3, "shifted"), (1, "shifted"), (3, "mean"), (3, "near-base"), (3, "lcb")]
+    assert near >= mean and shifted > mean and lcb in GRID
