@@ -1,7 +1,8 @@
 """Which way of choosing 1/tau works? Compares, on the real tables, the training-only rules of
 ``proxray.tuning`` with every fixed 1/tau of the grid, against the test split (not a timed test).
 
-    python bench/tau_selection.py [--json out/tau_selection.json]
+    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2] [--json out/tau_sel_folds_study.json]
+    python bench/tau_selection.py --from-json a.json,b.json,... [--plot out/tau_rules.png]
 
 For every configuration of bench/real_tables.sh and seeds 42, 7, 99 it computes the leave-one-task-out
 CV curves on the training set, then the test scores of Prox at every 1/tau of the grid (Base is the
@@ -14,9 +15,12 @@ configurations of Prox − Base on the outlier, inlier and overall splits, and h
 lose more than 0.3 pp of outlier or 0.5 pp of inlier score. The "Brier CV" rules pick from CV curves of
 the estimates' mean squared error (``tuning.brier_score``) instead of the AUC: a smoother criterion
 (with ``--brier``). "nearest Base within t pp" (parsimony, ``tuning.select_inv_tau(rule="near-base")``) takes,
-among the fixed 1/tau whose CV mean is within t pp of the best, the one nearest the Base limit. The CV averages
-its folds over ``--cv-repeats`` random splits (default: as ``--inv-tau auto``, ``tuning.CV_REPEATS``; 1 is the
-one-pass CV of the earlier saved runs).
+among the fixed 1/tau whose CV mean is within t pp of the best, the one nearest the Base limit; "one step toward
+Base" is ``rule="shifted"``, what ``--inv-tau auto`` uses; "lcb" and "one-se" read the CV folds apart (saved in
+the JSON as ``folds_cv``; runs saved before that skip them). The CV averages its folds over ``--cv-repeats`` random
+splits (default: as ``--inv-tau auto``, ``tuning.CV_REPEATS``; 1 is the one-pass CV of the earlier saved runs).
+``--configs``: the study's configurations (those of bench/real_tables.sh) or one of three further sets, each
+defined before the rules it was used to check (README: How τ is chosen).
 """
 from __future__ import annotations
 
@@ -280,6 +284,8 @@ def main(argv=None):
     p.add_argument("--cv-fold-tasks", default="1", choices=["1", "2", "3", "4", "outliers"],
                    help="training tasks a CV fold holds out together; outliers: as many as the configuration has")
     a = p.parse_args(argv)
+    if a.plot and not a.from_json:
+        p.error("--plot draws saved sets: give them with --from-json")
     if a.from_json:
         sets = {}
         for path in a.from_json.split(","):
