@@ -465,7 +465,7 @@ def test_fold_rules_weigh_the_gain_over_base_by_its_spread_over_tasks():
     np.testing.assert_allclose(folds.by_task()[:, 2] - 70.0, [4.0, -3.0, 5.0, -2.0])
     out, inl = folds.curves()
     assert select_inv_tau(out, inl, "knn", grid, "mean") == 5.0
-    assert select_inv_tau(out, inl, "knn", grid, "lcb", folds=folds) == 2.0  # 0.5 - 0.04 > 0 > 1 - 2.2
+    assert select_inv_tau(out, inl, "knn", grid, "lcb", folds=folds) == 2.0  # 0.5 - 0.04 > 0 > 1 - 2.04
     assert select_inv_tau(out, inl, "knn", grid, "lcb", folds=folds, se_mult=0.0) == 5.0  # mean gain alone
     assert select_inv_tau(out, inl, "knn", grid, "one-se", folds=folds) == 0.0  # Base within one se of 5's
     assert select_inv_tau(out, inl, "knn", grid, "one-se", folds=folds, se_mult=0.0) == 5.0
