@@ -19,7 +19,7 @@ among the fixed 1/tau whose CV mean is within t pp of the best, the one nearest 
 Base" is ``rule="shifted"``, what ``--inv-tau auto`` uses; "lcb" and "one-se" read the CV folds apart (saved in
 the JSON as ``folds_cv``; runs saved before that skip them). The CV averages its folds over ``--cv-repeats`` random
 splits (default: as ``--inv-tau auto``, ``tuning.CV_REPEATS``; 1 is the one-pass CV of the earlier saved runs).
-``--configs``: the study's configurations (those of bench/real_tables.sh) or one of three further sets, each
+``--configs``: the study's configurations (those of bench/real_tables.sh) or one of four further sets, each
 defined before the rules it was used to check (README: How τ is chosen).
 """
 from __future__ import annotations
@@ -75,6 +75,13 @@ FRESH2 = (  # a fourth set, defined before the CV-spread rules (select_inv_tau r
        ("routerdc7", "knn", "few-shot-outlier", ["humaneval", "mbpp", "javascript"]),
        ("routerdc7", "knn", "leave-task-out", ["gsm8k", "math_prealgebra"]),
        ("routerdc7", "km", "leave-task-out", ["gsm8k", "mbpp"])])
+FRESH3 = (  # a fifth set, defined after shifted became the default, to check it once more
+    [("bbh19_dev", r, p, o) for o in (["tracking_shuffled_objects_three_objects", "salient_translation_error_detection", "ruin_names"],
+                                       ["logical_deduction_three_objects", "movie_recommendation", "navigate"],
+                                       ["tracking_shuffled_objects_five_objects", "geometric_shapes", "reasoning_about_colored_objects"])
+     for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
+    + [("routerdc7", "km", "few-shot-outlier", ["ceval", "arc_challenge"]),
+       ("routerdc7", "knn", "leave-task-out", ["arc_easy", "gsm8k"])])
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
@@ -274,9 +281,9 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--from-json", default=None, help="only summarize saved runs (comma-separated JSON paths)")
     p.add_argument("--plot", default=None, help="with --from-json: a PNG of the main rules on each saved set")
-    p.add_argument("--configs", choices=["study", "out-of-sample", "fresh", "fresh2"], default="study",
+    p.add_argument("--configs", choices=["study", "out-of-sample", "fresh", "fresh2", "fresh3"], default="study",
                    help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
-                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule")
+                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default")
     p.add_argument("--no-cv", action="store_true", help="fixed settings only (no CV curves, no auto rules)")
     p.add_argument("--cv-repeats", type=int, default=CV_REPEATS,
                    help=f"the CV's random splits averaged (default {CV_REPEATS}, as --inv-tau auto; 1 = one pass)")
@@ -299,7 +306,7 @@ def main(argv=None):
         return
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}
-    for name, router, protocol, outliers in {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2}[a.configs]:
+    for name, router, protocol, outliers in {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3}[a.configs]:
         if name not in cache:
             t = RoutingTable.read(D / f"{name}.parquet")
             cache[name] = (t, enc.encode(t.prompts), *t.matrices())

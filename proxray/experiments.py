@@ -20,7 +20,7 @@ import numpy as np
 
 from .logs import log
 from .metrics import baseline_points, cost_range, ndch_auc, routing_score, sweep
-from .tuning import CV_REPEATS, DEFAULT_RULE, auto_inv_tau, make_router
+from .tuning import CV_REPEATS, DEFAULT_RULE, RULES, auto_inv_tau, make_router
 
 PROTOCOLS = ("leave-task-out", "few-shot-outlier")
 SPLITS = ("outlier", "inlier", "overall")
@@ -294,7 +294,7 @@ def add_eval_parser(sub) -> None:
                    help="spread: 1/tau(x) = inv-tau / std of the query's distances (needs a number --inv-tau)")
     p.add_argument("--cv-repeats", type=int, default=CV_REPEATS,
                    help="auto: average the CV folds over this many random splits (1 = one pass, faster)")
-    p.add_argument("--cv-rule", choices=["shifted", "mean", "near-base", "lcb", "one-se"], default=DEFAULT_RULE,
+    p.add_argument("--cv-rule", choices=[r for r in RULES if r != "guarded"], default=DEFAULT_RULE,
                    help="auto: shifted (default) = the argmax of the grid-smoothed CV mean, one grid step toward Base; "
                    "mean = the best CV mean; near-base = the 1/tau nearest Base within 1 pp of it; lcb = the best "
                    "gain over Base less one task-level standard error; one-se = the 1/tau nearest Base within one "
