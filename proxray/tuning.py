@@ -184,16 +184,6 @@ def _toward_base(grid, candidates, router: str) -> int:
     return int(candidates[np.argmax(grid[candidates]) if router == "km" else np.argmin(grid[candidates])])
 
 
-def _step_toward_base(grid, at: int, router: str) -> int:
-    """The grid position one step from ``at`` toward the Base limit (the next larger 1/tau for KMeans, the next
-    smaller for kNN), or ``at`` itself at the limit."""
-    if router == "km":
-        beyond = np.flatnonzero(grid > grid[at])
-        return int(beyond[np.argmin(grid[beyond])]) if len(beyond) else at
-    beyond = np.flatnonzero(grid < grid[at])
-    return int(beyond[np.argmax(grid[beyond])]) if len(beyond) else at
-
-
 def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = DEFAULT_RULE, max_inlier_loss: float = 0.5,
                    tol: float = NEAR_BASE_TOL, folds: CVFolds | None = None, se_mult: float = SE_MULT) -> float:
     """Pick 1/tau from CV curves. ``mean``: best (outlier + inlier) / 2. ``guarded``: best outlier
@@ -226,7 +216,7 @@ def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = DEFAULT_RU
             raise ValueError(f"grid={[float(g) for g in grid]!r}: rule 'shifted' smooths over grid neighbours and "
                              "needs an ascending grid")
         at = int(np.argmax(smooth_curve((np.asarray(out_cv) + np.asarray(in_cv)) / 2)))
-        return float(grid[_step_toward_base(grid, at, router)])
+        return float(grid[min(at + 1, len(grid) - 1) if router == "km" else max(at - 1, 0)])  # ascending: ±1
     if rule in FOLD_RULES:
         if folds is None:
             raise ValueError(f"rule={rule!r} reads the CV folds apart: pass folds= (tuning.cv_folds)")
