@@ -1,7 +1,7 @@
 """Which way of choosing 1/tau works? Compares, on the real tables, the training-only rules of
 ``proxray.tuning`` with every fixed 1/tau of the grid, against the test split (not a timed test).
 
-    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|fresh3] [--json out/tau_sel_folds_study.json]
+    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|fresh3|fresh4] [--json out/tau_sel_folds_study.json]
     python bench/tau_selection.py --from-json a.json,b.json,... [--plot out/tau_rules.png]
 
 For every configuration of bench/real_tables.sh and seeds 42, 7, 99 it computes the leave-one-task-out
@@ -16,10 +16,10 @@ lose more than 0.3 pp of outlier or 0.5 pp of inlier score. The "Brier CV" rules
 the estimates' mean squared error (``tuning.brier_score``) instead of the AUC: a smoother criterion
 (with ``--brier``). "nearest Base within t pp" (parsimony, ``tuning.select_inv_tau(rule="near-base")``) takes,
 among the fixed 1/tau whose CV mean is within t pp of the best, the one nearest the Base limit; "one step toward
-Base" is ``rule="shifted"``, what ``--inv-tau auto`` uses; "lcb" and "one-se" read the CV folds apart (saved in
+Base" is ``rule="shifted"``, what KMeans' ``--inv-tau auto`` uses (kNN's is the row "fixed spr:0.2", rule "spread"); "lcb" and "one-se" read the CV folds apart (saved in
 the JSON as ``folds_cv``; runs saved before that skip them). The CV averages its folds over ``--cv-repeats`` random
 splits (default: as ``--inv-tau auto``, ``tuning.CV_REPEATS``; 1 is the one-pass CV of the earlier saved runs).
-``--configs``: the study's configurations (those of bench/real_tables.sh) or one of four further sets, each
+``--configs``: the study's configurations (those of bench/real_tables.sh) or one of five further sets, each
 defined before the rules it was used to check (README: How τ is chosen).
 """
 from __future__ import annotations
@@ -82,6 +82,13 @@ FRESH3 = (  # a fifth set, defined after shifted became the default, to check it
      for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
     + [("routerdc7", "km", "few-shot-outlier", ["ceval", "arc_challenge"]),
        ("routerdc7", "knn", "leave-task-out", ["arc_easy", "gsm8k"])])
+FRESH4 = (  # a sixth set, defined before the spread temperature was proposed as kNN's auto (README: spread)
+    [("bbh19_dev", r, p, o) for o in (["logical_deduction_seven_objects", "boolean_expressions", "tracking_shuffled_objects_three_objects"],
+                                       ["object_counting", "ruin_names", "logical_deduction_three_objects"],
+                                       ["navigate", "geometric_shapes", "salient_translation_error_detection", "tracking_shuffled_objects_five_objects"])
+     for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
+    + [("routerdc7", "knn", "few-shot-outlier", ["cmmlu", "javascript"]),
+       ("routerdc7", "km", "leave-task-out", ["mmlu", "math_prealgebra"])])
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
@@ -139,6 +146,17 @@ def _fold_rule(rule, se_mult=1.0):
 
 
 _SPREAD = range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR))
+_SHIFTED = "auto, fixed grid, smoothed CV, one step toward Base (shifted: KMeans' default)"
+
+
+def _shifted_any(o, i, router):
+    """``shifted`` over any ascending list of settings (the spread ones: larger a = sharper = toward KMeans' Base):
+    the argmax of the smoothed CV mean, one position toward Base."""
+    at = int(np.argmax(smooth_curve((o + i) / 2)))
+    at = min(at + 1, len(o) - 1) if router == "km" else max(at - 1, 0)
+    return (np.arange(len(o)) == at).astype(float)
+
+
 RULES = {  # name -> (settings it may pick from, how, which CV curves): each uses the configuration's own CV only
     "auto, fixed grid, mean (the default before)": (range(len(GRID)), _MEAN, "cv"),
     "auto, fixed grid, smoothed CV": (range(len(GRID)), _SMOOTHED, "cv"),
@@ -148,13 +166,14 @@ RULES = {  # name -> (settings it may pick from, how, which CV curves): each use
     "auto, fixed or relative": (range(len(GRID) + len(REL)), _MEAN, "cv"),
     "auto, spread only": (_SPREAD, _MEAN, "cv"),
     "auto, spread only, smoothed CV": (_SPREAD, _SMOOTHED, "cv"),
+    "auto, spread only, shifted (smoothed CV, one step toward Base)": (_SPREAD, _shifted_any, "cv"),
     "auto, mixture only": (range(len(SETTINGS) - len(MIX), len(SETTINGS)), _MEAN, "cv"),
     "auto, any": (range(len(SETTINGS)), _MEAN, "cv"),
     # the same from CV curves of the estimates' squared error instead of the AUC
     "auto (Brier CV), fixed grid": (range(len(GRID)), _MEAN, "brier"),
     "auto (Brier CV), spread only": (_SPREAD, _MEAN, "brier"),
     "auto (Brier CV), any": (range(len(SETTINGS)), _MEAN, "brier"),
-    "auto, fixed grid, smoothed CV, one step toward Base (shifted: the default)": (range(len(GRID)), _select("shifted"), "cv"),
+    _SHIFTED: (range(len(GRID)), _select("shifted"), "cv"),
     # from the folds apart: the CV's spread over the held-out tasks (runs saved before --json kept them: skipped)
     **{f"auto, fixed grid, lcb ({m:g} se)": (None, _fold_rule("lcb", m), "folds") for m in (0.5, 1.0, 2.0)},
     **{f"auto, fixed grid, one-se ({m:g} se)": (None, _fold_rule("one-se", m), "folds") for m in (0.5, 1.0)},
@@ -206,10 +225,10 @@ def summarize(rows):
     return "\n".join(lines)
 
 
-PLOTTED = {"mean (before)": "auto, fixed grid, mean (the default before)",
-           "shifted (default)": "auto, fixed grid, smoothed CV, one step toward Base (shifted: the default)",
-           "near-base 1 pp": "auto, fixed grid, nearest Base within 1 pp of the best CV",
-           "lcb 1 se": "auto, fixed grid, lcb (1 se)"}
+PLOTTED = {"auto (default: KM shifted, kNN spread 0.2)": {"km": _SHIFTED, "knn": "fixed spr:0.2"},
+           "mean (before shifted)": "auto, fixed grid, mean (the default before)",
+           "shifted": _SHIFTED,
+           "near-base 1 pp": "auto, fixed grid, nearest Base within 1 pp of the best CV"}
 
 
 def plot_sets(sets: dict, path) -> None:
@@ -221,7 +240,7 @@ def plot_sets(sets: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
     for ax, router in zip(axes, ("km", "knn")):
         names = list(PLOTTED) + ["best fixed 1/τ (hindsight)"]
         width = 0.8 / len(names)
@@ -230,7 +249,8 @@ def plot_sets(sets: dict, path) -> None:
             picks = dict(pickers(rows))
             fixed = [effect(rows, lambda s, g=g: g) for g in range(len(GRID))]
             best = int(np.argmax([e["overall"].mean() for e in fixed]))
-            effects = [effect(rows, picks[PLOTTED[n]]) if PLOTTED.get(n) in picks else None for n in PLOTTED]
+            chosen = {n: (v[router] if isinstance(v, dict) else v) for n, v in PLOTTED.items()}
+            effects = [effect(rows, picks[chosen[n]]) if chosen[n] in picks else None for n in PLOTTED]
             for ni, e in enumerate(effects + [fixed[best]]):
                 if e is None:
                     continue
@@ -243,7 +263,7 @@ def plot_sets(sets: dict, path) -> None:
                                          for k, v in sets.items()])
         ax.set_ylabel("Prox − Base, overall AUC (pp)")
         ax.set_title(f"{router}: τ rules vs the best fixed 1/τ (labels: losing configs out/in)")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     print(f"wrote {path}")
@@ -281,9 +301,9 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--from-json", default=None, help="only summarize saved runs (comma-separated JSON paths)")
     p.add_argument("--plot", default=None, help="with --from-json: a PNG of the main rules on each saved set")
-    p.add_argument("--configs", choices=["study", "out-of-sample", "fresh", "fresh2", "fresh3"], default="study",
+    p.add_argument("--configs", choices=["study", "out-of-sample", "fresh", "fresh2", "fresh3", "fresh4"], default="study",
                    help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
-                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default")
+                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto")
     p.add_argument("--no-cv", action="store_true", help="fixed settings only (no CV curves, no auto rules)")
     p.add_argument("--cv-repeats", type=int, default=CV_REPEATS,
                    help=f"the CV's random splits averaged (default {CV_REPEATS}, as --inv-tau auto; 1 = one pass)")
@@ -306,7 +326,7 @@ def main(argv=None):
         return
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}
-    for name, router, protocol, outliers in {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3}[a.configs]:
+    for name, router, protocol, outliers in {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3, "fresh4": FRESH4}[a.configs]:
         if name not in cache:
             t = RoutingTable.read(D / f"{name}.parquet")
             cache[name] = (t, enc.encode(t.prompts), *t.matrices())

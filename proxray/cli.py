@@ -33,10 +33,16 @@ def _cmd_info(a):
 
 def _cmd_fit(a):
     from .embed import SentenceEncoder
+    from .experiments import _parse_inv_tau
     from .routers import KMeansRouter, KNNRouter
     from .synthetic import make_table
     from .table import RoutingTable
+    from .tuning import auto_choice, default_rule
 
+    inv_tau, temperature = _parse_inv_tau(a.inv_tau), a.temperature or "fixed"
+    if inv_tau == "auto" and a.temperature:
+        raise ValueError(f"--temperature {a.temperature} needs a number for --inv-tau (auto chooses the temperature "
+                         "itself)")
     table = RoutingTable.read(a.table) if a.table else make_table()
     if a.table is None:
         print("no --table: fitting on the embedded SYNTHETIC routing table", file=sys.stderr)
@@ -44,10 +50,19 @@ def _cmd_fit(a):
     acc, cost = table.matrices(models=models)
     enc = SentenceEncoder(a.encoder)
     X = enc.encode(table.prompts)
+    if inv_tau == "auto" and a.weighting == "prox":  # as proxray eval's auto, on the table's own tasks
+        if default_rule(a.router) != "spread":
+            print(f"--inv-tau auto: choosing 1/tau by cross-validation over the table's {len(set(table.tasks))} tasks",
+                  file=sys.stderr)
+        got = auto_choice(X, acc, cost, table.tasks, a.router, {"n_clusters": a.clusters, "k": a.k})
+        inv_tau, temperature = got.inv_tau, got.temperature
+        print(f"--inv-tau auto ({got.rule}): 1/tau = {inv_tau:g}, temperature {temperature}", file=sys.stderr)
+    elif inv_tau == "auto":
+        inv_tau = 20.0  # Base weighting has no temperature
     if a.router == "knn":
-        r = KNNRouter(k=a.k, weighting=a.weighting, inv_tau=a.inv_tau, temperature=a.temperature)
+        r = KNNRouter(k=a.k, weighting=a.weighting, inv_tau=inv_tau, temperature=temperature)
     else:
-        r = KMeansRouter(n_clusters=a.clusters, weighting=a.weighting, inv_tau=a.inv_tau, temperature=a.temperature)
+        r = KMeansRouter(n_clusters=a.clusters, weighting=a.weighting, inv_tau=inv_tau, temperature=temperature)
     r.fit(X, acc, cost, models=models, encoder_id=enc.id).save(a.out)
     print(f"fitted {r!r} on {table} -> {a.out}")
 
@@ -137,10 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--weighting", choices=["base", "prox"], default="prox")
     fit.add_argument("--k", type=int, default=100)
     fit.add_argument("--clusters", type=int, default=32)
-    fit.add_argument("--inv-tau", type=float, default=20.0)
-    fit.add_argument("--temperature", choices=["fixed", "spread"], default="fixed",
-                     help="spread: 1/tau(x) = inv-tau / std of the query's distances (README: How τ is chosen; "
-                     "KMeans: --inv-tau 2)")
+    fit.add_argument("--inv-tau", default="auto",
+                     help="1/tau: a number, inf, or auto (default; README: How τ is chosen): kNN the spread temperature "
+                     "at 0.2, KMeans a fixed 1/tau chosen by leave-task-out CV on the table's tasks")
+    fit.add_argument("--temperature", choices=["fixed", "spread"], default=None,
+                     help="with a number --inv-tau: fixed (default) or spread, 1/tau(x) = inv-tau / std of the query's "
+                     "distances (README: How τ is chosen)")
     fit.add_argument("--encoder", default=None, help="sentence-transformers name or path (default: shipped MiniLM)")
     fit.add_argument("--out", required=True, help="artifact folder")
     fit.set_defaults(func=_cmd_fit)

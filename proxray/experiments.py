@@ -20,7 +20,7 @@ import numpy as np
 
 from .logs import log
 from .metrics import baseline_points, cost_range, ndch_auc, routing_score, sweep
-from .tuning import CV_REPEATS, DEFAULT_RULE, RULES, auto_inv_tau, make_router
+from .tuning import CV_REPEATS, DEFAULT_RULES, RULES, SPREAD_INV_TAU, auto_choice, check_rule, make_router
 
 PROTOCOLS = ("leave-task-out", "few-shot-outlier")
 SPLITS = ("outlier", "inlier", "overall")
@@ -104,19 +104,21 @@ def budget_scores(fitted: dict, X_cal, Xt, at, ct, budgets) -> list:
 
 def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: int, few_shot: int = 25,
              n_clusters: int = 32, k: int = 100, inv_tau="auto", keep_curves: bool = False, budgets=(),
-             temperature: str = "fixed", cv_repeats: int = CV_REPEATS, cv_rule: str = DEFAULT_RULE) -> dict:
-    """One seed of one protocol: {"scores": {split: {key: value}}, "inv_tau": used, "curves": …,
-    "budgets": [per budget: per router λ, accuracy and cost reached on the test split]}.
-    ``temperature="spread"`` gives Prox 1/tau(x) = inv_tau / std of the query's distances (a number only)."""
+             temperature: str = "fixed", cv_repeats: int = CV_REPEATS, cv_rule: str | None = None) -> dict:
+    """One seed of one protocol: {"scores": {split: {key: value}}, "inv_tau": used, "temperature": used,
+    "curves": …, "budgets": [per budget: per router λ, accuracy and cost reached on the test split]}.
+    ``temperature="spread"`` gives Prox 1/tau(x) = inv_tau / std of the query's distances (a number only);
+    ``inv_tau="auto"`` resolves both with ``cv_rule`` (None: the router's default, ``tuning.DEFAULT_RULES``)."""
     if temperature == "spread" and inv_tau == "auto":
-        raise ValueError("temperature='spread' needs a number for inv_tau (auto chooses a fixed 1/tau); "
-                         "README: How τ is chosen")
+        raise ValueError("temperature='spread' needs a number for inv_tau (auto chooses the temperature itself: "
+                         f"kNN the spread one at {SPREAD_INV_TAU:g}, KMeans a fixed 1/tau by CV); README: How τ is chosen")
     sp = protocol_split(tasks, outliers, protocol, seed, few_shot)
     hp = {"n_clusters": n_clusters, "k": k, "random_state": seed}
     if inv_tau == "auto":
-        chosen, _ = auto_inv_tau(X[sp.base_train], acc[sp.base_train], None if cost is None else cost[sp.base_train],
-                                 tasks[sp.base_train], router, hp, protocol=protocol, few_shot=few_shot, seed=seed,
-                                 repeats=cv_repeats, rule=cv_rule)
+        got = auto_choice(X[sp.base_train], acc[sp.base_train], None if cost is None else cost[sp.base_train],
+                          tasks[sp.base_train], router, hp, protocol=protocol, few_shot=few_shot, seed=seed,
+                          repeats=cv_repeats, rule=cv_rule)
+        chosen, temperature = got.inv_tau, got.temperature
     else:
         chosen = float(inv_tau)
     c_tr = (lambda idx: None if cost is None else cost[idx])
@@ -143,7 +145,7 @@ def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: in
     if budgets and cost is not None:
         cal = {"base": X[sp.base_train], "prox": X[sp.base_train], "allsee": X[sp.allsee_train]}
         budget = budget_scores(fitted, cal, Xt, at, ct, budgets)
-    return {"scores": scores, "inv_tau": chosen, "curves": curves, "budgets": budget}
+    return {"scores": scores, "inv_tau": chosen, "temperature": temperature, "curves": curves, "budgets": budget}
 
 
 def _mean_budgets(runs) -> list:
@@ -164,12 +166,13 @@ def _mean_budgets(runs) -> list:
 
 def evaluate(X, acc, cost, tasks, router="km", protocol="leave-task-out", outliers=(), seeds=(42, 7, 99),
              few_shot=25, n_clusters=32, k=100, inv_tau="auto", keep_curves=False, budgets=(),
-             temperature="fixed", cv_repeats=CV_REPEATS, cv_rule=DEFAULT_RULE) -> dict:
+             temperature="fixed", cv_repeats=CV_REPEATS, cv_rule=None) -> dict:
     """All seeds; the result has the JSON shape of ``proxray eval --json``."""
     runs = []
     for s in seeds:
         log(f"seed {s}: {router} / {protocol} / outliers {', '.join(outliers)}"
-            + (" — choosing 1/tau on training tasks" if inv_tau == "auto" else ""))
+            + (" — choosing 1/tau on training tasks" if inv_tau == "auto" and check_rule(cv_rule, router) != "spread"
+               else ""))
         runs.append(run_once(X, acc, cost, np.asarray(tasks), router, protocol, list(outliers), s, few_shot,
                              n_clusters, k, inv_tau, keep_curves=keep_curves and not runs, budgets=budgets,
                              temperature=temperature, cv_repeats=cv_repeats, cv_rule=cv_rule))
@@ -178,7 +181,7 @@ def evaluate(X, acc, cost, tasks, router="km", protocol="leave-task-out", outlie
     std = {sp: {key: float(np.std([r["scores"][sp][key] for r in runs])) for key in keys} for sp in SPLITS}
     taus = [r["inv_tau"] for r in runs]
     return {"router": router, "protocol": protocol, "outliers": list(outliers),
-            "inv_tau": taus if inv_tau == "auto" else taus[0], "temperature": temperature, "metric": "auc" if cost is not None else "accuracy",
+            "inv_tau": taus if inv_tau == "auto" else taus[0], "temperature": runs[0]["temperature"], "metric": "auc" if cost is not None else "accuracy",
             "seeds": list(seeds), "splits": mean, "std": std, "budgets": _mean_budgets(runs),
             "_curves": runs[0]["curves"]}
 
@@ -289,13 +292,16 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--few-shot", type=int, default=25)
     p.add_argument("--clusters", type=int, default=32)
     p.add_argument("--k", type=int, default=100)
-    p.add_argument("--inv-tau", default="auto", help="1/tau for Prox: a number, inf, or auto (chosen on training tasks)")
+    p.add_argument("--inv-tau", default="auto", help="1/tau for Prox: a number, inf, or auto (chosen on training data: "
+                   "--cv-rule)")
     p.add_argument("--temperature", choices=["fixed", "spread"], default="fixed",
                    help="spread: 1/tau(x) = inv-tau / std of the query's distances (needs a number --inv-tau)")
     p.add_argument("--cv-repeats", type=int, default=CV_REPEATS,
                    help="auto: average the CV folds over this many random splits (1 = one pass, faster)")
-    p.add_argument("--cv-rule", choices=[r for r in RULES if r != "guarded"], default=DEFAULT_RULE,
-                   help="auto: shifted (default) = the argmax of the grid-smoothed CV mean, one grid step toward Base; "
+    p.add_argument("--cv-rule", choices=[r for r in RULES if r != "guarded"], default=None,
+                   help=f"auto's rule (default: {DEFAULT_RULES['km']} for km, {DEFAULT_RULES['knn']} for knn). spread "
+                   f"(kNN only, no CV) = 1/tau(x) = {SPREAD_INV_TAU:g} / std of the query's k distances; shifted = the "
+                   "argmax of the grid-smoothed CV mean, one grid step toward Base; "
                    "mean = the best CV mean; near-base = the 1/tau nearest Base within 1 pp of it; lcb = the best "
                    "gain over Base less one task-level standard error; one-se = the 1/tau nearest Base within one "
                    "standard error of the best (README: How τ is chosen)")
@@ -376,8 +382,12 @@ def cmd_eval(a) -> None:
     if a.cv_repeats < 1:
         raise ValueError(f"--cv-repeats {a.cv_repeats}: expected an integer >= 1")
     if a.temperature == "spread" and a.inv_tau == "auto" and not (a.sweep or "").startswith("inv-tau="):
-        raise ValueError("--temperature spread needs a number for --inv-tau (auto chooses a fixed 1/tau), e.g. "
-                         "--inv-tau 2 for KMeans")
+        raise ValueError("--temperature spread needs a number for --inv-tau (auto chooses the temperature itself), "
+                         "e.g. --inv-tau 2 for KMeans")
+    try:
+        check_rule(a.cv_rule, a.router)  # e.g. --cv-rule spread with --router km
+    except ValueError as e:
+        raise ValueError(f"--cv-rule {a.cv_rule}: {e}") from None
     X = embed_prompts(table, a.encoder)
     seeds = [int(s) for s in a.seeds.split(",")]
     common = dict(router=a.router, protocol=protocol, outliers=outliers, seeds=seeds, few_shot=a.few_shot,

@@ -19,6 +19,11 @@ curve is too noisy near its top to rank the best few 1/tau (README: How τ is ch
 The grid contains the Base limit itself (inf for KMeans, 0 for kNN), so when tilting does not help
 on the training tasks, auto falls back to the Base router. Fitting is done once per fold: the
 weights are computed at estimate time, so every 1/tau reuses the same fitted reference set.
+
+That is KMeans' auto. kNN's auto reads no CV (rule "spread", ``DEFAULT_RULES``): a per-query temperature,
+1/tau(x) = ``SPREAD_INV_TAU`` / std(phi(x)) over the query's k neighbours (the routers' ``temperature="spread"``),
+ahead of every fixed 1/tau and of the CV rules on six sets of configurations (README: How τ is chosen).
+``auto_choice`` resolves auto for either router.
 """
 from __future__ import annotations
 
@@ -161,9 +166,41 @@ def estimates_over(fitted, X, settings):
 
 NEAR_BASE_TOL = 1.0  # pp: the "near-base" rule's tolerance (README: How τ is chosen)
 SE_MULT = 1.0  # the "lcb" and "one-se" rules: how many task-level standard errors (README: How τ is chosen)
-RULES = ("mean", "guarded", "near-base", "shifted", "lcb", "one-se")
-DEFAULT_RULE = "shifted"  # what --inv-tau auto uses (README: How τ is chosen; "mean" until this change)
+CV_RULES = ("mean", "guarded", "near-base", "shifted", "lcb", "one-se")  # select_inv_tau: pick from the CV
+RULES = (*CV_RULES, "spread")  # every auto rule; "spread" reads no CV (kNN only, auto_choice)
+DEFAULT_RULE = "shifted"  # the CV's default rule (README: How τ is chosen; "mean" until it)
+DEFAULT_RULES = {"km": DEFAULT_RULE, "knn": "spread"}  # what --inv-tau auto uses per router (README: spread)
+SPREAD_INV_TAU = 0.2  # rule "spread": 1/tau(x) = 0.2 / std(phi(x)) over the query's k neighbours
 FOLD_RULES = ("lcb", "one-se")  # the rules that read the folds apart (CVFolds), not only the mean curves
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What ``--inv-tau auto`` resolved to: the router's ``inv_tau`` and ``temperature``, the rule that chose
+    them, and the CV curves it read ({1/tau: (outlier, inlier)}; empty for rule "spread" or too few tasks)."""
+    inv_tau: float
+    temperature: str
+    rule: str
+    curves: dict
+
+
+def default_rule(router: str) -> str:
+    """The rule ``--inv-tau auto`` uses for this router when none is named (``DEFAULT_RULES``)."""
+    if router not in DEFAULT_RULES:
+        raise ValueError(f"router={router!r}: allowed values are {', '.join(DEFAULT_RULES)}")
+    return DEFAULT_RULES[router]
+
+
+def check_rule(rule: str, router: str) -> str:
+    """``rule`` if it is an auto rule usable with ``router`` (None: the router's default), else a ValueError
+    naming what is allowed."""
+    rule = default_rule(router) if rule is None else rule
+    if rule not in RULES:
+        raise ValueError(f"rule={rule!r}: allowed values are {', '.join(RULES)}")
+    if rule == "spread" and router != "knn":
+        raise ValueError(f"rule='spread' (1/tau(x) = {SPREAD_INV_TAU:g} / std of the query's distances, no CV) is "
+                         f"measured for kNN only; for router={router!r} allowed: {', '.join(CV_RULES)}")
+    return rule
 
 
 def _base_index(grid, router: str) -> int:
@@ -232,7 +269,20 @@ def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = DEFAULT_RU
         d = per_task - per_task[:, [int(np.argmax(per_task.mean(axis=0)))]]
         ok = d.mean(axis=0) + se_mult * d.std(axis=0, ddof=1) / np.sqrt(T) >= 0
         return float(grid[_toward_base(grid, np.flatnonzero(ok), router)])
-    raise ValueError(f"rule={rule!r}: allowed values are {', '.join(RULES)}")
+    raise ValueError(f"rule={rule!r}: allowed values are {', '.join(CV_RULES)}"
+                     + (" ('spread' reads no CV: tuning.auto_choice)" if rule == "spread" else ""))
+
+
+def auto_choice(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
+                seed: int = 42, grid=GRID, rule: str | None = None, repeats: int = CV_REPEATS) -> AutoChoice:
+    """Resolve ``--inv-tau auto`` from the training set only: rule "spread" (kNN's default) is the spread
+    temperature at ``SPREAD_INV_TAU``; every other rule picks a fixed 1/tau from the CV (``auto_inv_tau``)."""
+    rule = check_rule(rule, router)
+    if rule == "spread":
+        return AutoChoice(SPREAD_INV_TAU, "spread", rule, {})
+    chosen, curves = auto_inv_tau(X, acc, cost, tasks, router, hp, protocol=protocol, few_shot=few_shot, seed=seed,
+                                  grid=grid, rule=rule, repeats=repeats)
+    return AutoChoice(chosen, "fixed", rule, curves)
 
 
 def auto_inv_tau(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,

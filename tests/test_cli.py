@@ -3,9 +3,10 @@ import json
 import numpy as np
 import pandas as pd
 
-from proxray import KNNRouter, RoutingTable
+from proxray import KMeansRouter, KNNRouter, RoutingTable
 from proxray.artifact import current_version
 from proxray.cli import main
+from proxray.tuning import GRID
 
 
 def test_import_routerdc_and_info(tmp_path, shared_data, capsys):
@@ -36,3 +37,20 @@ def test_fit_writes_a_loadable_artifact(tmp_path, shared_data):
     manifest = json.loads((current_version(tmp_path / "art") / "manifest.json").read_text())
     assert manifest["dim"] == 384 and manifest["params"]["k"] == 10
     assert np.isfinite(r.estimate(np.ones((1, 384), np.float32))[0]).all()
+    # --inv-tau auto is the default: kNN's is the spread temperature (no CV), KMeans' a CV-chosen fixed 1/tau
+    assert (r.inv_tau, r.temperature) == (0.2, "spread")
+    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "km", "--clusters", "4",
+                 "--out", str(tmp_path / "km")]) == 0
+    km = KMeansRouter.load(tmp_path / "km", encoder_id="sentence-transformers/all-MiniLM-L6-v2")
+    assert km.temperature == "fixed" and km.inv_tau in GRID
+    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--inv-tau", "5", "--temperature", "spread",
+                 "--out", str(tmp_path / "fixed")]) == 0
+    assert (KNNRouter.load(tmp_path / "fixed").inv_tau, KNNRouter.load(tmp_path / "fixed").temperature) == (5.0, "spread")
+
+
+def test_fit_refuses_a_temperature_with_auto(tmp_path, capsys):
+    assert main(["fit", "--temperature", "spread", "--out", str(tmp_path / "art")]) == 2
+    assert "--temperature spread needs a number for --inv-tau" in capsys.readouterr().err
+    assert main(["fit", "--inv-tau", "-1", "--out", str(tmp_path / "art")]) == 2
+    assert "--inv-tau '-1': expected a number >= 0, inf, or auto" in capsys.readouterr().err
+    assert not (tmp_path / "art").exists()

@@ -162,11 +162,12 @@ def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
     """run_once's auto uses CV_REPEATS passes and the "shifted" rule by default, and what cv_repeats / cv_rule say
     otherwise; near-base and shifted never pick a sharper KMeans 1/tau than mean does (they move toward inf)."""
     import proxray.experiments as ex
+    import proxray.tuning as tuning
 
     t, X, acc, cost = synth
     seen = []
-    real = ex.auto_inv_tau
-    monkeypatch.setattr(ex, "auto_inv_tau",
+    real = tuning.auto_inv_tau
+    monkeypatch.setattr(tuning, "auto_inv_tau",
                         lambda *a, **kw: (seen.append((kw["repeats"], kw["rule"])), real(*a, **kw))[1])
     kw = dict(router="km", protocol="leave-task-out", outliers=["medqa", "hellaswag"], n_clusters=16)
     shifted = ex.run_once(X, acc, cost, t.tasks, seed=42, **kw)["inv_tau"]
@@ -176,3 +177,38 @@ def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
     lcb = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="lcb", **kw)["inv_tau"]  # reads the folds apart
     assert seen == [(3, "shifted"), (1, "shifted"), (3, "mean"), (3, "near-base"), (3, "lcb")]
     assert near >= mean and shifted > mean and lcb in GRID
+
+
+def test_knn_auto_is_the_spread_temperature_without_cv(synth, monkeypatch):
+    """kNN's auto (rule "spread", tuning.DEFAULT_RULES) runs no CV: Prox is KNNRouter(inv_tau=0.2,
+    temperature="spread"), scored by hand here, and differs from the CV's fixed 1/tau (``cv_rule="shifted"``,
+    which does run the CV); "spread" is refused for KMeans, naming the rules it allows."""
+    import proxray.experiments as ex
+    import proxray.tuning as tuning
+    from proxray import KNNRouter
+    from proxray.metrics import routing_score
+
+    t, X, acc, cost = synth
+    cv_calls = []
+    real = tuning.cv_folds
+    monkeypatch.setattr(tuning, "cv_folds", lambda *a, **kw: (cv_calls.append(1), real(*a, **kw))[1])
+    kw = dict(router="knn", protocol="few-shot-outlier", outliers=["gsm8k", "svamp"], few_shot=10, k=50)
+    auto = ex.run_once(X, acc, cost, t.tasks, seed=42, **kw)
+    assert (auto["inv_tau"], auto["temperature"], cv_calls) == (0.2, "spread", [])
+    sp = protocol_split(t.tasks, kw["outliers"], kw["protocol"], 42, few_shot=10)
+    r = KNNRouter(k=50, inv_tau=0.2, temperature="spread").fit(X[sp.base_train], acc[sp.base_train], cost[sp.base_train])
+    want = routing_score(*r.estimate(X[sp.test]), acc[sp.test], cost[sp.test])
+    assert auto["scores"]["overall"]["prox"] == pytest.approx(want)
+    cv = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="shifted", **kw)
+    assert cv["temperature"] == "fixed" and cv["inv_tau"] in GRID and cv_calls == [1]
+    assert cv["scores"]["overall"]["prox"] != pytest.approx(want)
+    res = evaluate(X, acc, cost, t.tasks, seeds=(42, 7), **kw)
+    assert res["inv_tau"] == [0.2, 0.2] and res["temperature"] == "spread"
+    with pytest.raises(ValueError, match="rule='spread'.*kNN only.*allowed: mean, guarded, near-base, shifted"):
+        ex.run_once(X, acc, cost, t.tasks, "km", "leave-task-out", ["gsm8k"], 42, n_clusters=8, cv_rule="spread")
+
+
+def test_eval_refuses_spread_rule_for_kmeans_before_encoding(capsys):
+    assert main(["eval", "--n-per-task", "5", "--cv-rule", "spread"]) == 2
+    err = capsys.readouterr().err
+    assert "--cv-rule spread: rule='spread'" in err and "kNN only" in err and "encoding" not in err
