@@ -1,0 +1,134 @@
+"""Other KMeans kernels at fixed settings, on the configurations of bench/tau_selection.py (not a timed test).
+
+    python bench/km_kernels.py [--configs study,out-of-sample,fresh,fresh2,fresh3,fresh4] [--json out/km_kernels.json]
+
+KMeans' auto (``shifted``) ties the best single fixed 1/tau over all sets but trails the best fixed 1/tau of each set
+(README: How τ is chosen). This asks whether another kernel family, at one fixed setting, would do better — the
+way the spread temperature did for kNN. Each is ``weights.proximity_weights`` on other distances or another prior:
+
+* ``f:a``      the fixed grid (1/tau = a), for reference;
+* ``spr:a``    the spread temperature (``temperature="spread"``): phi / std of the query's K distances;
+* ``rad:a``    each cluster's distance in units of its own radius s_i (phi_i / s_i): "inside the cluster" is < 1;
+* ``topM:a``   only the M nearest clusters take part (the others absent), 1/tau = a;
+* ``size:a`` / ``uniform:a``  the prior p_i ∝ n_i or uniform instead of n_i / s_i;
+* ``mix:x|y``  the weights of two settings averaged.
+
+Printed per set of configurations and over all: Prox − Base (mean over configurations × seeds 42, 7, 99) and the
+configurations losing more than 0.3 pp outlier / 0.5 pp inlier, beside the best fixed 1/tau of the set in hindsight.
+Fits once per configuration and seed; every setting reuses the one search (~2.5 min for all six sets).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tau_selection import CONFIGS, D, FRESH, FRESH2, FRESH3, FRESH4, OUT_OF_SAMPLE, SEEDS, SPLITS, test_splits  # noqa: E402
+
+from proxray.embed import SentenceEncoder  # noqa: E402
+from proxray.experiments import protocol_split  # noqa: E402
+from proxray.metrics import routing_score  # noqa: E402
+from proxray.table import RoutingTable  # noqa: E402
+from proxray.tuning import GRID, make_router  # noqa: E402
+from proxray.weights import proximity_weights, spread_scaled  # noqa: E402
+
+SETS = {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
+        "fresh4": FRESH4}
+KERNELS = ("spr:2", "spr:4", "rad:1", "rad:2", "rad:4", "top4:10", "top4:20", "top8:20", "size:20", "uniform:20",
+           "mix:spr:2|f:20", "mix:spr:2|f:50", "mix:spr:4|f:50")
+SETTINGS = tuple(f"f:{g:g}" for g in GRID) + KERNELS
+
+
+def kernel_weights(fitted, phi, prior, setting: str) -> np.ndarray:
+    """The weights of one ``setting`` (module docstring) for the fitted KMeans router's distances ``phi``."""
+    kind, _, a = setting.partition(":")
+    if kind == "mix":
+        parts = a.split("|")
+        return sum(kernel_weights(fitted, phi, prior, p) for p in parts) / len(parts)
+    if kind == "f":
+        return proximity_weights(phi, float(a), prior)
+    if kind == "spr":
+        return proximity_weights(spread_scaled(phi), float(a), prior)
+    if kind == "rad":
+        s = fitted.spreads_
+        s = np.maximum(s, s[s > 0].min() if (s > 0).any() else 1.0)  # as the prior floors a zero radius
+        return proximity_weights(phi / s[None, :], float(a), prior)
+    if kind.startswith("top"):
+        m = int(kind[3:])
+        cut = np.sort(phi, axis=1)[:, m - 1:m]
+        return proximity_weights(np.where(phi <= cut, phi, np.inf), float(a), prior)
+    if kind in ("size", "uniform"):
+        n = fitted.sizes_
+        p = n.copy() if kind == "size" else (n > 0).astype(np.float64)
+        return proximity_weights(phi, float(a), p / p.sum())
+    raise ValueError(f"setting={setting!r}: unknown kernel")
+
+
+def run_set(configs, enc, cache) -> list:
+    rows = []
+    for name, router, protocol, outliers in configs:
+        if router != "km":
+            continue
+        if name not in cache:
+            t = RoutingTable.read(D / f"{name}.parquet")
+            cache[name] = (t, enc.encode(t.prompts), *t.matrices())
+        table, X, acc, cost = cache[name]
+        seeds = []
+        for seed in SEEDS:
+            sp = protocol_split(table.tasks, outliers, protocol, seed)
+            tr, c = sp.base_train, (lambda idx: None if cost is None else cost[idx])
+            fitted = make_router("km", "prox", {"n_clusters": 32, "random_state": seed}).fit(X[tr], acc[tr], c(tr))
+            scores = {}
+            for k, idx in test_splits(sp).items():
+                phi, ref, prior = fitted._search(X[idx])
+                scores[k] = [routing_score(*fitted._values_at(kernel_weights(fitted, phi, prior, s), ref), acc[idx], c(idx))
+                             for s in SETTINGS]
+            seeds.append(scores)
+        rows.append({"table": name, "protocol": protocol, "outliers": outliers, "seeds": seeds})
+        print(f"[km-kernels] {name} {protocol} {','.join(outliers)}", file=sys.stderr, flush=True)
+    return rows
+
+
+def effects(rows, si: int) -> dict:
+    """Per configuration Prox − Base (1/tau = inf) at setting ``si`` on each split, and the losing configurations."""
+    base = SETTINGS.index("f:inf")
+    d = {k: np.array([np.mean([s[k][si] - s[k][base] for s in r["seeds"]]) for r in rows]) for k in SPLITS}
+    return {**d, "lose_out": int((d["outlier"] < -0.3).sum()), "lose_in": int((d["inlier"] < -0.5).sum())}
+
+
+def report(sets: dict) -> None:
+    names = list(sets)
+    print("| setting | " + " | ".join(f"{n} ({len(sets[n])})" for n in names) + " | all: overall / outlier (losers) |")
+    print("|---|" + "---|" * (len(names) + 1))
+    best = [max(effects(sets[n], g)["overall"].mean() for g in range(len(GRID))) for n in names]
+    print("| best fixed 1/τ of the set (hindsight) | " + " | ".join(f"{b:+.2f}" for b in best) + " | |")
+    for si, s in enumerate(SETTINGS):
+        es = [effects(sets[n], si) for n in names]
+        ov = np.concatenate([e["overall"] for e in es])
+        out = np.concatenate([e["outlier"] for e in es])
+        print(f"| {s.replace('|', ' + ')} | " + " | ".join(f"{e['overall'].mean():+.2f} ({e['lose_out']}/{e['lose_in']})" for e in es)
+              + f" | {ov.mean():+.2f} / {out.mean():+.2f} ({sum(e['lose_out'] for e in es)}/{sum(e['lose_in'] for e in es)}) |")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default=",".join(SETS), help=f"comma-separated sets of configurations: {', '.join(SETS)}")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    unknown = [n for n in a.configs.split(",") if n not in SETS]
+    if unknown:
+        p.error(f"--configs: unknown set(s) {unknown}; allowed: {', '.join(SETS)}")
+    enc, cache = SentenceEncoder(progress=False), {}
+    sets = {n: run_set(SETS[n], enc, cache) for n in a.configs.split(",")}
+    report(sets)
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps({"settings": list(SETTINGS), "sets": sets}))
+
+
+if __name__ == "__main__":
+    main()
