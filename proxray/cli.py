@@ -33,13 +33,13 @@ def _cmd_info(a):
 
 def _cmd_fit(a):
     from .embed import SentenceEncoder
-    from .experiments import _parse_inv_tau
+    from .experiments import parse_inv_tau
     from .routers import KMeansRouter, KNNRouter
     from .synthetic import make_table
     from .table import RoutingTable
     from .tuning import auto_choice, default_rule
 
-    inv_tau, temperature = _parse_inv_tau(a.inv_tau), a.temperature or "fixed"
+    inv_tau, temperature = parse_inv_tau(a.inv_tau), a.temperature or "fixed"
     if inv_tau == "auto" and a.temperature:
         raise ValueError(f"--temperature {a.temperature} needs a number for --inv-tau (auto chooses the temperature "
                          "itself)")

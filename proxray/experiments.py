@@ -317,7 +317,7 @@ def add_eval_parser(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
-def _parse_inv_tau(v):
+def parse_inv_tau(v):
     if v == "auto":
         return "auto"
     try:
@@ -391,7 +391,7 @@ def cmd_eval(a) -> None:
     X = embed_prompts(table, a.encoder)
     seeds = [int(s) for s in a.seeds.split(",")]
     common = dict(router=a.router, protocol=protocol, outliers=outliers, seeds=seeds, few_shot=a.few_shot,
-                  n_clusters=a.clusters, k=a.k, inv_tau=_parse_inv_tau(a.inv_tau), temperature=a.temperature,
+                  n_clusters=a.clusters, k=a.k, inv_tau=parse_inv_tau(a.inv_tau), temperature=a.temperature,
                   cv_repeats=a.cv_repeats, cv_rule=a.cv_rule)
     if a.sweep:
         param, _, values = a.sweep.partition("=")
@@ -405,7 +405,7 @@ def cmd_eval(a) -> None:
             elif param == "k":
                 kw["k"] = int(v)
             else:
-                kw["inv_tau"] = _parse_inv_tau(v)
+                kw["inv_tau"] = parse_inv_tau(v)
             res = evaluate(X, acc, cost, table.tasks, **kw)
             value = float(v) if param == "inv-tau" else int(v)
             rows.append({"value": value, "result": res})

@@ -45,7 +45,8 @@ def test_fit_writes_a_loadable_artifact(tmp_path, shared_data):
     assert km.temperature == "fixed" and km.inv_tau in GRID
     assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--inv-tau", "5", "--temperature", "spread",
                  "--out", str(tmp_path / "fixed")]) == 0
-    assert (KNNRouter.load(tmp_path / "fixed").inv_tau, KNNRouter.load(tmp_path / "fixed").temperature) == (5.0, "spread")
+    fixed = KNNRouter.load(tmp_path / "fixed")
+    assert (fixed.inv_tau, fixed.temperature) == (5.0, "spread")
 
 
 def test_fit_refuses_a_temperature_with_auto(tmp_path, capsys):
