@@ -65,7 +65,8 @@ def test_nothing_shipped_switches_ray_auth_off_or_opens_the_dashboard():
     """Only the test command (tests and CI, their own local cluster) may disable auth; not the configs, the
     docs, the CLI, the monitor's Jobs client or the demo. The endpoint's key travels as a file, not runtime_env."""
     shipped = [ROOT / "cluster.yaml", *(ROOT / "serve_configs").glob("*.yaml"), *(ROOT / "jobs" / "configs").glob("*"),
-               *(ROOT / "docs").glob("*"), *(ROOT / "proxray").rglob("*.py")]
+               *(p for p in (ROOT / "docs").glob("*") if p.suffix != ".png"),  # figures are PNG
+               *(ROOT / "proxray").rglob("*.py")]
     readme = (ROOT / "README.md").read_text()
     test_command = readme.split("```bash")[2].split("```")[0]
     texts = {str(p.relative_to(ROOT)): p.read_text() for p in shipped} | {"README.md": readme.replace(test_command, "")}
