@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tau_selection import CONFIGS, D, FRESH, FRESH2, FRESH3, FRESH4, OUT_OF_SAMPLE, SEEDS, SPLITS, test_splits  # noqa: E402
+from tau_selection import D, SEEDS, SETS, SPLITS, test_splits  # noqa: E402
 
 from proxray.embed import SentenceEncoder  # noqa: E402
 from proxray.experiments import protocol_split  # noqa: E402
@@ -36,8 +36,6 @@ from proxray.table import RoutingTable  # noqa: E402
 from proxray.tuning import GRID, make_router  # noqa: E402
 from proxray.weights import proximity_weights, spread_scaled  # noqa: E402
 
-SETS = {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
-        "fresh4": FRESH4}
 KERNELS = ("spr:2", "spr:4", "rad:1", "rad:2", "rad:4", "top4:10", "top4:20", "top8:20", "size:20", "uniform:20",
            "mix:spr:2|f:20", "mix:spr:2|f:50", "mix:spr:4|f:50")
 SETTINGS = tuple(f"f:{g:g}" for g in GRID) + KERNELS

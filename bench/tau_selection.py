@@ -89,6 +89,8 @@ FRESH4 = (  # a sixth set, defined before the spread temperature was proposed as
      for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
     + [("routerdc7", "knn", "few-shot-outlier", ["cmmlu", "javascript"]),
        ("routerdc7", "km", "leave-task-out", ["mmlu", "math_prealgebra"])])
+SETS = {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
+        "fresh4": FRESH4}  # --configs
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
@@ -127,10 +129,11 @@ _MEAN = lambda o, i, router: (o + i) / 2  # noqa: E731
 _SMOOTHED = lambda o, i, router: smooth_curve((o + i) / 2)  # noqa: E731
 
 
-def _select(rule, **kw):
-    """``tuning.select_inv_tau(rule=...)`` over the fixed grid, as a curve whose argmax is its pick."""
+def _select(rule, grid=GRID, **kw):
+    """``tuning.select_inv_tau(rule=...)`` over ``grid`` (the fixed one, or the spread settings' a), as a curve whose
+    argmax is its pick."""
     def curve(o, i, router):
-        return (np.asarray(GRID) == select_inv_tau(o, i, router, GRID, rule, **kw)).astype(float)
+        return (np.asarray(grid) == select_inv_tau(o, i, router, grid, rule, **kw)).astype(float)
     return curve
 
 
@@ -149,14 +152,6 @@ _SPREAD = range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR))
 _SHIFTED = "auto, fixed grid, smoothed CV, one step toward Base (shifted: KMeans' default)"
 
 
-def _shifted_any(o, i, router):
-    """``shifted`` over any ascending list of settings (the spread ones: larger a = sharper = toward KMeans' Base):
-    the argmax of the smoothed CV mean, one position toward Base."""
-    at = int(np.argmax(smooth_curve((o + i) / 2)))
-    at = min(at + 1, len(o) - 1) if router == "km" else max(at - 1, 0)
-    return (np.arange(len(o)) == at).astype(float)
-
-
 RULES = {  # name -> (settings it may pick from, how, which CV curves): each uses the configuration's own CV only
     "auto, fixed grid, mean (the default before)": (range(len(GRID)), _MEAN, "cv"),
     "auto, fixed grid, smoothed CV": (range(len(GRID)), _SMOOTHED, "cv"),
@@ -166,7 +161,9 @@ RULES = {  # name -> (settings it may pick from, how, which CV curves): each use
     "auto, fixed or relative": (range(len(GRID) + len(REL)), _MEAN, "cv"),
     "auto, spread only": (_SPREAD, _MEAN, "cv"),
     "auto, spread only, smoothed CV": (_SPREAD, _SMOOTHED, "cv"),
-    "auto, spread only, shifted (smoothed CV, one step toward Base)": (_SPREAD, _shifted_any, "cv"),
+    # shifted over the spread settings (ascending a: larger is sharper, toward KMeans' Base)
+    "auto, spread only, shifted (smoothed CV, one step toward Base)": (
+        _SPREAD, _select("shifted", grid=tuple(float(a[4:]) for a in SPR)), "cv"),
     "auto, mixture only": (range(len(SETTINGS) - len(MIX), len(SETTINGS)), _MEAN, "cv"),
     "auto, any": (range(len(SETTINGS)), _MEAN, "cv"),
     # the same from CV curves of the estimates' squared error instead of the AUC
@@ -301,7 +298,7 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--from-json", default=None, help="only summarize saved runs (comma-separated JSON paths)")
     p.add_argument("--plot", default=None, help="with --from-json: a PNG of the main rules on each saved set")
-    p.add_argument("--configs", choices=["study", "out-of-sample", "fresh", "fresh2", "fresh3", "fresh4"], default="study",
+    p.add_argument("--configs", choices=list(SETS), default="study",
                    help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
                    "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto")
     p.add_argument("--no-cv", action="store_true", help="fixed settings only (no CV curves, no auto rules)")
@@ -326,7 +323,7 @@ def main(argv=None):
         return
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}
-    for name, router, protocol, outliers in {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3, "fresh4": FRESH4}[a.configs]:
+    for name, router, protocol, outliers in SETS[a.configs]:
         if name not in cache:
             t = RoutingTable.read(D / f"{name}.parquet")
             cache[name] = (t, enc.encode(t.prompts), *t.matrices())
