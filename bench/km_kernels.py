@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tau_selection import D, SEEDS, SETS, SPLITS, test_splits  # noqa: E402
+from tau_selection import D, SEEDS, SETS, effect, test_splits  # noqa: E402
 
 from proxray.embed import SentenceEncoder  # noqa: E402
 from proxray.experiments import protocol_split  # noqa: E402
@@ -38,7 +38,7 @@ from proxray.weights import proximity_weights, spread_scaled  # noqa: E402
 
 KERNELS = ("spr:2", "spr:4", "rad:1", "rad:2", "rad:4", "top4:10", "top4:20", "top8:20", "size:20", "uniform:20",
            "mix:spr:2|f:20", "mix:spr:2|f:50", "mix:spr:4|f:50")
-SETTINGS = tuple(f"f:{g:g}" for g in GRID) + KERNELS
+SETTINGS = tuple(f"f:{g:g}" for g in GRID) + KERNELS  # the grid first: effect() finds Base by its grid index
 
 
 def kernel_weights(fitted, phi, prior, setting: str) -> np.ndarray:
@@ -85,17 +85,15 @@ def run_set(configs, enc, cache) -> list:
                 phi, ref, prior = fitted._search(X[idx])
                 scores[k] = [routing_score(*fitted._values_at(kernel_weights(fitted, phi, prior, s), ref), acc[idx], c(idx))
                              for s in SETTINGS]
-            seeds.append(scores)
-        rows.append({"table": name, "protocol": protocol, "outliers": outliers, "seeds": seeds})
+            seeds.append({"test": scores})
+        rows.append({"table": name, "router": "km", "protocol": protocol, "outliers": outliers, "seeds": seeds})
         print(f"[km-kernels] {name} {protocol} {','.join(outliers)}", file=sys.stderr, flush=True)
     return rows
 
 
 def effects(rows, si: int) -> dict:
-    """Per configuration Prox − Base (1/tau = inf) at setting ``si`` on each split, and the losing configurations."""
-    base = SETTINGS.index("f:inf")
-    d = {k: np.array([np.mean([s[k][si] - s[k][base] for s in r["seeds"]]) for r in rows]) for k in SPLITS}
-    return {**d, "lose_out": int((d["outlier"] < -0.3).sum()), "lose_in": int((d["inlier"] < -0.5).sum())}
+    """``tau_selection.effect`` at setting ``si`` (the settings open with the grid, so its Base index is f:inf's)."""
+    return effect(rows, lambda s: si)
 
 
 def report(sets: dict) -> None:
