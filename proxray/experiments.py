@@ -169,10 +169,10 @@ def evaluate(X, acc, cost, tasks, router="km", protocol="leave-task-out", outlie
              temperature="fixed", cv_repeats=CV_REPEATS, cv_rule=None) -> dict:
     """All seeds; the result has the JSON shape of ``proxray eval --json``."""
     runs = []
+    by_cv = inv_tau == "auto" and check_rule(cv_rule, router) != "spread"
     for s in seeds:
         log(f"seed {s}: {router} / {protocol} / outliers {', '.join(outliers)}"
-            + (" — choosing 1/tau on training tasks" if inv_tau == "auto" and check_rule(cv_rule, router) != "spread"
-               else ""))
+            + (" — choosing 1/tau on training tasks" if by_cv else ""))
         runs.append(run_once(X, acc, cost, np.asarray(tasks), router, protocol, list(outliers), s, few_shot,
                              n_clusters, k, inv_tau, keep_curves=keep_curves and not runs, budgets=budgets,
                              temperature=temperature, cv_repeats=cv_repeats, cv_rule=cv_rule))
