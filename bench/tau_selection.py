@@ -89,8 +89,17 @@ FRESH4 = (  # a sixth set, defined before the spread temperature was proposed as
      for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
     + [("routerdc7", "knn", "few-shot-outlier", ["cmmlu", "javascript"]),
        ("routerdc7", "km", "leave-task-out", ["mmlu", "math_prealgebra"])])
+FRESH5 = (  # a seventh set, KMeans only, defined before the per-query KMeans kernels of bench/km_kernels.py were
+    # read (BBH outliers drawn by np.random.default_rng(2026); routerdc7 pairs no earlier set used)
+    [("bbh19_dev", "km", p, o) for o in (["boolean_expressions", "logical_deduction_three_objects", "navigate"],
+                                         ["boolean_expressions", "reasoning_about_colored_objects", "ruin_names"],
+                                         ["logical_deduction_seven_objects", "reasoning_about_colored_objects",
+                                          "tracking_shuffled_objects_five_objects", "tracking_shuffled_objects_three_objects"])
+     for p in ("leave-task-out", "few-shot-outlier")]
+    + [("routerdc7", "km", "few-shot-outlier", ["cmmlu", "humaneval"]), ("routerdc7", "km", "leave-task-out", ["ceval", "javascript"]),
+       ("routerdc7", "km", "few-shot-outlier", ["mmlu", "gsm8k"]), ("routerdc7", "km", "leave-task-out", ["arc_easy", "math_prealgebra"])])
 SETS = {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
-        "fresh4": FRESH4}  # --configs
+        "fresh4": FRESH4, "fresh5": FRESH5}  # --configs
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
