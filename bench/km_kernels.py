@@ -1,8 +1,8 @@
 """Other KMeans kernels at fixed settings, on the configurations of bench/tau_selection.py (not a timed test).
 
-    python bench/km_kernels.py [--configs study,out-of-sample,fresh,fresh2,fresh3,fresh4] [--json out/km_kernels.json]
+    python bench/km_kernels.py [--configs study,out-of-sample,fresh,fresh2,fresh3,fresh4,fresh5] [--json out/km_kernels.json]
 
-KMeans' auto (``shifted``) ties the best single fixed 1/tau over all sets but trails the best fixed 1/tau of each set
+KMeans' auto before ess-or-shifted (``shifted``) tied the best single fixed 1/tau over all sets but trailed the best fixed 1/tau of each set
 (README: How τ is chosen). This asks whether another kernel family, at one fixed setting, would do better — the
 way the spread temperature did for kNN. Each is ``weights.proximity_weights`` on other distances or another prior:
 
@@ -11,7 +11,13 @@ way the spread temperature did for kNN. Each is ``weights.proximity_weights`` on
 * ``rad:a``    each cluster's distance in units of its own radius s_i (phi_i / s_i): "inside the cluster" is < 1;
 * ``topM:a``   only the M nearest clusters take part (the others absent), 1/tau = a;
 * ``size:a`` / ``uniform:a``  the prior p_i ∝ n_i or uniform instead of n_i / s_i;
-* ``mix:x|y``  the weights of two settings averaged.
+* ``mix:x|y``  the weights of two settings averaged;
+* ``ess:E``    the adaptive bandwidth: per query the 1/tau at which the weights' effective sample size is E clusters
+  (``weights.ess_inv_tau``; as t-SNE calibrates its perplexity per point);
+* ``lsprM:a``  the spread temperature over the M nearest clusters only; ``nrad:a`` every distance in units of the
+  query's nearest cluster's radius; ``rel:a`` in units of the nearest distance (``tuning.estimates_over``'s rel);
+* ``gate:a`` / ``gater:a``  Base inside the nearest cluster's radius (gate) or outside it (gater), 1/tau = a else;
+* ``maxs:a|b`` / ``mins:a|b``  the spread temperature a, floored / capped at the fixed 1/tau b.
 
 Printed per set of configurations and over all: Prox − Base (mean over configurations × seeds 42, 7, 99) and the
 configurations losing more than 0.3 pp outlier / 0.5 pp inlier, beside the best fixed 1/tau of the set in hindsight.
@@ -34,10 +40,13 @@ from proxray.experiments import protocol_split  # noqa: E402
 from proxray.metrics import routing_score  # noqa: E402
 from proxray.table import RoutingTable  # noqa: E402
 from proxray.tuning import GRID, make_router  # noqa: E402
-from proxray.weights import proximity_weights, spread_scaled  # noqa: E402
+from proxray.weights import ess_inv_tau, proximity_weights, spread_scaled  # noqa: E402
 
 KERNELS = ("spr:2", "spr:4", "rad:1", "rad:2", "rad:4", "top4:10", "top4:20", "top8:20", "size:20", "uniform:20",
-           "mix:spr:2|f:20", "mix:spr:2|f:50", "mix:spr:4|f:50")
+           "mix:spr:2|f:20", "mix:spr:2|f:50", "mix:spr:4|f:50",
+           # added in the stop after: per-query scales not tried before
+           "ess:1.5", "ess:2", "ess:3", "ess:5", "lspr4:1", "lspr4:2", "lspr8:1", "lspr8:2", "nrad:1", "nrad:2",
+           "nrad:4", "rel:2", "rel:5", "rel:10", "gate:20", "gater:20", "maxs:2|20", "mins:2|20", "maxs:4|50")
 SETTINGS = tuple(f"f:{g:g}" for g in GRID) + KERNELS  # the grid first: effect() finds Base by its grid index
 
 
@@ -59,6 +68,29 @@ def kernel_weights(fitted, phi, prior, setting: str) -> np.ndarray:
         m = int(kind[3:])
         cut = np.sort(phi, axis=1)[:, m - 1:m]
         return proximity_weights(np.where(phi <= cut, phi, np.inf), float(a), prior)
+    if kind == "ess":
+        return proximity_weights(phi * ess_inv_tau(phi, prior, float(a))[:, None], 1.0, prior)
+    if kind.startswith("lspr"):  # spread over the M nearest clusters only (kNN's spread is local too)
+        m = int(kind[4:])
+        near = np.sort(phi, axis=1)[:, :m]
+        return proximity_weights(phi / np.maximum(near.std(axis=1), 1e-3)[:, None], float(a), prior)
+    if kind == "nrad":  # every distance in units of the query's nearest cluster's radius
+        s = fitted.spreads_
+        s = np.maximum(s, s[s > 0].min() if (s > 0).any() else 1.0)
+        return proximity_weights(phi / s[np.argmin(phi, axis=1)][:, None], float(a), prior)
+    if kind == "rel":
+        return proximity_weights(phi / np.maximum(phi.min(axis=1), 0.05)[:, None], float(a), prior)
+    if kind in ("gate", "gater"):  # Base inside the nearest cluster's radius (gate) or outside it (gater)
+        s = fitted.spreads_
+        inside = phi.min(axis=1) <= s[np.argmin(phi, axis=1)]
+        hard, soft = proximity_weights(phi, np.inf, prior), proximity_weights(phi, float(a), prior)
+        use_hard = inside if kind == "gate" else ~inside
+        return np.where(use_hard[:, None], hard, soft)
+    if kind in ("maxs", "mins"):  # the spread temperature, floored (maxs) or capped (mins) at a fixed 1/tau
+        x, y = (float(v) for v in a.split("|"))
+        sd = np.maximum(phi.std(axis=1), 1e-3)
+        it = (np.maximum if kind == "maxs" else np.minimum)(x / sd, y)
+        return proximity_weights(phi * it[:, None], 1.0, prior)
     if kind in ("size", "uniform"):
         n = fitted.sizes_
         p = n.copy() if kind == "size" else (n > 0).astype(np.float64)

@@ -1,7 +1,8 @@
 """Which way of choosing 1/tau works? Compares, on the real tables, the training-only rules of
 ``proxray.tuning`` with every fixed 1/tau of the grid, against the test split (not a timed test).
 
-    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|fresh3|fresh4] [--json out/tau_sel_folds_study.json]
+    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|fresh3|fresh4|fresh5] [--routers km|knn]
+                                  [--json out/tau_sel_folds_study.json]
     python bench/tau_selection.py --from-json a.json,b.json,... [--plot out/tau_rules.png]
 
 For every configuration of bench/real_tables.sh and seeds 42, 7, 99 it computes the leave-one-task-out
@@ -16,7 +17,10 @@ lose more than 0.3 pp of outlier or 0.5 pp of inlier score. The "Brier CV" rules
 the estimates' mean squared error (``tuning.brier_score``) instead of the AUC: a smoother criterion
 (with ``--brier``). "nearest Base within t pp" (parsimony, ``tuning.select_inv_tau(rule="near-base")``) takes,
 among the fixed 1/tau whose CV mean is within t pp of the best, the one nearest the Base limit; "one step toward
-Base" is ``rule="shifted"``, what KMeans' ``--inv-tau auto`` uses (kNN's is the row "fixed spr:0.2", rule "spread"); "lcb" and "one-se" read the CV folds apart (saved in
+Base" is ``rule="shifted"``; ``ess:E`` is the adaptive bandwidth (per query the 1/tau at which the weights'
+effective sample size is E), and "shifted, or ess:E where its CV mean is m pp higher" is
+``tuning.select_ess_or_shifted``, what KMeans' ``--inv-tau auto`` uses at E = 3, m = 0.5 (kNN's is the row "fixed
+spr:0.2", rule "spread"); "lcb" and "one-se" read the CV folds apart (saved in
 the JSON as ``folds_cv``; runs saved before that skip them). The CV averages its folds over ``--cv-repeats`` random
 splits (default: as ``--inv-tau auto``, ``tuning.CV_REPEATS``; 1 is the one-pass CV of the earlier saved runs).
 ``--configs``: the study's configurations (those of bench/real_tables.sh) or one of five further sets, each
@@ -35,8 +39,8 @@ from proxray.embed import SentenceEncoder
 from proxray.experiments import protocol_split
 from proxray.metrics import routing_score
 from proxray.table import RoutingTable
-from proxray.tuning import (CV_REPEATS, GRID, CVFolds, cv_folds, estimates_over, make_router, select_inv_tau,
-                            smooth_curve)
+from proxray.tuning import (CV_REPEATS, ESS_MARGIN, ESS_TARGET, GRID, CVFolds, cv_folds, estimates_over, make_router,
+                            select_ess_or_shifted, select_inv_tau, smooth_curve)
 
 D = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 CONFIGS = (
@@ -104,7 +108,8 @@ REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
        "mix:0,1,2,5,10,20,50,100,200,inf")  # weights averaged over several fixed 1/tau
-SETTINGS = (*GRID, *REL, *SPR, *MIX)
+ESS = ("ess:1.5", "ess:2", "ess:3", "ess:5", "ess:8")  # per-query 1/tau at which the weights' effective sample size is E
+SETTINGS = (*GRID, *REL, *SPR, *MIX, *ESS)
 
 
 def test_splits(sp) -> dict:
@@ -158,7 +163,23 @@ def _fold_rule(rule, se_mult=1.0):
 
 
 _SPREAD = range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR))
-_SHIFTED = "auto, fixed grid, smoothed CV, one step toward Base (shifted: KMeans' default)"
+_MIX = range(_SPREAD.stop, _SPREAD.stop + len(MIX))
+_ESS = range(_MIX.stop, _MIX.stop + len(ESS))  # saved runs before ESS existed end at _MIX.stop: their rules are skipped
+_SHIFTED = "auto, fixed grid, smoothed CV, one step toward Base (shifted: KMeans' default before ess-or-shifted)"
+
+
+def _ess_rule_name(ess: str, margin: float) -> str:
+    return (f"auto, shifted, or {ess} where its CV mean is {margin:g} pp higher"
+            + (" (ess-or-shifted: KMeans' default)" if (ess, margin) == (f"ess:{ESS_TARGET:g}", ESS_MARGIN) else ""))
+
+
+def _ess_or_shifted(margin):
+    """``tuning.select_ess_or_shifted`` with ``margin`` over the fixed grid and one ess setting after it (the rule's
+    own target is ``tuning.ESS_TARGET``; other targets here are the same comparison), as a one-hot curve."""
+    def curve(o, i, router):
+        inv_tau, temperature = select_ess_or_shifted(o, i, GRID, margin)
+        return (np.arange(len(o)) == (len(GRID) if temperature == "ess" else GRID.index(inv_tau))).astype(float)
+    return curve
 
 
 RULES = {  # name -> (settings it may pick from, how, which CV curves): each uses the configuration's own CV only
@@ -173,13 +194,18 @@ RULES = {  # name -> (settings it may pick from, how, which CV curves): each use
     # shifted over the spread settings (ascending a: larger is sharper, toward KMeans' Base)
     "auto, spread only, shifted (smoothed CV, one step toward Base)": (
         _SPREAD, _select("shifted", grid=tuple(float(a[4:]) for a in SPR)), "cv"),
-    "auto, mixture only": (range(len(SETTINGS) - len(MIX), len(SETTINGS)), _MEAN, "cv"),
-    "auto, any": (range(len(SETTINGS)), _MEAN, "cv"),
+    "auto, mixture only": (_MIX, _MEAN, "cv"),
+    "auto, any": (range(_MIX.stop), _MEAN, "cv"),
     # the same from CV curves of the estimates' squared error instead of the AUC
     "auto (Brier CV), fixed grid": (range(len(GRID)), _MEAN, "brier"),
     "auto (Brier CV), spread only": (_SPREAD, _MEAN, "brier"),
-    "auto (Brier CV), any": (range(len(SETTINGS)), _MEAN, "brier"),
+    "auto (Brier CV), any": (range(_MIX.stop), _MEAN, "brier"),
     _SHIFTED: (range(len(GRID)), _select("shifted"), "cv"),
+    # the adaptive bandwidth: per query the 1/tau at which the weights' effective sample size is E
+    "auto, ess only": (_ESS, _MEAN, "cv"),
+    "auto, fixed grid or ess": ([*range(len(GRID)), *_ESS], _MEAN, "cv"),
+    **{_ess_rule_name(e, m): ([*range(len(GRID)), _ESS[ESS.index(e)]], _ess_or_shifted(m), "cv")
+       for e in ("ess:2", "ess:3", "ess:5") for m in (0.0, 0.5, 1.0)},
     # from the folds apart: the CV's spread over the held-out tasks (runs saved before --json kept them: skipped)
     **{f"auto, fixed grid, lcb ({m:g} se)": (None, _fold_rule("lcb", m), "folds") for m in (0.5, 1.0, 2.0)},
     **{f"auto, fixed grid, one-se ({m:g} se)": (None, _fold_rule("one-se", m), "folds") for m in (0.5, 1.0)},
@@ -212,7 +238,8 @@ def pickers(rows):
             yield name, (lambda s, curve=curve: curve(s, rows[0]["router"]))
             continue
         allowed = list(allowed)
-
+        if max(allowed) >= len(rows[0]["seeds"][0][f"out_{src}"]):
+            continue  # saved before these settings existed
         def pick(s, allowed=allowed, curve=curve, src=src):
             v = curve(np.array(s[f"out_{src}"])[allowed], np.array(s[f"in_{src}"])[allowed], rows[0]["router"])
             return allowed[int(np.argmax(v))]
@@ -231,9 +258,10 @@ def summarize(rows):
     return "\n".join(lines)
 
 
-PLOTTED = {"auto (default: KM shifted, kNN spread 0.2)": {"km": _SHIFTED, "knn": "fixed spr:0.2"},
+_ESS_OR_SHIFTED = _ess_rule_name(f"ess:{ESS_TARGET:g}", ESS_MARGIN)
+PLOTTED = {"auto (default: KM ess-or-shifted, kNN spread 0.2)": {"km": _ESS_OR_SHIFTED, "knn": "fixed spr:0.2"},
            "mean (before shifted)": "auto, fixed grid, mean (the default before)",
-           "shifted": _SHIFTED,
+           "shifted (KM's default before)": _SHIFTED,
            "near-base 1 pp": "auto, fixed grid, nearest Base within 1 pp of the best CV"}
 
 
@@ -246,8 +274,9 @@ def plot_sets(sets: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
-    for ax, router in zip(axes, ("km", "knn")):
+    routers = [k for k in ("km", "knn") if any(r["router"] == k for rows in sets.values() for r in rows)]
+    fig, axes = plt.subplots(1, len(routers), figsize=(6.5 * len(routers) + 1, 5.2), squeeze=False)
+    for ax, router in zip(axes[0], routers):
         names = list(PLOTTED) + ["best fixed 1/τ (hindsight)"]
         width = 0.8 / len(names)
         for si, (label, rows) in enumerate(sets.items()):
@@ -255,7 +284,7 @@ def plot_sets(sets: dict, path) -> None:
             picks = dict(pickers(rows))
             fixed = [effect(rows, lambda s, g=g: g) for g in range(len(GRID))]
             best = int(np.argmax([e["overall"].mean() for e in fixed]))
-            chosen = {n: (v[router] if isinstance(v, dict) else v) for n, v in PLOTTED.items()}
+            chosen = {n: (v.get(router) if isinstance(v, dict) else v) for n, v in PLOTTED.items()}
             effects = [effect(rows, picks[chosen[n]]) if chosen[n] in picks else None for n in PLOTTED]
             for ni, e in enumerate(effects + [fixed[best]]):
                 if e is None:
@@ -296,6 +325,8 @@ def cv_agreement(rows) -> str:
 def report(rows):
     for router in ("km", "knn"):
         sel = [r for r in rows if r["router"] == router]
+        if not sel:
+            continue
         print(f"\n{router}: {len(sel)} configurations x {len(SEEDS)} seeds, Prox - Base on the test split")
         print(summarize(sel))
         if "out_cv" in sel[0]["seeds"][0]:
@@ -309,7 +340,8 @@ def main(argv=None):
     p.add_argument("--plot", default=None, help="with --from-json: a PNG of the main rules on each saved set")
     p.add_argument("--configs", choices=list(SETS), default="study",
                    help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
-                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto")
+                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto; fresh5: a seventh (KMeans only), defined before the ess-or-shifted rule was read off the others")
+    p.add_argument("--routers", default="km,knn", choices=["km,knn", "km", "knn"], help="whose configurations to run")
     p.add_argument("--no-cv", action="store_true", help="fixed settings only (no CV curves, no auto rules)")
     p.add_argument("--cv-repeats", type=int, default=CV_REPEATS,
                    help=f"the CV's random splits averaged (default {CV_REPEATS}, as --inv-tau auto; 1 = one pass)")
@@ -326,13 +358,15 @@ def main(argv=None):
             print(f"\n# {path}: CV over {saved.get('cv_repeats', 1)} random split(s), "
                   f"{saved.get('cv_fold_tasks', '1')} task(s) held out per fold")  # saved before these options: 1, 1
             report(saved["rows"])
-            sets[Path(path).stem.removeprefix("tau_sel_folds_")] = saved["rows"]
+            sets[Path(path).stem.removeprefix("tau_sel_folds_").removeprefix("ess_")] = saved["rows"]
         if a.plot:
             plot_sets(sets, a.plot)
         return
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}
     for name, router, protocol, outliers in SETS[a.configs]:
+        if router not in a.routers.split(","):
+            continue
         if name not in cache:
             t = RoutingTable.read(D / f"{name}.parquet")
             cache[name] = (t, enc.encode(t.prompts), *t.matrices())

@@ -38,11 +38,14 @@ def _cmd_fit(a):
     from .synthetic import make_table
     from .table import RoutingTable
     from .tuning import auto_choice, default_rule
+    from .weights import check_ess_target
 
     inv_tau, temperature = parse_inv_tau(a.inv_tau), a.temperature or "fixed"
     if inv_tau == "auto" and a.temperature:
         raise ValueError(f"--temperature {a.temperature} needs a number for --inv-tau (auto chooses the temperature "
                          "itself)")
+    if temperature == "ess" and a.weighting == "prox":
+        check_ess_target(inv_tau)  # before the table is read and encoded
     table = RoutingTable.read(a.table) if a.table else make_table()
     if a.table is None:
         print("no --table: fitting on the embedded SYNTHETIC routing table", file=sys.stderr)
@@ -127,6 +130,8 @@ def _cmd_monitor(a):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .weights import TEMPERATURES  # numpy only
+
     p = argparse.ArgumentParser(prog="proxray", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -155,9 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--inv-tau", default="auto",
                      help="1/tau: a number, inf, or auto (default; README: How τ is chosen): kNN the spread temperature "
                      "at 0.2, KMeans a fixed 1/tau chosen by leave-task-out CV on the table's tasks")
-    fit.add_argument("--temperature", choices=["fixed", "spread"], default=None,
-                     help="with a number --inv-tau: fixed (default) or spread, 1/tau(x) = inv-tau / std of the query's "
-                     "distances (README: How τ is chosen)")
+    fit.add_argument("--temperature", choices=list(TEMPERATURES), default=None,
+                     help="with a number --inv-tau: fixed (default); spread, 1/tau(x) = inv-tau / std of the query's "
+                     "distances; ess, per query the 1/tau at which the weights' effective sample size is inv-tau "
+                     "(README: How τ is chosen)")
     fit.add_argument("--encoder", default=None, help="sentence-transformers name or path (default: shipped MiniLM)")
     fit.add_argument("--out", required=True, help="artifact folder")
     fit.set_defaults(func=_cmd_fit)

@@ -21,6 +21,7 @@ import numpy as np
 from .logs import log
 from .metrics import baseline_points, cost_range, ndch_auc, routing_score, sweep
 from .tuning import CV_REPEATS, DEFAULT_RULES, RULES, SPREAD_INV_TAU, auto_choice, check_rule, make_router
+from .weights import TEMPERATURES, check_ess_target
 
 PROTOCOLS = ("leave-task-out", "few-shot-outlier")
 SPLITS = ("outlier", "inlier", "overall")
@@ -109,8 +110,8 @@ def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: in
     "curves": …, "budgets": [per budget: per router λ, accuracy and cost reached on the test split]}.
     ``temperature="spread"`` gives Prox 1/tau(x) = inv_tau / std of the query's distances (a number only);
     ``inv_tau="auto"`` resolves both with ``cv_rule`` (None: the router's default, ``tuning.DEFAULT_RULES``)."""
-    if temperature == "spread" and inv_tau == "auto":
-        raise ValueError("temperature='spread' needs a number for inv_tau (auto chooses the temperature itself: "
+    if temperature != "fixed" and inv_tau == "auto":
+        raise ValueError(f"temperature={temperature!r} needs a number for inv_tau (auto chooses the temperature itself: "
                          f"kNN the spread one at {SPREAD_INV_TAU:g}, KMeans a fixed 1/tau by CV); README: How τ is chosen")
     sp = protocol_split(tasks, outliers, protocol, seed, few_shot)
     hp = {"n_clusters": n_clusters, "k": k, "random_state": seed}
@@ -179,15 +180,18 @@ def evaluate(X, acc, cost, tasks, router="km", protocol="leave-task-out", outlie
     keys = ROUTER_KEYS + BASELINE_KEYS
     mean = {sp: {key: float(np.mean([r["scores"][sp][key] for r in runs])) for key in keys} for sp in SPLITS}
     std = {sp: {key: float(np.std([r["scores"][sp][key] for r in runs])) for key in keys} for sp in SPLITS}
-    taus = [r["inv_tau"] for r in runs]
+    taus, temps = [r["inv_tau"] for r in runs], [r["temperature"] for r in runs]
     return {"router": router, "protocol": protocol, "outliers": list(outliers),
-            "inv_tau": taus if inv_tau == "auto" else taus[0], "temperature": runs[0]["temperature"], "metric": "auc" if cost is not None else "accuracy",
+            "inv_tau": taus if inv_tau == "auto" else taus[0], "temperature": temps if inv_tau == "auto" else temps[0],
+            "metric": "auc" if cost is not None else "accuracy",
             "seeds": list(seeds), "splits": mean, "std": std, "budgets": _mean_budgets(runs),
             "_curves": runs[0]["curves"]}
 
 
-def _fmt_tau(v):
-    return "inf" if np.isinf(v) else f"{v:g}"
+def _fmt_tau(v, temperature="fixed"):
+    """1/tau as reported: a number (inf for the hard limit), or the per-query temperature and its constant."""
+    number = "inf" if np.isinf(v) else f"{v:g}"
+    return number if temperature == "fixed" else f"{temperature} {number}"
 
 
 def format_result(res: dict) -> str:
@@ -195,9 +199,12 @@ def format_result(res: dict) -> str:
     name = {"km": "KM", "knn": "kNN"}[res["router"]]
     metric = "normalized AUC %" if res["metric"] == "auc" else "accuracy % at λ=0 (table has no cost)"
     taus = res["inv_tau"] if isinstance(res["inv_tau"], list) else [res["inv_tau"]]
+    temps = res.get("temperature", "fixed")
+    temps = temps if isinstance(temps, list) else [temps] * len(taus)
     lines = [f"{name} router, {res['protocol']}, outliers: {', '.join(res['outliers'])}, "
-             f"seeds {res['seeds']}, 1/tau used: {', '.join(_fmt_tau(t) for t in taus)}"
-             + (" / std of the query's distances (spread temperature)" if res.get("temperature") == "spread" else "")
+             f"seeds {res['seeds']}, 1/tau used: {', '.join(_fmt_tau(t, m) for t, m in zip(taus, temps))}"
+             + ("  (spread c: 1/tau(x) = c / std of the query's distances)" if "spread" in temps else "")
+             + ("  (ess E: per query the 1/tau at which the weights' effective sample size is E)" if "ess" in temps else "")
              + f"  ({metric})"]
     head = ["Split", f"{name}-Base", f"{name}-Prox", f"{name}-AllSee", "Random", "Largest", "Oracle"]
     lines.append("| " + " | ".join(head) + " |")
@@ -294,8 +301,9 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--k", type=int, default=100)
     p.add_argument("--inv-tau", default="auto", help="1/tau for Prox: a number, inf, or auto (chosen on training data: "
                    "--cv-rule)")
-    p.add_argument("--temperature", choices=["fixed", "spread"], default="fixed",
-                   help="spread: 1/tau(x) = inv-tau / std of the query's distances (needs a number --inv-tau)")
+    p.add_argument("--temperature", choices=list(TEMPERATURES), default="fixed",
+                   help="spread: 1/tau(x) = inv-tau / std of the query's distances; ess: per query the 1/tau at which "
+                   "the weights' effective sample size is inv-tau (both need a number --inv-tau)")
     p.add_argument("--cv-repeats", type=int, default=CV_REPEATS,
                    help="auto: average the CV folds over this many random splits (1 = one pass, faster)")
     p.add_argument("--cv-rule", choices=[r for r in RULES if r != "guarded"], default=None,
@@ -381,9 +389,11 @@ def cmd_eval(a) -> None:
     budgets = _parse_budgets(a.budgets, cost)
     if a.cv_repeats < 1:
         raise ValueError(f"--cv-repeats {a.cv_repeats}: expected an integer >= 1")
-    if a.temperature == "spread" and a.inv_tau == "auto" and not (a.sweep or "").startswith("inv-tau="):
-        raise ValueError("--temperature spread needs a number for --inv-tau (auto chooses the temperature itself), "
-                         "e.g. --inv-tau 2 for KMeans")
+    if a.temperature != "fixed" and a.inv_tau == "auto" and not (a.sweep or "").startswith("inv-tau="):
+        raise ValueError(f"--temperature {a.temperature} needs a number for --inv-tau (auto chooses the temperature "
+                         "itself), e.g. --inv-tau 2 for KMeans")
+    if a.temperature == "ess" and a.inv_tau != "auto" and not (a.sweep or "").startswith("inv-tau="):
+        check_ess_target(parse_inv_tau(a.inv_tau))
     try:
         check_rule(a.cv_rule, a.router)  # e.g. --cv-rule spread with --router km
     except ValueError as e:

@@ -20,7 +20,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from .index import NeighborIndex, as_matrix, check_metric, pairwise_distance, prepare
-from .weights import TEMPERATURES, proximity_weights, resolve_inv_tau, spread_scaled
+from .weights import TEMPERATURES, check_ess_target, ess_inv_tau, proximity_weights, resolve_inv_tau, spread_scaled
 
 WEIGHTINGS = ("base", "prox")
 
@@ -182,14 +182,23 @@ class _ProxRouter(RouterMixin, BaseEstimator):
         if self.temperature not in TEMPERATURES:
             raise ValueError(f"temperature={self.temperature!r}: allowed values are {', '.join(TEMPERATURES)}")
         check_metric(self.metric)
+        inv_tau = self._effective_inv_tau()
+        if self.temperature == "ess" and self.weighting == "prox":
+            check_ess_target(inv_tau)
         out = self._fit_inputs(X, acc, cost, models, encoder_id)
-        self.inv_tau_ = self._effective_inv_tau()
+        self.inv_tau_ = inv_tau
         return out
 
-    def _kernel_phi(self, phi):
-        """The distances the formula tilts by: as they are (``temperature="fixed"``) or in units of the
-        query's own spread (``"spread"``: 1/tau(x) = inv_tau / std(phi(x)), ``weights.spread_scaled``)."""
-        return spread_scaled(phi) if self.temperature == "spread" else phi
+    def _tilt(self, phi, prior):
+        """The formula's weights at the router's temperature: 1/tau as given (``temperature="fixed"``);
+        1/tau(x) = inv_tau / std(phi(x)), the distances in units of the query's own spread (``"spread"``,
+        ``weights.spread_scaled``); or, per query, the 1/tau at which the weights' effective sample size is
+        inv_tau (``"ess"``, ``weights.ess_inv_tau``: an adaptive bandwidth). Base routers ignore it."""
+        if self.temperature == "spread":
+            return proximity_weights(spread_scaled(phi), self.inv_tau_, prior)
+        if self.temperature == "ess" and self.weighting == "prox":
+            return proximity_weights(phi * ess_inv_tau(phi, prior, self.inv_tau_)[:, None], 1.0, prior)
+        return proximity_weights(phi, self.inv_tau_, prior)
 
     def _check_fitted(self):
         if not hasattr(self, "models_"):
@@ -203,7 +212,7 @@ class _ProxRouter(RouterMixin, BaseEstimator):
     def weights(self, X):
         """Weights over the reference set: (w (q, n_ref), ref_index (q, n_ref) or None)."""
         phi, ref, prior = self._search(X)
-        return proximity_weights(self._kernel_phi(phi), self.inv_tau_, prior), ref
+        return self._tilt(phi, prior), ref
 
     def _values_at(self, w, ref):
         """Σ_i w_i V_i for dense weights over all reference elements (clusters): two (q, M) arrays."""
@@ -233,7 +242,7 @@ class _ProxRouter(RouterMixin, BaseEstimator):
         """``estimate`` and ``outlier_score`` from one search (the serving path needs both):
         (acc_hat (q, M), cost_hat (q, M), outlier (q,))."""
         phi, ref, prior = self._search(X)
-        acc_hat, cost_hat = self._values_at(proximity_weights(self._kernel_phi(phi), self.inv_tau_, prior), ref)
+        acc_hat, cost_hat = self._values_at(self._tilt(phi, prior), ref)
         return acc_hat, cost_hat, phi.min(axis=1)
 
     def _check_new_targets(self, acc, cost):
@@ -266,7 +275,8 @@ class KNNRouter(_ProxRouter):
     k : int, neighbours (clipped to the training-set size).
     weighting : "base" (uniform over the k) | "prox" (uniform prior tilted by exp(-phi/tau)).
     inv_tau, tau : temperature of the tilt, as 1/tau (default 20, the paper's) or tau.
-    temperature : "fixed" (1/tau as given) | "spread" (1/tau(x) = inv_tau / std of the query's k distances).
+    temperature : "fixed" (1/tau as given) | "spread" (1/tau(x) = inv_tau / std of the query's k distances) |
+        "ess" (per query the 1/tau at which the weights' effective sample size is inv_tau neighbours).
     metric : "cosine" | "euclidean".
     index : "flat" (exact) | "ivf" | "hnsw" (approximate, for large reference sets).
     nprobe, hnsw_m, ef_search : approximate-index knobs.
@@ -374,7 +384,9 @@ class KMeansRouter(_ProxRouter):
     n_clusters : K.
     weighting : "base" (nearest cluster only) | "prox" (prior tilted by exp(-phi/tau) over all K).
     inv_tau, tau : temperature of the tilt (default 1/tau = 20, the paper's).
-    temperature : "fixed" (1/tau as given) | "spread" (1/tau(x) = inv_tau / std of the query's K distances).
+    temperature : "fixed" (1/tau as given) | "spread" (1/tau(x) = inv_tau / std of the query's K distances) |
+        "ess" (per query the 1/tau at which the weights' effective sample size is inv_tau clusters; KMeans'
+        ``--inv-tau auto`` may choose it, README: How τ is chosen).
     metric : "cosine" | "euclidean" (distance of queries to centroids, and of members for s_i).
     prior : "spread" (p_i ∝ n_i / s_i, the paper's least-variance prior) | "size" (∝ n_i) | "uniform".
     random_state, n_init : KMeans seeding.

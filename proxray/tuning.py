@@ -11,7 +11,10 @@ for each training task t (in turn playing the outlier):
 average (outlier score + inlier score) / 2 over the folds, smooth that curve over grid neighbours, take its
 argmax and move one grid step toward the Base limit (rule "shifted", ``DEFAULT_RULE``: the training CV's best
 1/tau sits further from Base than the test split's, README: How τ is chosen; the other rules of
-``select_inv_tau`` are options).
+``select_inv_tau`` are options). KMeans' auto (rule "ess-or-shifted", ``select_ess_or_shifted``) scores one more
+setting in the same folds, the adaptive bandwidth ``ess:ESS_TARGET`` (per query the 1/tau at which the weights'
+effective sample size is 3 clusters), and takes it over shifted's pick when its CV mean is more than ``ESS_MARGIN``
+pp higher.
 
 The folds are repeated over ``CV_REPEATS`` random 80/20 splits (and task orders) and averaged: one pass's
 curve is too noisy near its top to rank the best few 1/tau (README: How τ is chosen).
@@ -20,7 +23,7 @@ The grid contains the Base limit itself (inf for KMeans, 0 for kNN), so when til
 on the training tasks, auto falls back to the Base router. Fitting is done once per fold: the
 weights are computed at estimate time, so every 1/tau reuses the same fitted reference set.
 
-That is KMeans' auto. kNN's auto reads no CV (rule "spread", ``DEFAULT_RULES``): a per-query temperature,
+kNN's auto reads no CV (rule "spread", ``DEFAULT_RULES``): a per-query temperature,
 1/tau(x) = ``SPREAD_INV_TAU`` / std(phi(x)) over the query's k neighbours (the routers' ``temperature="spread"``),
 ahead of every fixed 1/tau and of the CV rules on six sets of configurations (README: How τ is chosen).
 ``auto_choice`` resolves auto for either router.
@@ -143,9 +146,10 @@ def estimates_over(fitted, X, settings):
     nearer the query's nearest reference element, the sharper the tilt, and far queries are smoothed more
     (the paper's bias–variance argument); ``"spr:a"`` is 1/tau = a / std(phi(x)), the distances measured
     in units of their own spread over the query's reference set; ``"mix:a,b,..."`` averages the weights at
-    the fixed 1/tau values a, b, ... (an ensemble over temperatures instead of one choice).
+    the fixed 1/tau values a, b, ... (an ensemble over temperatures instead of one choice); ``"ess:E"`` is the
+    per-query 1/tau at which the weights' effective sample size is E (``weights.ess_inv_tau``).
     Yields (acc_hat, cost_hat) per setting."""
-    from .weights import proximity_weights, spread_scaled
+    from .weights import ess_inv_tau, proximity_weights, spread_scaled
 
     phi, ref, prior = fitted._search(X)
     nearest = np.maximum(np.where(np.isfinite(phi), phi, np.inf).min(axis=1), RELATIVE_FLOOR)
@@ -156,6 +160,8 @@ def estimates_over(fitted, X, settings):
         elif isinstance(setting, str) and setting.startswith("spr:"):  # the routers' temperature="spread"
             scaled = spread_scaled(phi) if scaled is None else scaled
             w = proximity_weights(scaled, float(setting[4:]), prior)
+        elif isinstance(setting, str) and setting.startswith("ess:"):
+            w = proximity_weights(phi * ess_inv_tau(phi, prior, float(setting[4:]))[:, None], 1.0, prior)
         elif isinstance(setting, str) and setting.startswith("mix:"):
             taus = [float(v) for v in setting[4:].split(",")]
             w = sum(proximity_weights(phi, t, prior) for t in taus) / len(taus)
@@ -167,10 +173,14 @@ def estimates_over(fitted, X, settings):
 NEAR_BASE_TOL = 1.0  # pp: the "near-base" rule's tolerance (README: How τ is chosen)
 SE_MULT = 1.0  # the "lcb" and "one-se" rules: how many task-level standard errors (README: How τ is chosen)
 CV_RULES = ("mean", "guarded", "near-base", "shifted", "lcb", "one-se")  # select_inv_tau: pick from the CV
-RULES = (*CV_RULES, "spread")  # every auto rule; "spread" reads no CV (kNN only, auto_choice)
+RULES = (*CV_RULES, "spread", "ess-or-shifted")  # every auto rule (auto_choice); "spread" reads no CV (kNN only)
 DEFAULT_RULE = "shifted"  # the CV's default rule (README: How τ is chosen; "mean" until it)
-DEFAULT_RULES = {"km": DEFAULT_RULE, "knn": "spread"}  # what --inv-tau auto uses per router (README: spread)
+DEFAULT_RULES = {"km": "ess-or-shifted", "knn": "spread"}  # what --inv-tau auto uses per router (README: How τ is chosen)
 SPREAD_INV_TAU = 0.2  # rule "spread": 1/tau(x) = 0.2 / std(phi(x)) over the query's k neighbours
+ESS_TARGET = 3.0  # rule "ess-or-shifted": the adaptive bandwidth's effective sample size, in clusters
+ESS_MARGIN = 0.5  # pp: "ess-or-shifted" takes the adaptive bandwidth when its CV mean beats shifted's pick by more
+ROUTER_ONLY = {"spread": "knn", "ess-or-shifted": "km"}  # rules measured for one router only
+ROUTER_NAMES = {"km": "KMeans", "knn": "kNN"}
 FOLD_RULES = ("lcb", "one-se")  # the rules that read the folds apart (CVFolds), not only the mean curves
 
 
@@ -197,9 +207,13 @@ def check_rule(rule: str, router: str) -> str:
     rule = default_rule(router) if rule is None else rule
     if rule not in RULES:
         raise ValueError(f"rule={rule!r}: allowed values are {', '.join(RULES)}")
-    if rule == "spread" and router != "knn":
-        raise ValueError(f"rule='spread' (1/tau(x) = {SPREAD_INV_TAU:g} / std of the query's distances, no CV) is "
-                         f"measured for kNN only; for router={router!r} allowed: {', '.join(CV_RULES)}")
+    only = ROUTER_ONLY.get(rule, router)
+    if only != router:
+        what = (f"1/tau(x) = {SPREAD_INV_TAU:g} / std of the query's distances, no CV" if rule == "spread" else
+                f"the CV's choice between shifted and the adaptive bandwidth ess:{ESS_TARGET:g}")
+        allowed = [r for r in RULES if ROUTER_ONLY.get(r, router) == router]
+        raise ValueError(f"rule={rule!r} ({what}) is measured for {ROUTER_NAMES[only]} only; for router={router!r} "
+                         f"allowed: {', '.join(allowed)}")
     return rule
 
 
@@ -270,16 +284,44 @@ def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = DEFAULT_RU
         ok = d.mean(axis=0) + se_mult * d.std(axis=0, ddof=1) / np.sqrt(T) >= 0
         return float(grid[_toward_base(grid, np.flatnonzero(ok), router)])
     raise ValueError(f"rule={rule!r}: allowed values are {', '.join(CV_RULES)}"
-                     + (" ('spread' reads no CV: tuning.auto_choice)" if rule == "spread" else ""))
+                     + (f" ({rule!r} is resolved by tuning.auto_choice)" if rule in RULES else ""))
+
+
+def select_ess_or_shifted(out_cv, in_cv, grid=GRID, margin: float = ESS_MARGIN):
+    """KMeans' rule "ess-or-shifted": CV curves over the fixed ``grid`` followed by one last entry, the adaptive
+    bandwidth (``estimates_over``'s ``ess:ESS_TARGET``). Returns (inv_tau, temperature): ``(ESS_TARGET, "ess")``
+    when that entry's CV mean (outlier + inlier) / 2 is more than ``margin`` pp above the CV mean at ``shifted``'s
+    pick over the grid, else ``(shifted's pick, "fixed")``. The margin keeps the fixed grid's choice where the CV
+    cannot tell the two apart (README: How τ is chosen)."""
+    out_cv, in_cv = np.asarray(out_cv, dtype=float), np.asarray(in_cv, dtype=float)
+    if out_cv.shape != in_cv.shape or out_cv.shape != (len(grid) + 1,):
+        raise ValueError(f"CV curves of shapes {out_cv.shape} / {in_cv.shape}: expected ({len(grid) + 1},), the "
+                         f"{len(grid)} settings of the grid and then ess:{ESS_TARGET:g}")
+    g = len(grid)
+    chosen = select_inv_tau(out_cv[:g], in_cv[:g], "km", grid, "shifted")
+    mean = (out_cv + in_cv) / 2
+    if mean[g] > mean[list(np.asarray(grid, dtype=float)).index(chosen)] + margin:
+        return ESS_TARGET, "ess"
+    return chosen, "fixed"
 
 
 def auto_choice(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
                 seed: int = 42, grid=GRID, rule: str | None = None, repeats: int = CV_REPEATS) -> AutoChoice:
     """Resolve ``--inv-tau auto`` from the training set only: rule "spread" (kNN's default) is the spread
-    temperature at ``SPREAD_INV_TAU``; every other rule picks a fixed 1/tau from the CV (``auto_inv_tau``)."""
+    temperature at ``SPREAD_INV_TAU``; "ess-or-shifted" (KMeans' default) runs the CV over ``grid`` and the adaptive
+    bandwidth (``select_ess_or_shifted``); every other rule picks a fixed 1/tau from the CV (``auto_inv_tau``)."""
     rule = check_rule(rule, router)
     if rule == "spread":
         return AutoChoice(SPREAD_INV_TAU, "spread", rule, {})
+    if rule == "ess-or-shifted":
+        ess = f"ess:{ESS_TARGET:g}"
+        folds = cv_folds(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, (*grid, ess), repeats=repeats)
+        if folds is None:
+            return AutoChoice(20.0, "fixed", rule, {})  # too few training tasks to cross-validate: the paper's default
+        out_cv, in_cv = folds.curves()
+        chosen, temperature = select_ess_or_shifted(out_cv, in_cv, grid)
+        keys = [*(float(v) for v in grid), ess]
+        return AutoChoice(chosen, temperature, rule, {k: (float(o), float(i)) for k, o, i in zip(keys, out_cv, in_cv)})
     chosen, curves = auto_inv_tau(X, acc, cost, tasks, router, hp, protocol=protocol, few_shot=few_shot, seed=seed,
                                   grid=grid, rule=rule, repeats=repeats)
     return AutoChoice(chosen, "fixed", rule, curves)

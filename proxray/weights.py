@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["proximity_weights", "resolve_inv_tau", "effective_sample_size", "spread_scaled", "TEMPERATURES"]
+__all__ = ["proximity_weights", "resolve_inv_tau", "effective_sample_size", "spread_scaled", "ess_inv_tau",
+           "check_ess_target", "TEMPERATURES"]
 
-TEMPERATURES = ("fixed", "spread")
+TEMPERATURES = ("fixed", "spread", "ess")  # how a router's inv_tau is read (routers: ``temperature``)
 
 
 def resolve_inv_tau(inv_tau=20.0, tau=None) -> float:
@@ -135,3 +136,35 @@ def effective_sample_size(weights) -> np.ndarray:
     """
     w = np.asarray(weights, dtype=np.float64)
     return 1.0 / np.square(w).sum(axis=1)
+
+
+ESS_LOG_RANGE = (-8.0, 12.0)  # ess_inv_tau searches log(1/tau) here: ~the prior (e^-8) .. ~hard nearest (e^12)
+
+
+def check_ess_target(target) -> float:
+    """``target`` as a float if it can be an effective sample size for ``temperature="ess"`` (finite, >= 1), else a
+    ValueError naming it: the routers and the command lines check it before any work."""
+    target = float(target)
+    if not 1 <= target < np.inf:
+        raise ValueError(f"inv_tau={target!r} with temperature='ess': the number is the effective sample size every "
+                         "query's weights are given, a finite number >= 1 (1 = the nearest element only)")
+    return target
+
+
+def ess_inv_tau(phi, prior, target: float, iters: int = 40) -> np.ndarray:
+    """Per query, the 1/tau (q,) at which ``proximity_weights(phi, 1/tau, prior)`` has Kish effective sample size
+    ``target`` (``effective_sample_size``): an adaptive bandwidth, as t-SNE calibrates its perplexity per point —
+    every query mixes about ``target`` reference elements, however far it is from all of them. The ESS falls as
+    1/tau grows, so log(1/tau) is bisected within ``ESS_LOG_RANGE``; a query whose prior alone has a smaller ESS
+    gets the range's low end (nearly the prior), one whose nearest elements tie above the target its high end."""
+    phi = np.asarray(phi, dtype=np.float64)
+    target = float(target)
+    if not target >= 1:
+        raise ValueError(f"target={target!r}: an effective sample size must be >= 1")
+    lo, hi = np.full(len(phi), ESS_LOG_RANGE[0]), np.full(len(phi), ESS_LOG_RANGE[1])
+    shifted = phi - np.where(np.isfinite(phi), phi, np.inf).min(axis=1, keepdims=True)  # same weights, smaller logits
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        ess = effective_sample_size(proximity_weights(shifted * np.exp(mid)[:, None], 1.0, prior))
+        lo, hi = np.where(ess > target, mid, lo), np.where(ess > target, hi, mid)
+    return np.exp((lo + hi) / 2)

@@ -37,21 +37,28 @@ def test_fit_writes_a_loadable_artifact(tmp_path, shared_data):
     manifest = json.loads((current_version(tmp_path / "art") / "manifest.json").read_text())
     assert manifest["dim"] == 384 and manifest["params"]["k"] == 10
     assert np.isfinite(r.estimate(np.ones((1, 384), np.float32))[0]).all()
-    # --inv-tau auto is the default: kNN's is the spread temperature (no CV), KMeans' a CV-chosen fixed 1/tau
+    # --inv-tau auto is the default: kNN's is the spread temperature (no CV), KMeans' the CV's choice between a fixed
+    # 1/tau and the adaptive bandwidth (ess-or-shifted)
     assert (r.inv_tau, r.temperature) == (0.2, "spread")
     assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "km", "--clusters", "4",
                  "--out", str(tmp_path / "km")]) == 0
     km = KMeansRouter.load(tmp_path / "km", encoder_id="sentence-transformers/all-MiniLM-L6-v2")
-    assert km.temperature == "fixed" and km.inv_tau in GRID
+    assert (km.temperature == "fixed" and km.inv_tau in GRID) or (km.temperature, km.inv_tau) == ("ess", 3.0)
     assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--inv-tau", "5", "--temperature", "spread",
                  "--out", str(tmp_path / "fixed")]) == 0
     fixed = KNNRouter.load(tmp_path / "fixed")
     assert (fixed.inv_tau, fixed.temperature) == (5.0, "spread")
+    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "km", "--clusters", "4", "--inv-tau", "2",
+                 "--temperature", "ess", "--out", str(tmp_path / "ess")]) == 0
+    ess = KMeansRouter.load(tmp_path / "ess")
+    assert (ess.inv_tau, ess.temperature) == (2.0, "ess")
 
 
 def test_fit_refuses_a_temperature_with_auto(tmp_path, capsys):
     assert main(["fit", "--temperature", "spread", "--out", str(tmp_path / "art")]) == 2
     assert "--temperature spread needs a number for --inv-tau" in capsys.readouterr().err
+    assert main(["fit", "--inv-tau", "0.5", "--temperature", "ess", "--out", str(tmp_path / "art")]) == 2
+    assert "inv_tau=0.5 with temperature='ess'" in capsys.readouterr().err
     assert main(["fit", "--inv-tau", "-1", "--out", str(tmp_path / "art")]) == 2
     assert "--inv-tau '-1': expected a number >= 0, inf, or auto" in capsys.readouterr().err
     assert not (tmp_path / "art").exists()

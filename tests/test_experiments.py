@@ -152,6 +152,12 @@ def test_eval_refuses_spread_with_auto_before_encoding(capsys):
     assert "--temperature spread needs a number for --inv-tau" in err and "encoding" not in err
 
 
+def test_eval_refuses_an_ess_below_one_before_encoding(capsys):
+    assert main(["eval", "--n-per-task", "5", "--temperature", "ess", "--inv-tau", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "inv_tau=0.5 with temperature='ess'" in err and "finite number >= 1" in err and "encoding" not in err
+
+
 def test_eval_refuses_cv_repeats_below_one_before_encoding(capsys):
     assert main(["eval", "--n-per-task", "5", "--cv-repeats", "0"]) == 2
     err = capsys.readouterr().err
@@ -159,24 +165,36 @@ def test_eval_refuses_cv_repeats_below_one_before_encoding(capsys):
 
 
 def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
-    """run_once's auto uses CV_REPEATS passes and the "shifted" rule by default, and what cv_repeats / cv_rule say
-    otherwise; near-base and shifted never pick a sharper KMeans 1/tau than mean does (they move toward inf)."""
+    """run_once's auto uses CV_REPEATS passes and, for KMeans, the "ess-or-shifted" rule by default: one CV over the
+    fixed grid and ess:3, resolved by select_ess_or_shifted (so a fixed choice is shifted's own); cv_repeats / cv_rule
+    say otherwise; near-base and shifted never pick a sharper KMeans 1/tau than mean does (they move toward inf)."""
     import proxray.experiments as ex
     import proxray.tuning as tuning
 
     t, X, acc, cost = synth
-    seen = []
-    real = tuning.auto_inv_tau
-    monkeypatch.setattr(tuning, "auto_inv_tau",
-                        lambda *a, **kw: (seen.append((kw["repeats"], kw["rule"])), real(*a, **kw))[1])
+    folds, rules = [], []
+    real_folds, real_auto = tuning.cv_folds, tuning.auto_inv_tau
+    monkeypatch.setattr(tuning, "cv_folds",
+                        lambda *a, **kw: (folds.append((kw["repeats"], len(a[9]))), real_folds(*a, **kw))[1])
+    monkeypatch.setattr(tuning, "auto_inv_tau", lambda *a, **kw: (rules.append(kw["rule"]), real_auto(*a, **kw))[1])
     kw = dict(router="km", protocol="leave-task-out", outliers=["medqa", "hellaswag"], n_clusters=16)
-    shifted = ex.run_once(X, acc, cost, t.tasks, seed=42, **kw)["inv_tau"]
+    auto = ex.run_once(X, acc, cost, t.tasks, seed=42, **kw)
     ex.run_once(X, acc, cost, t.tasks, seed=42, cv_repeats=1, **kw)
+    shifted = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="shifted", **kw)["inv_tau"]
     mean = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="mean", **kw)["inv_tau"]
     near = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="near-base", **kw)["inv_tau"]
     lcb = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="lcb", **kw)["inv_tau"]  # reads the folds apart
-    assert seen == [(3, "shifted"), (1, "shifted"), (3, "mean"), (3, "near-base"), (3, "lcb")]
+    assert folds == [(3, len(GRID) + 1), (1, len(GRID) + 1)] + [(3, len(GRID))] * 4
+    assert rules == ["shifted", "mean", "near-base", "lcb"]
     assert near >= mean and shifted > mean and lcb in GRID
+    assert auto["temperature"] == "ess" or auto["inv_tau"] == shifted
+    sp = protocol_split(t.tasks, kw["outliers"], kw["protocol"], 42)
+    got = tuning.auto_choice(X[sp.base_train], acc[sp.base_train], cost[sp.base_train], t.tasks[sp.base_train], "km",
+                             {"n_clusters": 16, "random_state": 42}, seed=42)
+    assert got.rule == "ess-or-shifted" and (got.inv_tau, got.temperature) == (auto["inv_tau"], auto["temperature"])
+    assert list(got.curves)[-1] == "ess:3"
+    out_cv, in_cv = np.array(list(got.curves.values())).T
+    assert tuning.select_ess_or_shifted(out_cv, in_cv) == (got.inv_tau, got.temperature)
 
 
 def test_knn_auto_is_the_spread_temperature_without_cv(synth, monkeypatch):
@@ -203,7 +221,7 @@ def test_knn_auto_is_the_spread_temperature_without_cv(synth, monkeypatch):
     assert cv["temperature"] == "fixed" and cv["inv_tau"] in GRID and cv_calls == [1]
     assert cv["scores"]["overall"]["prox"] != pytest.approx(want)
     res = evaluate(X, acc, cost, t.tasks, seeds=(42, 7), **kw)
-    assert res["inv_tau"] == [0.2, 0.2] and res["temperature"] == "spread"
+    assert res["inv_tau"] == [0.2, 0.2] and res["temperature"] == ["spread", "spread"]
     with pytest.raises(ValueError, match="rule='spread'.*kNN only.*allowed: mean, guarded, near-base, shifted"):
         ex.run_once(X, acc, cost, t.tasks, "km", "leave-task-out", ["gsm8k"], 42, n_clusters=8, cv_rule="spread")
 

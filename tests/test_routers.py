@@ -517,3 +517,47 @@ def test_near_base_rule_takes_the_1_over_tau_nearest_base_within_tol():
     assert select_inv_tau(out[:3], inl[:3], "knn", (0.0, 5.0, 2.0), "near-base", tol=1.0) == 2.0  # 5 and 2 qualify: by value
     with pytest.raises(ValueError, match="rule='best': allowed values are mean, guarded, near-base, shifted, lcb, one-se"):
         select_inv_tau(out, inl, "km", GRID, "best")
+
+
+@pytest.mark.parametrize("kind", ["knn", "km"])
+def test_ess_temperature_gives_every_query_the_same_effective_sample_size(kind, tmp_path):
+    """temperature="ess": inv_tau is the effective sample size each query's weights get (weights.ess_inv_tau),
+    the same as tuning's ess:E, saved and loaded; a Base router ignores it; an ESS below 1 or infinite is refused."""
+    from proxray import KMeansRouter, KNNRouter
+    from proxray.artifact import load_router
+    from proxray.tuning import estimates_over
+    from proxray.weights import effective_sample_size
+
+    rng = np.random.default_rng(11)
+    X, acc, cost = rng.normal(size=(160, 8)), rng.uniform(size=(160, 3)), rng.uniform(size=(160, 3))
+    make = (lambda **kw: KNNRouter(k=25, **kw)) if kind == "knn" else (lambda **kw: KMeansRouter(n_clusters=10, **kw))
+    r = make(inv_tau=3.0, temperature="ess").fit(X, acc, cost)
+    Q = rng.normal(size=(9, 8)) * 3  # near and far queries alike
+    np.testing.assert_allclose(effective_sample_size(r.weights(Q)[0]), 3.0, rtol=1e-6)
+    assert np.allclose(r.estimate(Q)[0], next(estimates_over(make(inv_tau=20.0).fit(X, acc, cost), Q, ["ess:3"]))[0])
+    acc_hat, cost_hat, outlier = r.estimate_with_outlier_score(Q)
+    assert np.allclose(acc_hat, r.estimate(Q)[0]) and np.allclose(cost_hat, r.estimate(Q)[1])
+    r.save(tmp_path / "a")
+    back = load_router(tmp_path / "a")
+    assert (back.temperature, back.inv_tau_) == ("ess", 3.0) and np.allclose(back.estimate(Q)[0], r.estimate(Q)[0])
+    base = make(weighting="base", inv_tau=3.0, temperature="ess").fit(X, acc, cost)
+    assert np.allclose(base.estimate(Q)[0], make(weighting="base").fit(X, acc, cost).estimate(Q)[0])
+    for bad in (0.5, float("inf")):
+        with pytest.raises(ValueError, match=f"inv_tau={bad!r} with temperature='ess'.*finite number >= 1"):
+            make(inv_tau=bad, temperature="ess").fit(X, acc, cost)
+
+
+def test_ess_or_shifted_takes_the_adaptive_bandwidth_only_past_the_margin():
+    """select_ess_or_shifted: shifted's pick over the grid unless the last CV entry (ess:ESS_TARGET) is more than
+    ESS_MARGIN pp above the CV mean at that pick (the pick's, not the curve's best); curves of the wrong length are refused."""
+    from proxray.tuning import ESS_MARGIN, ESS_TARGET, GRID, select_ess_or_shifted
+
+    mean = np.array([70.0, 71.0, 71.5, 72.2, 72.5, 72.0, 71.6, 71.0, 70.5, 70.0])  # shifted picks 20 (72.0)
+    for ess, want in ((72.0 + ESS_MARGIN + 0.01, (ESS_TARGET, "ess")),  # past the margin over the pick's 72.0 ...
+                      (72.0 + ESS_MARGIN - 0.01, (20.0, "fixed")),  # ... not past it
+                      (72.6, (ESS_TARGET, "ess"))):  # against the pick's 72.0, not the curve's best 72.5
+        curve = np.append(mean, ess)
+        assert select_ess_or_shifted(curve + 1.0, curve - 1.0) == want
+    assert select_ess_or_shifted(np.append(mean, 72.3), np.append(mean, 72.3), margin=0.2) == (ESS_TARGET, "ess")
+    with pytest.raises(ValueError, match=r"expected \(11,\), the 10 settings of the grid and then ess:3"):
+        select_ess_or_shifted(mean, mean, GRID)

@@ -84,3 +84,27 @@ def test_resolve_inv_tau():
 def test_effective_sample_size():
     np.testing.assert_allclose(effective_sample_size(np.full((1, 10), 0.1)), [10.0])
     np.testing.assert_allclose(effective_sample_size(np.array([[1.0, 0, 0]])), [1.0])
+
+
+def test_ess_inv_tau_gives_each_query_the_target_effective_sample_size(rng):
+    """weights.ess_inv_tau: per query the 1/tau at which the formula's weights have Kish ESS = target; a larger
+    target is a smaller 1/tau; a per-row shift of the distances changes nothing; absent elements stay at 0."""
+    from proxray.weights import ESS_LOG_RANGE, ess_inv_tau
+
+    phi = rng.uniform(0.2, 1.4, size=(40, 16))
+    phi[3, [2, 9]] = np.inf
+    prior = rng.uniform(0.2, 3.0, size=16)
+    taus = {}
+    for target in (1.5, 3.0, 7.0):
+        t = taus[target] = ess_inv_tau(phi, prior, target)
+        w = proximity_weights(phi * t[:, None], 1.0, prior)
+        np.testing.assert_allclose(effective_sample_size(w), target, rtol=1e-6)
+        assert (w[3, [2, 9]] == 0).all()
+        np.testing.assert_allclose(ess_inv_tau(phi + rng.uniform(0, 5, size=(40, 1)), prior, target), t, rtol=1e-9)
+    assert (taus[1.5] > taus[3.0]).all() and (taus[3.0] > taus[7.0]).all()
+    # a prior whose own ESS is below the target: as flat as the range allows (the low end, nearly the prior)
+    skewed = np.array([100.0, 1.0, 1.0, 1.0])
+    low = ess_inv_tau(np.array([[0.1, 0.2, 0.3, 0.4]]), skewed, 3.0)
+    assert low[0] == pytest.approx(np.exp(ESS_LOG_RANGE[0]), rel=1e-6)
+    with pytest.raises(ValueError, match="target=0.5: an effective sample size must be >= 1"):
+        ess_inv_tau(phi, prior, 0.5)
