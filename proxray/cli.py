@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--clusters", type=int, default=32)
     fit.add_argument("--inv-tau", default="auto",
                      help="1/tau: a number, inf, or auto (default; README: How τ is chosen): kNN the spread temperature "
-                     "at 0.2, KMeans a fixed 1/tau chosen by leave-task-out CV on the table's tasks")
+                     "at 0.2, KMeans a fixed 1/tau or the adaptive bandwidth ess 3, chosen by leave-task-out CV on the table's "
+                     "tasks")
     fit.add_argument("--temperature", choices=list(TEMPERATURES), default=None,
                      help="with a number --inv-tau: fixed (default); spread, 1/tau(x) = inv-tau / std of the query's "
                      "distances; ess, per query the 1/tau at which the weights' effective sample size is inv-tau "

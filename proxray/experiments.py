@@ -20,7 +20,8 @@ import numpy as np
 
 from .logs import log
 from .metrics import baseline_points, cost_range, ndch_auc, routing_score, sweep
-from .tuning import CV_REPEATS, DEFAULT_RULES, RULES, SPREAD_INV_TAU, auto_choice, check_rule, make_router
+from .tuning import (CV_REPEATS, DEFAULT_RULES, ESS_MARGIN, ESS_TARGET, RULES, SPREAD_INV_TAU, auto_choice, check_rule,
+                     make_router)
 from .weights import TEMPERATURES, check_ess_target
 
 PROTOCOLS = ("leave-task-out", "few-shot-outlier")
@@ -112,7 +113,8 @@ def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: in
     ``inv_tau="auto"`` resolves both with ``cv_rule`` (None: the router's default, ``tuning.DEFAULT_RULES``)."""
     if temperature != "fixed" and inv_tau == "auto":
         raise ValueError(f"temperature={temperature!r} needs a number for inv_tau (auto chooses the temperature itself: "
-                         f"kNN the spread one at {SPREAD_INV_TAU:g}, KMeans a fixed 1/tau by CV); README: How τ is chosen")
+                         f"kNN the spread one at {SPREAD_INV_TAU:g}, KMeans a fixed 1/tau or ess {ESS_TARGET:g} by CV); README: How τ "
+                         "is chosen")
     sp = protocol_split(tasks, outliers, protocol, seed, few_shot)
     hp = {"n_clusters": n_clusters, "k": k, "random_state": seed}
     if inv_tau == "auto":
@@ -308,7 +310,9 @@ def add_eval_parser(sub) -> None:
                    help="auto: average the CV folds over this many random splits (1 = one pass, faster)")
     p.add_argument("--cv-rule", choices=[r for r in RULES if r != "guarded"], default=None,
                    help=f"auto's rule (default: {DEFAULT_RULES['km']} for km, {DEFAULT_RULES['knn']} for knn). spread "
-                   f"(kNN only, no CV) = 1/tau(x) = {SPREAD_INV_TAU:g} / std of the query's k distances; shifted = the "
+                   f"(kNN only, no CV) = 1/tau(x) = {SPREAD_INV_TAU:g} / std of the query's k distances; ess-or-shifted "
+                   f"(KMeans only) = shifted's pick, or ess {ESS_TARGET:g} (per query the 1/tau giving the weights an "
+                   f"effective sample size of {ESS_TARGET:g}) where its CV mean is > {ESS_MARGIN:g} pp higher; shifted = the "
                    "argmax of the grid-smoothed CV mean, one grid step toward Base; "
                    "mean = the best CV mean; near-base = the 1/tau nearest Base within 1 pp of it; lcb = the best "
                    "gain over Base less one task-level standard error; one-se = the 1/tau nearest Base within one "

@@ -187,7 +187,8 @@ FOLD_RULES = ("lcb", "one-se")  # the rules that read the folds apart (CVFolds),
 @dataclass(frozen=True)
 class AutoChoice:
     """What ``--inv-tau auto`` resolved to: the router's ``inv_tau`` and ``temperature``, the rule that chose
-    them, and the CV curves it read ({1/tau: (outlier, inlier)}; empty for rule "spread" or too few tasks)."""
+    them, and the CV curves it read ({1/tau: (outlier, inlier)}, and {"ess:3": …} for rule "ess-or-shifted"; empty
+    for rule "spread" or too few tasks)."""
     inv_tau: float
     temperature: str
     rule: str
