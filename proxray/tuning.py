@@ -181,6 +181,7 @@ ESS_TARGET = 3.0  # rule "ess-or-shifted": the adaptive bandwidth's effective sa
 ESS_MARGIN = 0.5  # pp: "ess-or-shifted" takes the adaptive bandwidth when its CV mean beats shifted's pick by more
 ROUTER_ONLY = {"spread": "knn", "ess-or-shifted": "km"}  # rules measured for one router only
 ROUTER_NAMES = {"km": "KMeans", "knn": "kNN"}
+NO_CV_INV_TAU = 20.0  # auto with too few training tasks to cross-validate: the paper's 1/tau
 FOLD_RULES = ("lcb", "one-se")  # the rules that read the folds apart (CVFolds), not only the mean curves
 
 
@@ -315,14 +316,11 @@ def auto_choice(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "lea
     if rule == "spread":
         return AutoChoice(SPREAD_INV_TAU, "spread", rule, {})
     if rule == "ess-or-shifted":
-        ess = f"ess:{ESS_TARGET:g}"
-        folds = cv_folds(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, (*grid, ess), repeats=repeats)
+        folds, curves = _cv(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, (*grid, f"ess:{ESS_TARGET:g}"),
+                            repeats)
         if folds is None:
-            return AutoChoice(20.0, "fixed", rule, {})  # too few training tasks to cross-validate: the paper's default
-        out_cv, in_cv = folds.curves()
-        chosen, temperature = select_ess_or_shifted(out_cv, in_cv, grid)
-        keys = [*(float(v) for v in grid), ess]
-        return AutoChoice(chosen, temperature, rule, {k: (float(o), float(i)) for k, o, i in zip(keys, out_cv, in_cv)})
+            return AutoChoice(NO_CV_INV_TAU, "fixed", rule, {})
+        return AutoChoice(*select_ess_or_shifted(*folds.curves(), grid), rule, curves)
     chosen, curves = auto_inv_tau(X, acc, cost, tasks, router, hp, protocol=protocol, few_shot=few_shot, seed=seed,
                                   grid=grid, rule=rule, repeats=repeats)
     return AutoChoice(chosen, "fixed", rule, curves)
@@ -333,9 +331,17 @@ def auto_inv_tau(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "le
     """Return (chosen 1/tau, {1/tau: (CV outlier score, CV inlier score)}) from the training set only;
     ``repeats``: the CV's folds over that many random 80/20 splits, averaged (``cv_folds``); ``rule``: one of
     ``RULES`` (``select_inv_tau``)."""
-    folds = cv_folds(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, grid, repeats=repeats)
+    folds, curves = _cv(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, grid, repeats)
     if folds is None:
-        return 20.0, {}  # too few training tasks to cross-validate: the paper's default
-    out_cv, in_cv = folds.curves()
-    chosen = select_inv_tau(out_cv, in_cv, router, grid, rule, folds=folds)
-    return chosen, {float(g): (float(o), float(i)) for g, o, i in zip(grid, out_cv, in_cv)}
+        return NO_CV_INV_TAU, {}
+    return select_inv_tau(*folds.curves(), router, grid, rule, folds=folds), curves
+
+
+def _cv(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, settings, repeats):
+    """``cv_folds`` over ``settings`` and its curves as {setting: (CV outlier score, CV inlier score)}, a number's
+    key as a float and a named setting's (``"ess:3"``) as its name; (None, {}) when too few tasks to hold out."""
+    folds = cv_folds(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, settings, repeats=repeats)
+    if folds is None:
+        return None, {}
+    keys = [v if isinstance(v, str) else float(v) for v in settings]
+    return folds, {k: (float(o), float(i)) for k, o, i in zip(keys, *folds.curves())}
