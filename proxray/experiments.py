@@ -393,11 +393,14 @@ def cmd_eval(a) -> None:
     budgets = _parse_budgets(a.budgets, cost)
     if a.cv_repeats < 1:
         raise ValueError(f"--cv-repeats {a.cv_repeats}: expected an integer >= 1")
-    if a.temperature != "fixed" and a.inv_tau == "auto" and not (a.sweep or "").startswith("inv-tau="):
+    # every 1/tau it will run with, swept or not
+    inv_taus = a.sweep.partition("=")[2].split(",") if (a.sweep or "").startswith("inv-tau=") else [a.inv_tau]
+    if a.temperature != "fixed" and "auto" in inv_taus:
         raise ValueError(f"--temperature {a.temperature} needs a number for --inv-tau (auto chooses the temperature "
                          "itself), e.g. --inv-tau 2 for KMeans")
-    if a.temperature == "ess" and a.inv_tau != "auto" and not (a.sweep or "").startswith("inv-tau="):
-        check_ess_target(parse_inv_tau(a.inv_tau))
+    if a.temperature == "ess":
+        for v in inv_taus:
+            check_ess_target(parse_inv_tau(v))
     try:
         check_rule(a.cv_rule, a.router)  # e.g. --cv-rule spread with --router km
     except ValueError as e:

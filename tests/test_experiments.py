@@ -156,6 +156,9 @@ def test_eval_refuses_an_ess_below_one_before_encoding(capsys):
     assert main(["eval", "--n-per-task", "5", "--temperature", "ess", "--inv-tau", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "inv_tau=0.5 with temperature='ess'" in err and "finite number >= 1" in err and "encoding" not in err
+    assert main(["eval", "--n-per-task", "5", "--temperature", "ess", "--sweep", "inv-tau=2,0.5"]) == 2  # a swept value
+    err = capsys.readouterr().err
+    assert "inv_tau=0.5 with temperature='ess'" in err and "encoding" not in err
 
 
 def test_eval_refuses_cv_repeats_below_one_before_encoding(capsys):
