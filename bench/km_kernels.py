@@ -39,7 +39,7 @@ from proxray.embed import SentenceEncoder  # noqa: E402
 from proxray.experiments import protocol_split  # noqa: E402
 from proxray.metrics import routing_score  # noqa: E402
 from proxray.table import RoutingTable  # noqa: E402
-from proxray.tuning import GRID, make_router  # noqa: E402
+from proxray.tuning import GRID, RELATIVE_FLOOR, make_router  # noqa: E402
 from proxray.weights import ess_inv_tau, proximity_weights, spread_scaled  # noqa: E402
 
 KERNELS = ("spr:2", "spr:4", "rad:1", "rad:2", "rad:4", "top4:10", "top4:20", "top8:20", "size:20", "uniform:20",
@@ -48,6 +48,12 @@ KERNELS = ("spr:2", "spr:4", "rad:1", "rad:2", "rad:4", "top4:10", "top4:20", "t
            "ess:1.5", "ess:2", "ess:3", "ess:5", "lspr4:1", "lspr4:2", "lspr8:1", "lspr8:2", "nrad:1", "nrad:2",
            "nrad:4", "rel:2", "rel:5", "rel:10", "gate:20", "gater:20", "maxs:2|20", "mins:2|20", "maxs:4|50")
 SETTINGS = tuple(f"f:{g:g}" for g in GRID) + KERNELS  # the grid first: effect() finds Base by its grid index
+
+
+def radii(fitted) -> np.ndarray:
+    """The clusters' radii s_i (K,), a zero one floored at the smallest positive one, as the prior floors it."""
+    s = fitted.spreads_
+    return np.maximum(s, s[s > 0].min() if (s > 0).any() else 1.0)
 
 
 def kernel_weights(fitted, phi, prior, setting: str) -> np.ndarray:
@@ -61,9 +67,7 @@ def kernel_weights(fitted, phi, prior, setting: str) -> np.ndarray:
     if kind == "spr":
         return proximity_weights(spread_scaled(phi), float(a), prior)
     if kind == "rad":
-        s = fitted.spreads_
-        s = np.maximum(s, s[s > 0].min() if (s > 0).any() else 1.0)  # as the prior floors a zero radius
-        return proximity_weights(phi / s[None, :], float(a), prior)
+        return proximity_weights(phi / radii(fitted)[None, :], float(a), prior)
     if kind.startswith("top"):
         m = int(kind[3:])
         cut = np.sort(phi, axis=1)[:, m - 1:m]
@@ -75,11 +79,9 @@ def kernel_weights(fitted, phi, prior, setting: str) -> np.ndarray:
         near = np.sort(phi, axis=1)[:, :m]
         return proximity_weights(phi / np.maximum(near.std(axis=1), 1e-3)[:, None], float(a), prior)
     if kind == "nrad":  # every distance in units of the query's nearest cluster's radius
-        s = fitted.spreads_
-        s = np.maximum(s, s[s > 0].min() if (s > 0).any() else 1.0)
-        return proximity_weights(phi / s[np.argmin(phi, axis=1)][:, None], float(a), prior)
-    if kind == "rel":
-        return proximity_weights(phi / np.maximum(phi.min(axis=1), 0.05)[:, None], float(a), prior)
+        return proximity_weights(phi / radii(fitted)[np.argmin(phi, axis=1)][:, None], float(a), prior)
+    if kind == "rel":  # tuning.estimates_over's rel:a
+        return proximity_weights(phi / np.maximum(phi.min(axis=1), RELATIVE_FLOOR)[:, None], float(a), prior)
     if kind in ("gate", "gater"):  # Base inside the nearest cluster's radius (gate) or outside it (gater)
         s = fitted.spreads_
         inside = phi.min(axis=1) <= s[np.argmin(phi, axis=1)]
