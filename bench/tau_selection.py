@@ -3,7 +3,8 @@
 
     python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|fresh3|fresh4|fresh5] [--routers km|knn]
                                   [--json out/tau_sel_folds_study.json]
-    python bench/tau_selection.py --from-json a.json,b.json,... [--plot out/tau_rules.png]
+    python bench/tau_selection.py --from-json a.json,b.json,... [--plot out/tau_rules.png] [--per-config]
+    python bench/tau_selection.py --recheck a.json,b.json,... --seeds 1,2,3,4,5,6,8,9,10,11 --json out/recheck.json
 
 For every configuration of bench/real_tables.sh and seeds 42, 7, 99 it computes the leave-one-task-out
 CV curves on the training set, then the test scores of Prox at every 1/tau of the grid (Base is the
@@ -23,6 +24,11 @@ effective sample size is E), and "shifted, or ess:E where its CV mean is m pp hi
 spr:0.2", rule "spread"); "lcb" and "one-se" read the CV folds apart (saved in
 the JSON as ``folds_cv``; runs saved before that skip them). The CV averages its folds over ``--cv-repeats`` random
 splits (default: as ``--inv-tau auto``, ``tuning.CV_REPEATS``; 1 is the one-pass CV of the earlier saved runs).
+Besides the rule table, each router's report gives its auto rule (``AUTO``) per table x protocol against the best fixed
+1/tau in hindsight, with a bootstrap interval and the fixed 1/tau chosen without the configuration (``by_group``), and
+how many losing configurations the seeds' own noise predicts (``noise``); with several saved runs, all of them pooled
+too. ``--recheck``: the configurations that lose under their router's auto rule in saved runs, run again on other
+``--seeds`` (README: how much of what is left is noise).
 ``--configs``: the study's configurations (those of bench/real_tables.sh) or one of five further sets, each
 defined before the rules it was used to check (README: How τ is chosen).
 """
@@ -39,8 +45,8 @@ from proxray.embed import SentenceEncoder
 from proxray.experiments import protocol_split
 from proxray.metrics import routing_score
 from proxray.table import RoutingTable
-from proxray.tuning import (CV_REPEATS, ESS_MARGIN, ESS_TARGET, GRID, CVFolds, cv_folds, estimates_over, make_router,
-                            select_ess_or_shifted, select_inv_tau, smooth_curve)
+from proxray.tuning import (CV_REPEATS, ESS_MARGIN, ESS_TARGET, GRID, ROUTER_NAMES, CVFolds, cv_folds, estimates_over,
+                            make_router, select_ess_or_shifted, select_inv_tau, smooth_curve)
 
 D = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 CONFIGS = (
@@ -182,6 +188,47 @@ def _ess_or_shifted(margin):
     return curve
 
 
+def _ess_variant(kind: str, value: float):
+    """Post hoc variants of ess-or-shifted (KMeans; the fixed grid, then ess:3 last; README: how much is noise), each
+    as a one-hot curve: ``guard`` — its pick, but Base where the pick's CV mean beats Base's by less than ``value`` pp;
+    ``prior20`` — instead of shifting, the smoothed CV mean minus ``value`` pp per squared decade from the paper's
+    1/tau = 20 (0 counted as 0.5, inf as 1000); ``weighted`` — the CV criterion ``value`` x outlier + (1 − value) x
+    inlier instead of their mean; ``shift-if`` — one step toward Base only where the smoothed curve there is within
+    ``value`` pp of its top. The last three keep ess-or-shifted's ess 3 test (CV mean > the pick's + ESS_MARGIN)."""
+    g = len(GRID)
+    decades = np.log10([0.5 if v == 0 else 1000.0 if np.isinf(v) else v for v in GRID])
+
+    def curve(o, i, router):
+        mean = (o + i) / 2
+        if kind == "guard":
+            inv_tau, temperature = select_ess_or_shifted(o, i, GRID)
+            p = g if temperature == "ess" else GRID.index(inv_tau)
+            p = g - 1 if mean[p] - mean[g - 1] < value else p
+        else:
+            crit = value * o + (1 - value) * i if kind == "weighted" else mean
+            smooth = smooth_curve(crit[:g])
+            top = int(np.argmax(smooth))
+            if kind == "prior20":
+                p = int(np.argmax(smooth - value * (decades - np.log10(20.0)) ** 2))
+            elif kind == "weighted":
+                p = min(top + 1, g - 1)
+            else:  # shift-if
+                p = top + 1 if top + 1 < g and smooth[top + 1] >= smooth[top] - value else top
+            p = g if mean[g] > mean[p] + ESS_MARGIN else p
+        return (np.arange(len(o)) == p).astype(float)
+    return curve
+
+
+_VARIANTS = {"guard": "ess-or-shifted, Base where its CV gain over Base is < {:g} pp",
+             "prior20": "smoothed CV − {:g} pp per squared decade from 1/tau = 20, or ess 3",
+             "weighted": "shifted on {:g} x outlier + the rest x inlier CV, or ess 3",
+             "shift-if": "shifted only where the step costs < {:g} pp of smoothed CV, or ess 3"}
+
+
+_VARIANT_RULES = {f"auto, {_VARIANTS[k].format(v)}": ([*range(len(GRID)), _ESS[ESS.index(f"ess:{ESS_TARGET:g}")]],
+                                                       _ess_variant(k, v), "cv")
+                  for k, vs in (("guard", (0.2, 0.5)), ("prior20", (0.5, 1.0)), ("weighted", (0.25, 0.4)),
+                                ("shift-if", (0.2, 0.5))) for v in vs}
 RULES = {  # name -> (settings it may pick from, how, which CV curves): each uses the configuration's own CV only
     "auto, fixed grid, mean (the default before)": (range(len(GRID)), _MEAN, "cv"),
     "auto, fixed grid, smoothed CV": (range(len(GRID)), _SMOOTHED, "cv"),
@@ -206,12 +253,14 @@ RULES = {  # name -> (settings it may pick from, how, which CV curves): each use
     "auto, fixed grid or ess": ([*range(len(GRID)), *_ESS], _MEAN, "cv"),
     **{_ess_rule_name(e, m): ([*range(len(GRID)), _ESS[ESS.index(e)]], _ess_or_shifted(m), "cv")
        for e in ("ess:2", "ess:3", "ess:5") for m in (0.0, 0.5, 1.0)},
+    **_VARIANT_RULES,
     # from the folds apart: the CV's spread over the held-out tasks (runs saved before --json kept them: skipped)
     **{f"auto, fixed grid, lcb ({m:g} se)": (None, _fold_rule("lcb", m), "folds") for m in (0.5, 1.0, 2.0)},
     **{f"auto, fixed grid, one-se ({m:g} se)": (None, _fold_rule("one-se", m), "folds") for m in (0.5, 1.0)},
 }
 
 
+KM_ONLY = {name for name in RULES if name.startswith("auto, shifted, or ess")} | set(_VARIANT_RULES)  # shift toward inf
 SPLITS = ("outlier", "inlier", "overall")
 
 
@@ -220,7 +269,7 @@ def effect(rows, pick) -> dict:
     setting; and the configurations losing more than 0.3 pp outlier / 0.5 pp inlier."""
     d = {k: [] for k in SPLITS}
     for r in rows:
-        base = GRID.index(float("inf")) if r["router"] == "km" else GRID.index(0.0)
+        base = _base(r)
         per_seed = [pick(s) for s in r["seeds"]]
         for k in d:
             d[k].append(np.mean([s["test"][k][g] - s["test"][k][base] for s, g in zip(r["seeds"], per_seed)]))
@@ -234,6 +283,8 @@ def pickers(rows):
     for name, (allowed, curve, src) in RULES.items():
         if (f"{src}_cv" if src == "folds" else f"out_{src}") not in rows[0]["seeds"][0]:
             continue  # run with --no-cv, or saved before these CV curves existed
+        if rows[0]["router"] != "km" and name in KM_ONLY:
+            continue  # select_ess_or_shifted shifts toward KMeans' Base (inf)
         if src == "folds":
             yield name, (lambda s, curve=curve: curve(s, rows[0]["router"]))
             continue
@@ -259,7 +310,8 @@ def summarize(rows):
 
 
 _ESS_OR_SHIFTED = _ess_rule_name(f"ess:{ESS_TARGET:g}", ESS_MARGIN)
-PLOTTED = {"auto (default: KM ess-or-shifted, kNN spread 0.2)": {"km": _ESS_OR_SHIFTED, "knn": "fixed spr:0.2"},
+AUTO = {"km": _ESS_OR_SHIFTED, "knn": "fixed spr:0.2"}  # the row of each router's --inv-tau auto (tuning.DEFAULT_RULES)
+PLOTTED = {"auto (default: KM ess-or-shifted, kNN spread 0.2)": AUTO,
            "mean (before shifted)": "auto, fixed grid, mean (the default before)",
            "shifted (KM's default before)": _SHIFTED,
            "near-base 1 pp": "auto, fixed grid, nearest Base within 1 pp of the best CV"}
@@ -322,15 +374,162 @@ def cv_agreement(rows) -> str:
             f"{np.nanmean(rho_top):.2f}; regret of the CV pick {np.mean(regret):.2f} pp (median {np.median(regret):.2f})")
 
 
-def report(rows):
+def group_stats(rows, resamples: int = 10_000, seed: int = 0) -> list:
+    """Per table x protocol (issue 14's unit), Prox − Base overall (mean over the group's configurations): the
+    router's auto rule (``AUTO``) against the best fixed 1/tau of the group in hindsight; their paired difference
+    with a 95 % bootstrap interval over the group's configurations, the best fixed 1/tau re-chosen in every resample
+    (so the hindsight choice's own optimism is inside the interval); and the fixed 1/tau a user could have known,
+    chosen on the group's other configurations (leave one configuration out) and scored on the one left out (None
+    for a group of one). One dict per group; [] when the run has no auto rule (saved without its CV curves)."""
+    picks = dict(pickers(rows))
+    if AUTO[rows[0]["router"]] not in picks:
+        return []
+    rng = np.random.default_rng(seed)
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["table"], r["protocol"]), []).append(r)
+    out = []
+    for (table, protocol), rs in sorted(groups.items()):
+        auto = effect(rs, picks[AUTO[rs[0]["router"]]])["overall"]
+        fixed = np.stack([effect(rs, lambda s, g=g: g)["overall"] for g in range(len(GRID))], axis=1)  # (C, G)
+        best = int(np.argmax(fixed.mean(axis=0)))
+        diffs = []
+        for _ in range(resamples):
+            ix = rng.integers(0, len(rs), len(rs))
+            diffs.append(auto[ix].mean() - fixed[ix, int(np.argmax(fixed[ix].mean(axis=0)))].mean())
+        loo = (float(np.mean([fixed[c, int(np.argmax(np.delete(fixed, c, axis=0).mean(axis=0)))]
+                              for c in range(len(rs))])) if len(rs) > 1 else None)
+        out.append({"table": table, "protocol": protocol, "n": len(rs), "auto": float(auto.mean()),
+                    "best": GRID[best], "best_fixed": float(fixed[:, best].mean()),
+                    "interval": tuple(float(v) for v in np.percentile(diffs, [2.5, 97.5])), "loo": loo})
+    return out
+
+
+def by_group(rows, resamples: int = 10_000, seed: int = 0) -> str:
+    """``group_stats`` as a Markdown table."""
+    lines = ["| table, protocol (configurations) | auto | best fixed 1/tau (hindsight) | auto − best fixed [95 % "
+             "bootstrap, re-chosen] | fixed 1/tau chosen on the other configurations |", "|---|---|---|---|---|"]
+    for g in group_stats(rows, resamples, seed):
+        lo, hi = g["interval"]
+        loo = "—" if g["loo"] is None else f"{g['loo']:+.2f}"
+        lines.append(f"| {g['table']}, {g['protocol']} ({g['n']}) | {g['auto']:+.2f} | {g['best']:g}: "
+                     f"{g['best_fixed']:+.2f} | {g['auto'] - g['best_fixed']:+.2f} [{lo:+.2f}, {hi:+.2f}] | {loo} |")
+    return "\n".join(lines)
+
+
+def plot_groups(rows, path) -> None:
+    """One panel per router: per table x protocol, auto, the best fixed 1/tau in hindsight and the fixed 1/tau chosen
+    without the configuration (``group_stats``), Prox − Base overall; above each group auto − best fixed with its
+    bootstrap interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    routers = [k for k in ("km", "knn") if any(r["router"] == k for r in rows)]
+    fig, axes = plt.subplots(1, len(routers), figsize=(7 * len(routers), 5), squeeze=False)
+    for ax, router in zip(axes[0], routers):
+        stats = group_stats([r for r in rows if r["router"] == router])
+        bars = (("auto", lambda g: g["auto"]), ("best fixed 1/τ (hindsight)", lambda g: g["best_fixed"]),
+                ("fixed 1/τ chosen without the configuration", lambda g: g["loo"]))
+        for bi, (label, value) in enumerate(bars):
+            xs = [gi + (bi - 1) * 0.27 for gi, g in enumerate(stats) if value(g) is not None]
+            ax.bar(xs, [value(g) for g in stats if value(g) is not None], 0.27, color=f"C{bi}", label=label)
+        for gi, g in enumerate(stats):
+            lo, hi = g["interval"]
+            top = max(v for v in (g["auto"], g["best_fixed"], g["loo"] or 0.0, 0.0))
+            ax.annotate(f"{g['auto'] - g['best_fixed']:+.2f}\n[{lo:+.2f}, {hi:+.2f}]", (gi, top), ha="center",
+                        va="bottom", fontsize=7)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xticks(range(len(stats)), [f"{g['table'].split('_')[0]}\n{g['protocol'].split('-')[0]} ({g['n']})"
+                                          for g in stats], fontsize=8)
+        ax.set_ylabel("Prox − Base, overall AUC (pp)")
+        ax.set_title(f"{ROUTER_NAMES[router]}: auto vs fixed 1/τ per table × protocol\n(labels: auto − best fixed, "
+                     "95 % bootstrap)", fontsize=9)
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.15)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    print(f"wrote {path}")
+
+
+LOSS = {"outlier": 0.3, "inlier": 0.5}  # pp: a configuration "loses" when Prox − Base is below minus this (issue 14)
+
+
+def noise(rows) -> str:
+    """How many losing configurations the seeds alone explain. Under the auto rule (``AUTO``), a configuration's
+    Prox − Base is a mean over its seeds with standard error std / sqrt(seeds); if every configuration's true effect
+    were its table x protocol group's mean, with normal errors of that size, the expected number of losing
+    configurations is the sum of their probabilities to fall below the threshold (``LOSS``)."""
+    from scipy.stats import norm
+
+    picks = dict(pickers(rows))
+    if AUTO[rows[0]["router"]] not in picks:
+        return ""
+    pick = picks[AUTO[rows[0]["router"]]]
+    out = []
+    for split, limit in LOSS.items():
+        per = [np.array([s["test"][split][pick(s)] - s["test"][split][_base(r)] for s in r["seeds"]]) for r in rows]
+        se = np.array([d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else np.nan for d in per])
+        mean = np.array([d.mean() for d in per])
+        group = [(r["table"], r["protocol"]) for r in rows]
+        mu = {g: mean[[h == g for h in group]].mean() for g in set(group)}
+        expected = sum(norm.cdf((-limit - mu[g]) / e) if e > 0 else float(mu[g] < -limit) for g, e in zip(group, se))
+        out.append(f"{split}: median standard error of a configuration's mean {np.nanmedian(se):.2f} pp, losing "
+                   f"configurations {int((mean < -limit).sum())} observed, {expected:.1f} expected from the seeds alone")
+    return f"auto's noise ({len(rows[0]['seeds'])} seeds): " + "; ".join(out)
+
+
+def _base(row) -> int:
+    return GRID.index(float("inf")) if row["router"] == "km" else GRID.index(0.0)
+
+
+def per_config(rows) -> str:
+    """Each configuration's Prox − Base under the auto rule (``AUTO``), mean over its seeds, and the settings picked."""
+    picks = dict(pickers(rows))
+    if AUTO[rows[0]["router"]] not in picks:
+        return ""
+    pick = picks[AUTO[rows[0]["router"]]]
+    lines = ["| table | protocol | outliers | seeds | outlier | inlier | overall | auto's picks |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        e = effect([r], pick)
+        chosen = ", ".join(str(SETTINGS[pick(s)]) for s in r["seeds"])
+        lines.append(f"| {r['table']} | {r['protocol']} | {', '.join(r['outliers'])} | {len(r['seeds'])} | "
+                     f"{e['outlier'][0]:+.2f} | {e['inlier'][0]:+.2f} | {e['overall'][0]:+.2f} | {chosen} |")
+    return "\n".join(lines)
+
+
+def losers(paths) -> list:
+    """The configurations (table, router, protocol, outliers) of saved runs that lose under their router's auto rule
+    (more than 0.3 pp outlier or 0.5 pp inlier against Base, mean over the saved seeds): what ``--recheck`` re-runs."""
+    found = []
+    for path in paths:
+        rows = json.loads(Path(path).read_text())["rows"]
+        for router in ("km", "knn"):
+            sel = [r for r in rows if r["router"] == router]
+            picks = dict(pickers(sel)) if sel else {}
+            if sel and AUTO[router] not in picks:
+                raise SystemExit(f"{path}: saved without the {router} auto rule's CV curves or settings; cannot recheck")
+            for r in sel:
+                e = effect([r], picks[AUTO[router]])
+                if e["lose_out"] or e["lose_in"]:
+                    found.append((r["table"], router, r["protocol"], r["outliers"]))
+    return found
+
+
+def report(rows, detail: bool = False):
     for router in ("km", "knn"):
         sel = [r for r in rows if r["router"] == router]
         if not sel:
             continue
-        print(f"\n{router}: {len(sel)} configurations x {len(SEEDS)} seeds, Prox - Base on the test split")
+        print(f"\n{router}: {len(sel)} configurations x {len(sel[0]['seeds'])} seeds, Prox - Base on the test split")
         print(summarize(sel))
         if "out_cv" in sel[0]["seeds"][0]:
             print(cv_agreement(sel))
+            print(noise(sel))
+            print(f"\n{router}, by table and protocol:\n" + by_group(sel))
+            if detail:
+                print(f"\n{router}, per configuration:\n" + per_config(sel))
 
 
 def main(argv=None):
@@ -338,10 +537,16 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--from-json", default=None, help="only summarize saved runs (comma-separated JSON paths)")
     p.add_argument("--plot", default=None, help="with --from-json: a PNG of the main rules on each saved set")
+    p.add_argument("--plot-groups", default=None, help="with --from-json: a PNG of auto against the fixed 1/tau per "
+                   "table x protocol, all saved runs pooled")
     p.add_argument("--configs", choices=list(SETS), default="study",
                    help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
                    "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto; fresh5: a seventh (KMeans only), defined before the ess-or-shifted rule was read off the others")
     p.add_argument("--routers", default="km,knn", choices=["km,knn", "km", "knn"], help="whose configurations to run")
+    p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help=f"comma-separated seeds (default {SEEDS})")
+    p.add_argument("--recheck", default=None, help="instead of --configs: the configurations of these saved runs "
+                   "(comma-separated JSON paths) that lose under their router's auto rule, run again (give new --seeds)")
+    p.add_argument("--per-config", action="store_true", help="also print each configuration's auto effect and picks")
     p.add_argument("--no-cv", action="store_true", help="fixed settings only (no CV curves, no auto rules)")
     p.add_argument("--cv-repeats", type=int, default=CV_REPEATS,
                    help=f"the CV's random splits averaged (default {CV_REPEATS}, as --inv-tau auto; 1 = one pass)")
@@ -349,22 +554,33 @@ def main(argv=None):
     p.add_argument("--cv-fold-tasks", default="1", choices=["1", "2", "3", "4", "outliers"],
                    help="training tasks a CV fold holds out together; outliers: as many as the configuration has")
     a = p.parse_args(argv)
-    if a.plot and not a.from_json:
-        p.error("--plot draws saved sets: give them with --from-json")
+    if (a.plot or a.plot_groups) and not a.from_json:
+        p.error("--plot and --plot-groups draw saved sets: give them with --from-json")
     if a.from_json:
         sets = {}
         for path in a.from_json.split(","):
             saved = json.loads(Path(path).read_text())
             print(f"\n# {path}: CV over {saved.get('cv_repeats', 1)} random split(s), "
                   f"{saved.get('cv_fold_tasks', '1')} task(s) held out per fold")  # saved before these options: 1, 1
-            report(saved["rows"])
+            report(saved["rows"], a.per_config)
             sets[Path(path).stem.removeprefix("tau_sel_folds_").removeprefix("ess_")] = saved["rows"]
+        if len(sets) > 1:
+            pooled = [r for rows in sets.values() for r in rows]
+            print(f"\n# the {len(sets)} saved runs pooled ({len(pooled)} configurations)")
+            report(pooled, a.per_config)
         if a.plot:
             plot_sets(sets, a.plot)
+        if a.plot_groups:
+            plot_groups([r for rows in sets.values() for r in rows], a.plot_groups)
         return
+    try:
+        seed_values = [int(v) for v in a.seeds.split(",")]
+    except ValueError:
+        p.error(f"--seeds {a.seeds!r}: allowed values are comma-separated integers")
+    configs = losers(a.recheck.split(",")) if a.recheck else SETS[a.configs]
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}
-    for name, router, protocol, outliers in SETS[a.configs]:
+    for name, router, protocol, outliers in configs:
         if router not in a.routers.split(","):
             continue
         if name not in cache:
@@ -373,13 +589,13 @@ def main(argv=None):
         table, X, acc, cost = cache[name]
         print(f"[tau] {name} {router} {protocol} {','.join(outliers)}", file=sys.stderr, flush=True)
         seeds = [run_config(table, X, acc, cost, router, protocol, outliers, s, cv=not a.no_cv, brier=a.brier,
-                            repeats=a.cv_repeats, fold_tasks=a.cv_fold_tasks) for s in SEEDS]
+                            repeats=a.cv_repeats, fold_tasks=a.cv_fold_tasks) for s in seed_values]
         rows.append({"table": name, "router": router, "protocol": protocol, "outliers": outliers, "seeds": seeds})
-    report(rows)
+    report(rows, a.per_config)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps({"settings": [str(g) for g in SETTINGS], "cv_repeats": a.cv_repeats,
-                                            "cv_fold_tasks": a.cv_fold_tasks, "rows": rows}))
+                                            "cv_fold_tasks": a.cv_fold_tasks, "seeds": seed_values, "rows": rows}))
 
 
 if __name__ == "__main__":
