@@ -108,8 +108,19 @@ FRESH5 = (  # a seventh set, KMeans only, defined before the per-query KMeans ke
      for p in ("leave-task-out", "few-shot-outlier")]
     + [("routerdc7", "km", "few-shot-outlier", ["cmmlu", "humaneval"]), ("routerdc7", "km", "leave-task-out", ["ceval", "javascript"]),
        ("routerdc7", "km", "few-shot-outlier", ["mmlu", "gsm8k"]), ("routerdc7", "km", "leave-task-out", ["arc_easy", "math_prealgebra"])])
+FRESH6 = (  # an eighth set, KMeans only, defined before the capped rule (docs/prereg-km-cap20.md) was tested: drawn by
+    # np.random.default_rng(2027), 3 BBH outlier sets (sizes 2, 3, 3) x both protocols and 4 routerdc7 pairs
+    # (protocols alternating), each draw that repeats an earlier set's configuration skipped
+    [("bbh19_dev", "km", p, o) for o in (["boolean_expressions", "object_counting"],
+                                         ["boolean_expressions", "logical_deduction_three_objects",
+                                          "tracking_shuffled_objects_five_objects"],
+                                         ["movie_recommendation", "ruin_names", "salient_translation_error_detection"])
+     for p in ("leave-task-out", "few-shot-outlier")]
+    + [("routerdc7", "km", "few-shot-outlier", ["cmmlu", "gsm8k"]), ("routerdc7", "km", "leave-task-out", ["javascript", "math_prealgebra"]),
+       ("routerdc7", "km", "few-shot-outlier", ["ceval", "cmmlu"]), ("routerdc7", "km", "leave-task-out", ["javascript", "mbpp"])])
 SETS = {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
-        "fresh4": FRESH4, "fresh5": FRESH5}  # --configs
+        "fresh4": FRESH4, "fresh5": FRESH5,
+        "fresh6": FRESH6}  # --configs
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
@@ -194,7 +205,9 @@ def _ess_variant(kind: str, value: float):
     ``prior20`` — instead of shifting, the smoothed CV mean minus ``value`` pp per squared decade from the paper's
     1/tau = 20 (0 counted as 0.5, inf as 1000); ``weighted`` — the CV criterion ``value`` x outlier + (1 − value) x
     inlier instead of their mean; ``shift-if`` — one step toward Base only where the smoothed curve there is within
-    ``value`` pp of its top. The last three keep ess-or-shifted's ess 3 test (CV mean > the pick's + ESS_MARGIN)."""
+    ``value`` pp of its top; ``cap20`` — shifted, except that where the smoothed CV's top is at or below the paper's
+    1/tau = 20 and its CV mean beats Base's by at least ``value`` pp, the step stops at 20 (docs/prereg-km-cap20.md).
+    All but ``guard`` keep ess-or-shifted's ess 3 test (CV mean > the pick's + ESS_MARGIN)."""
     g = len(GRID)
     decades = np.log10([0.5 if v == 0 else 1000.0 if np.isinf(v) else v for v in GRID])
 
@@ -212,6 +225,10 @@ def _ess_variant(kind: str, value: float):
                 p = int(np.argmax(smooth - value * (decades - np.log10(20.0)) ** 2))
             elif kind == "weighted":
                 p = min(top + 1, g - 1)
+            elif kind == "cap20":  # shifted, but not past 1/tau = 20 where the CV's top gains >= value pp on Base
+                at20 = GRID.index(20.0)
+                p = min(top + 1, g - 1)
+                p = at20 if p > at20 and top <= at20 and mean[top] - mean[g - 1] >= value else p
             else:  # shift-if
                 p = top + 1 if top + 1 < g and smooth[top + 1] >= smooth[top] - value else top
             p = g if mean[g] > mean[p] + ESS_MARGIN else p
@@ -222,13 +239,15 @@ def _ess_variant(kind: str, value: float):
 _VARIANTS = {"guard": "ess-or-shifted, Base where its CV gain over Base is < {:g} pp",
              "prior20": "smoothed CV − {:g} pp per squared decade from 1/tau = 20, or ess 3",
              "weighted": "shifted on {:g} x outlier + the rest x inlier CV, or ess 3",
-             "shift-if": "shifted only where the step costs < {:g} pp of smoothed CV, or ess 3"}
+             "shift-if": "shifted only where the step costs < {:g} pp of smoothed CV, or ess 3",
+             "cap20": "shifted, not past 1/tau = 20 where the CV's top gains >= {:g} pp on Base, or ess 3"}
 
 
 _VARIANT_RULES = {f"auto, {_VARIANTS[k].format(v)}": ([*range(len(GRID)), _ESS[ESS.index(f"ess:{ESS_TARGET:g}")]],
                                                        _ess_variant(k, v), "cv")
                   for k, vs in (("guard", (0.2, 0.5)), ("prior20", (0.5, 1.0)), ("weighted", (0.25, 0.4)),
-                                ("shift-if", (0.2, 0.5))) for v in vs}
+                                ("shift-if", (0.2, 0.5)), ("cap20", (ESS_MARGIN,))) for v in vs}
+CAP20 = f"auto, {_VARIANTS['cap20'].format(ESS_MARGIN)}"  # the candidate of docs/prereg-km-cap20.md
 RULES = {  # name -> (settings it may pick from, how, which CV curves): each uses the configuration's own CV only
     "auto, fixed grid, mean (the default before)": (range(len(GRID)), _MEAN, "cv"),
     "auto, fixed grid, smoothed CV": (range(len(GRID)), _SMOOTHED, "cv"),
@@ -541,7 +560,7 @@ def main(argv=None):
                    "table x protocol, all saved runs pooled")
     p.add_argument("--configs", choices=list(SETS), default="study",
                    help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
-                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto; fresh5: a seventh (KMeans only), defined before the ess-or-shifted rule was read off the others")
+                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto; fresh5: a seventh (KMeans only), defined before the ess-or-shifted rule was read off the others; fresh6: an eighth (KMeans only), defined before the capped rule of docs/prereg-km-cap20.md was tested")
     p.add_argument("--routers", default="km,knn", choices=["km,knn", "km", "knn"], help="whose configurations to run")
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help=f"comma-separated seeds (default {SEEDS})")
     p.add_argument("--recheck", default=None, help="instead of --configs: the configurations of these saved runs "
