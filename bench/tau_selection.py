@@ -29,7 +29,7 @@ Besides the rule table, each router's report gives its auto rule (``AUTO``) per 
 how many losing configurations the seeds' own noise predicts (``noise``); with several saved runs, all of them pooled
 too. ``--recheck``: the configurations that lose under their router's auto rule in saved runs, run again on other
 ``--seeds`` (README: how much of what is left is noise).
-``--configs``: the study's configurations (those of bench/real_tables.sh) or one of five further sets, each
+``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the seven further sets, each
 defined before the rules it was used to check (README: How τ is chosen).
 """
 from __future__ import annotations
