@@ -40,7 +40,7 @@ from proxray.experiments import protocol_split  # noqa: E402
 from proxray.metrics import routing_score  # noqa: E402
 from proxray.table import RoutingTable  # noqa: E402
 from proxray.tuning import GRID, RELATIVE_FLOOR, make_router  # noqa: E402
-from proxray.weights import ess_inv_tau, proximity_weights, spread_scaled  # noqa: E402
+from proxray.weights import proximity_weights, tilted_weights  # noqa: E402
 
 KERNELS = ("spr:2", "spr:4", "rad:1", "rad:2", "rad:4", "top4:10", "top4:20", "top8:20", "size:20", "uniform:20",
            "mix:spr:2|f:20", "mix:spr:2|f:50", "mix:spr:4|f:50",
@@ -65,7 +65,7 @@ def kernel_weights(fitted, phi, prior, setting: str) -> np.ndarray:
     if kind == "f":
         return proximity_weights(phi, float(a), prior)
     if kind == "spr":
-        return proximity_weights(spread_scaled(phi), float(a), prior)
+        return tilted_weights(phi, float(a), prior, "spread")
     if kind == "rad":
         return proximity_weights(phi / radii(fitted)[None, :], float(a), prior)
     if kind.startswith("top"):
@@ -73,7 +73,7 @@ def kernel_weights(fitted, phi, prior, setting: str) -> np.ndarray:
         cut = np.sort(phi, axis=1)[:, m - 1:m]
         return proximity_weights(np.where(phi <= cut, phi, np.inf), float(a), prior)
     if kind == "ess":
-        return proximity_weights(phi * ess_inv_tau(phi, prior, float(a))[:, None], 1.0, prior)
+        return tilted_weights(phi, float(a), prior, "ess")
     if kind.startswith("lspr"):  # spread over the M nearest clusters only (kNN's spread is local too)
         m = int(kind[4:])
         near = np.sort(phi, axis=1)[:, :m]

@@ -20,7 +20,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from .index import NeighborIndex, as_matrix, check_metric, pairwise_distance, prepare
-from .weights import TEMPERATURES, check_ess_target, ess_inv_tau, proximity_weights, resolve_inv_tau, spread_scaled
+from .weights import TEMPERATURES, check_ess_target, resolve_inv_tau, tilted_weights
 
 WEIGHTINGS = ("base", "prox")
 
@@ -193,12 +193,10 @@ class _ProxRouter(RouterMixin, BaseEstimator):
         """The formula's weights at the router's temperature: 1/tau as given (``temperature="fixed"``);
         1/tau(x) = inv_tau / std(phi(x)), the distances in units of the query's own spread (``"spread"``,
         ``weights.spread_scaled``); or, per query, the 1/tau at which the weights' effective sample size is
-        inv_tau (``"ess"``, ``weights.ess_inv_tau``: an adaptive bandwidth). Base routers ignore it."""
-        if self.temperature == "spread":
-            return proximity_weights(spread_scaled(phi), self.inv_tau_, prior)
-        if self.temperature == "ess" and self.weighting == "prox":
-            return proximity_weights(phi * ess_inv_tau(phi, prior, self.inv_tau_)[:, None], 1.0, prior)
-        return proximity_weights(phi, self.inv_tau_, prior)
+        inv_tau (``"ess"``, ``weights.ess_inv_tau``: an adaptive bandwidth) — ``weights.tilted_weights``. Base
+        routers ignore "ess" (their 1/tau is a limit, 0 or inf, not an effective sample size)."""
+        temperature = "fixed" if self.temperature == "ess" and self.weighting != "prox" else self.temperature
+        return tilted_weights(phi, self.inv_tau_, prior, temperature)
 
     def _check_fitted(self):
         if not hasattr(self, "models_"):

@@ -149,19 +149,17 @@ def estimates_over(fitted, X, settings):
     the fixed 1/tau values a, b, ... (an ensemble over temperatures instead of one choice); ``"ess:E"`` is the
     per-query 1/tau at which the weights' effective sample size is E (``weights.ess_inv_tau``).
     Yields (acc_hat, cost_hat) per setting."""
-    from .weights import ess_inv_tau, proximity_weights, spread_scaled
+    from .weights import proximity_weights, tilted_weights
 
     phi, ref, prior = fitted._search(X)
     nearest = np.maximum(np.where(np.isfinite(phi), phi, np.inf).min(axis=1), RELATIVE_FLOOR)
-    scaled = None
     for setting in settings:
         if isinstance(setting, str) and setting.startswith("rel:"):
             w = proximity_weights(phi / nearest[:, None], float(setting[4:]), prior)
         elif isinstance(setting, str) and setting.startswith("spr:"):  # the routers' temperature="spread"
-            scaled = spread_scaled(phi) if scaled is None else scaled
-            w = proximity_weights(scaled, float(setting[4:]), prior)
-        elif isinstance(setting, str) and setting.startswith("ess:"):
-            w = proximity_weights(phi * ess_inv_tau(phi, prior, float(setting[4:]))[:, None], 1.0, prior)
+            w = tilted_weights(phi, float(setting[4:]), prior, "spread")
+        elif isinstance(setting, str) and setting.startswith("ess:"):  # the routers' temperature="ess"
+            w = tilted_weights(phi, float(setting[4:]), prior, "ess")
         elif isinstance(setting, str) and setting.startswith("mix:"):
             taus = [float(v) for v in setting[4:].split(",")]
             w = sum(proximity_weights(phi, t, prior) for t in taus) / len(taus)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["proximity_weights", "resolve_inv_tau", "effective_sample_size", "spread_scaled", "ess_inv_tau",
-           "check_ess_target", "TEMPERATURES"]
+__all__ = ["proximity_weights", "tilted_weights", "resolve_inv_tau", "effective_sample_size", "spread_scaled",
+           "ess_inv_tau", "check_ess_target", "TEMPERATURES"]
 
 TEMPERATURES = ("fixed", "spread", "ess")  # how a router's inv_tau is read (routers: ``temperature``)
 
@@ -168,3 +168,17 @@ def ess_inv_tau(phi, prior, target: float, iters: int = 40) -> np.ndarray:
         ess = effective_sample_size(proximity_weights(shifted * np.exp(mid)[:, None], 1.0, prior))
         lo, hi = np.where(ess > target, mid, lo), np.where(ess > target, hi, mid)
     return np.exp((lo + hi) / 2)
+
+
+def tilted_weights(phi, inv_tau, prior=None, temperature: str = "fixed") -> np.ndarray:
+    """``proximity_weights`` at one of the ``TEMPERATURES``: "fixed", 1/tau = ``inv_tau`` as given; "spread",
+    1/tau(x) = inv_tau / std(phi(x)) (``spread_scaled``); "ess", per query the 1/tau at which the weights' Kish
+    effective sample size is ``inv_tau`` (``ess_inv_tau``). The routers and auto's CV (``tuning.estimates_over``)
+    tilt through it, so each temperature is written once."""
+    if temperature == "spread":
+        return proximity_weights(spread_scaled(phi), inv_tau, prior)
+    if temperature == "ess":
+        return proximity_weights(np.asarray(phi) * ess_inv_tau(phi, prior, inv_tau)[:, None], 1.0, prior)
+    if temperature != "fixed":
+        raise ValueError(f"temperature={temperature!r}: allowed values are {', '.join(TEMPERATURES)}")
+    return proximity_weights(phi, inv_tau, prior)

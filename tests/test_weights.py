@@ -108,3 +108,19 @@ def test_ess_inv_tau_gives_each_query_the_target_effective_sample_size(rng):
     assert low[0] == pytest.approx(np.exp(ESS_LOG_RANGE[0]), rel=1e-6)
     with pytest.raises(ValueError, match="target=0.5: an effective sample size must be >= 1"):
         ess_inv_tau(phi, prior, 0.5)
+
+
+def test_tilted_weights_is_the_formula_at_each_temperature(rng):
+    """tilted_weights: "fixed" is proximity_weights as given; "spread" tilts phi / std(phi(x)) (so a row's weights do
+    not change when its distances are scaled); "ess" gives every row the target effective sample size; anything
+    else is refused by name."""
+    from proxray.weights import tilted_weights
+
+    phi, prior = rng.random((5, 12)), rng.random(12) + 0.1
+    np.testing.assert_allclose(tilted_weights(phi, 7.0, prior), proximity_weights(phi, 7.0, prior))
+    std = phi.std(axis=1, keepdims=True)
+    np.testing.assert_allclose(tilted_weights(phi, 2.0, prior, "spread"), proximity_weights(phi / std, 2.0, prior))
+    np.testing.assert_allclose(tilted_weights(3 * phi, 2.0, prior, "spread"), tilted_weights(phi, 2.0, prior, "spread"))
+    np.testing.assert_allclose(effective_sample_size(tilted_weights(phi, 3.0, prior, "ess")), 3.0, rtol=1e-6)
+    with pytest.raises(ValueError, match="temperature='cold': allowed values are fixed, spread, ess"):
+        tilted_weights(phi, 1.0, prior, "cold")
