@@ -283,17 +283,30 @@ KM_ONLY = {name for name in RULES if name.startswith("auto, shifted, or ess")} |
 SPLITS = ("outlier", "inlier", "overall")
 
 
+LOSS = {"outlier": 0.3, "inlier": 0.5}  # pp: a configuration "loses" when Prox − Base is below minus this (issue 14)
+
+
+def _base(row) -> int:
+    return GRID.index(float("inf")) if row["router"] == "km" else GRID.index(0.0)
+
+
+def _deltas(row, picked, split) -> np.ndarray:
+    """Prox − Base on ``split`` for each seed of ``row``, at the settings ``picked`` (one index per seed)."""
+    base = _base(row)
+    return np.array([s["test"][split][g] - s["test"][split][base] for s, g in zip(row["seeds"], picked)])
+
+
 def effect(rows, pick) -> dict:
     """Per configuration, Prox − Base on each split (mean over its seeds) when ``pick(seed_result)`` chooses the
-    setting; and the configurations losing more than 0.3 pp outlier / 0.5 pp inlier."""
+    setting; and the configurations losing more than 0.3 pp outlier / 0.5 pp inlier (``LOSS``)."""
     d = {k: [] for k in SPLITS}
     for r in rows:
-        base = _base(r)
-        per_seed = [pick(s) for s in r["seeds"]]
+        picked = [pick(s) for s in r["seeds"]]
         for k in d:
-            d[k].append(np.mean([s["test"][k][g] - s["test"][k][base] for s, g in zip(r["seeds"], per_seed)]))
+            d[k].append(_deltas(r, picked, k).mean())
     d = {k: np.array(v) for k, v in d.items()}
-    return {**d, "lose_out": int((d["outlier"] < -0.3).sum()), "lose_in": int((d["inlier"] < -0.5).sum())}
+    return {**d, "lose_out": int((d["outlier"] < -LOSS["outlier"]).sum()),
+            "lose_in": int((d["inlier"] < -LOSS["inlier"]).sum())}
 
 
 def pickers(rows):
@@ -334,6 +347,11 @@ PLOTTED = {"auto (default: KM ess-or-shifted, kNN spread 0.2)": AUTO,
            "mean (before shifted)": "auto, fixed grid, mean (the default before)",
            "shifted (KM's default before)": _SHIFTED,
            "near-base 1 pp": "auto, fixed grid, nearest Base within 1 pp of the best CV"}
+
+
+def _auto_pick(rows):
+    """The pick of the rows' router's auto rule (``AUTO``), or None for a run saved without its CV curves."""
+    return dict(pickers(rows)).get(AUTO[rows[0]["router"]])
 
 
 def plot_sets(sets: dict, path) -> None:
@@ -400,8 +418,8 @@ def group_stats(rows, resamples: int = 10_000, seed: int = 0) -> list:
     (so the hindsight choice's own optimism is inside the interval); and the fixed 1/tau a user could have known,
     chosen on the group's other configurations (leave one configuration out) and scored on the one left out (None
     for a group of one). One dict per group; [] when the run has no auto rule (saved without its CV curves)."""
-    picks = dict(pickers(rows))
-    if AUTO[rows[0]["router"]] not in picks:
+    pick = _auto_pick(rows)
+    if pick is None:
         return []
     rng = np.random.default_rng(seed)
     groups = {}
@@ -409,7 +427,7 @@ def group_stats(rows, resamples: int = 10_000, seed: int = 0) -> list:
         groups.setdefault((r["table"], r["protocol"]), []).append(r)
     out = []
     for (table, protocol), rs in sorted(groups.items()):
-        auto = effect(rs, picks[AUTO[rs[0]["router"]]])["overall"]
+        auto = effect(rs, pick)["overall"]
         fixed = np.stack([effect(rs, lambda s, g=g: g)["overall"] for g in range(len(GRID))], axis=1)  # (C, G)
         best = int(np.argmax(fixed.mean(axis=0)))
         diffs = []
@@ -472,9 +490,6 @@ def plot_groups(rows, path) -> None:
     print(f"wrote {path}")
 
 
-LOSS = {"outlier": 0.3, "inlier": 0.5}  # pp: a configuration "loses" when Prox − Base is below minus this (issue 14)
-
-
 def noise(rows) -> str:
     """How many losing configurations the seeds alone explain. Under the auto rule (``AUTO``), a configuration's
     Prox − Base is a mean over its seeds with standard error std / sqrt(seeds); if every configuration's true effect
@@ -482,13 +497,13 @@ def noise(rows) -> str:
     configurations is the sum of their probabilities to fall below the threshold (``LOSS``)."""
     from scipy.stats import norm
 
-    picks = dict(pickers(rows))
-    if AUTO[rows[0]["router"]] not in picks:
+    pick = _auto_pick(rows)
+    if pick is None:
         return ""
-    pick = picks[AUTO[rows[0]["router"]]]
+    picked = [[pick(s) for s in r["seeds"]] for r in rows]
     out = []
     for split, limit in LOSS.items():
-        per = [np.array([s["test"][split][pick(s)] - s["test"][split][_base(r)] for s in r["seeds"]]) for r in rows]
+        per = [_deltas(r, g, split) for r, g in zip(rows, picked)]
         se = np.array([d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else np.nan for d in per])
         mean = np.array([d.mean() for d in per])
         group = [(r["table"], r["protocol"]) for r in rows]
@@ -499,16 +514,11 @@ def noise(rows) -> str:
     return f"auto's noise ({len(rows[0]['seeds'])} seeds): " + "; ".join(out)
 
 
-def _base(row) -> int:
-    return GRID.index(float("inf")) if row["router"] == "km" else GRID.index(0.0)
-
-
 def per_config(rows) -> str:
     """Each configuration's Prox − Base under the auto rule (``AUTO``), mean over its seeds, and the settings picked."""
-    picks = dict(pickers(rows))
-    if AUTO[rows[0]["router"]] not in picks:
+    pick = _auto_pick(rows)
+    if pick is None:
         return ""
-    pick = picks[AUTO[rows[0]["router"]]]
     lines = ["| table | protocol | outliers | seeds | outlier | inlier | overall | auto's picks |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         e = effect([r], pick)
@@ -526,11 +536,11 @@ def losers(paths) -> list:
         rows = json.loads(Path(path).read_text())["rows"]
         for router in ("km", "knn"):
             sel = [r for r in rows if r["router"] == router]
-            picks = dict(pickers(sel)) if sel else {}
-            if sel and AUTO[router] not in picks:
+            pick = _auto_pick(sel) if sel else None
+            if sel and pick is None:
                 raise SystemExit(f"{path}: saved without the {router} auto rule's CV curves or settings; cannot recheck")
             for r in sel:
-                e = effect([r], picks[AUTO[router]])
+                e = effect([r], pick)
                 if e["lose_out"] or e["lose_in"]:
                     found.append((r["table"], router, r["protocol"], r["outliers"]))
     return found
