@@ -1,7 +1,7 @@
 """Which way of choosing 1/tau works? Compares, on the real tables, the training-only rules of
 ``proxray.tuning`` with every fixed 1/tau of the grid, against the test split (not a timed test).
 
-    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|fresh3|fresh4|fresh5] [--routers km|knn]
+    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|…|fresh7] [--routers km|knn]
                                   [--json out/tau_sel_folds_study.json]
     python bench/tau_selection.py --from-json a.json,b.json,... [--plot out/tau_rules.png] [--per-config]
     python bench/tau_selection.py --recheck a.json,b.json,... --seeds 1,2,3,4,5,6,8,9,10,11 --json out/recheck.json
@@ -29,7 +29,7 @@ Besides the rule table, each router's report gives its auto rule (``AUTO``) per 
 how many losing configurations the seeds' own noise predicts (``noise``); with several saved runs, all of them pooled
 too. ``--recheck``: the configurations that lose under their router's auto rule in saved runs, run again on other
 ``--seeds`` (README: how much of what is left is noise).
-``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the seven further sets, each
+``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the eight further sets, each
 defined before the rules it was used to check (README: How τ is chosen).
 """
 from __future__ import annotations
@@ -118,9 +118,30 @@ FRESH6 = (  # an eighth set, KMeans only, defined before the capped rule (docs/p
      for p in ("leave-task-out", "few-shot-outlier")]
     + [("routerdc7", "km", "few-shot-outlier", ["cmmlu", "gsm8k"]), ("routerdc7", "km", "leave-task-out", ["javascript", "math_prealgebra"]),
        ("routerdc7", "km", "few-shot-outlier", ["ceval", "cmmlu"]), ("routerdc7", "km", "leave-task-out", ["javascript", "mbpp"])])
+_FRESH7_BBH = (
+    ["movie_recommendation", "object_counting"],
+    ["logical_deduction_seven_objects", "navigate", "ruin_names"],
+    ["logical_deduction_three_objects", "salient_translation_error_detection", "tracking_shuffled_objects_five_objects"],
+    ["navigate", "object_counting", "reasoning_about_colored_objects", "tracking_shuffled_objects_three_objects"],
+    ["boolean_expressions", "logical_deduction_three_objects"],
+    ["boolean_expressions", "logical_deduction_seven_objects", "tracking_shuffled_objects_five_objects"],
+    ["reasoning_about_colored_objects", "salient_translation_error_detection", "tracking_shuffled_objects_five_objects"],
+    ["geometric_shapes", "logical_deduction_seven_objects", "movie_recommendation", "salient_translation_error_detection"],
+    ["logical_deduction_seven_objects", "salient_translation_error_detection"],
+    ["logical_deduction_seven_objects", "logical_deduction_three_objects", "ruin_names"],
+    ["logical_deduction_seven_objects", "ruin_names", "tracking_shuffled_objects_three_objects"],
+    ["geometric_shapes", "logical_deduction_three_objects", "navigate", "reasoning_about_colored_objects"])
+FRESH7 = (  # a ninth set, KMeans only, defined before the rule of docs/prereg-km-cap20-ess-first.md was tested: drawn by
+    # np.random.default_rng(2028) (the script is in that file), 12 BBH leave-task-out outlier sets (sizes 2, 3, 3, 4
+    # repeating; the group where the rule acts), the first 4 also few-shot, and 2 routerdc7 pairs, one per protocol;
+    # each draw that repeats an earlier set's configuration skipped
+    [("bbh19_dev", "km", "leave-task-out", o) for o in _FRESH7_BBH]
+    + [("bbh19_dev", "km", "few-shot-outlier", o) for o in _FRESH7_BBH[:4]]
+    + [("routerdc7", "km", "leave-task-out", ["arc_easy", "mmlu"]),
+       ("routerdc7", "km", "few-shot-outlier", ["humaneval", "javascript"])])
 SETS = {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
         "fresh4": FRESH4, "fresh5": FRESH5,
-        "fresh6": FRESH6}  # --configs
+        "fresh6": FRESH6, "fresh7": FRESH7}  # --configs
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
@@ -206,17 +227,23 @@ def _ess_variant(kind: str, value: float):
     1/tau = 20 (0 counted as 0.5, inf as 1000); ``weighted`` — the CV criterion ``value`` x outlier + (1 − value) x
     inlier instead of their mean; ``shift-if`` — one step toward Base only where the smoothed curve there is within
     ``value`` pp of its top; ``cap20`` — shifted, except that where the smoothed CV's top is at or below the paper's
-    1/tau = 20 and its CV mean beats Base's by at least ``value`` pp, the step stops at 20 (docs/prereg-km-cap20.md).
-    All but ``guard`` keep ess-or-shifted's ess 3 test (CV mean > the pick's + ESS_MARGIN)."""
+    1/tau = 20 and its CV mean beats Base's by at least ``value`` pp, the step stops at 20 (docs/prereg-km-cap20.md);
+    ``cap20-ess-first`` — ess-or-shifted's own choice (its ess 3 test against shifted's uncapped pick), and only where
+    that is the fixed grid, ``cap20``'s cap (docs/prereg-km-cap20-ess-first.md). All but ``guard`` and
+    ``cap20-ess-first`` apply ess-or-shifted's ess 3 test (CV mean > the pick's + ESS_MARGIN) after their own pick."""
     g = len(GRID)
     decades = np.log10([0.5 if v == 0 else 1000.0 if np.isinf(v) else v for v in GRID])
 
     def curve(o, i, router):
         mean = (o + i) / 2
-        if kind == "guard":
+        if kind in ("guard", "cap20-ess-first"):
             inv_tau, temperature = select_ess_or_shifted(o, i, GRID)
             p = g if temperature == "ess" else GRID.index(inv_tau)
-            p = g - 1 if mean[p] - mean[g - 1] < value else p
+            if kind == "guard":
+                p = g - 1 if mean[p] - mean[g - 1] < value else p
+            else:  # the step from the smoothed CV's top stops at 1/tau = 20 where that top gains >= value pp on Base
+                at20, top = GRID.index(20.0), int(np.argmax(smooth_curve(mean[:g])))
+                p = at20 if p != g and p > at20 and top <= at20 and mean[top] - mean[g - 1] >= value else p
         else:
             crit = value * o + (1 - value) * i if kind == "weighted" else mean
             smooth = smooth_curve(crit[:g])
@@ -240,14 +267,17 @@ _VARIANTS = {"guard": "ess-or-shifted, Base where its CV gain over Base is < {:g
              "prior20": "smoothed CV − {:g} pp per squared decade from 1/tau = 20, or ess 3",
              "weighted": "shifted on {:g} x outlier + the rest x inlier CV, or ess 3",
              "shift-if": "shifted only where the step costs < {:g} pp of smoothed CV, or ess 3",
-             "cap20": "shifted, not past 1/tau = 20 where the CV's top gains >= {:g} pp on Base, or ess 3"}
+             "cap20": "shifted, not past 1/tau = 20 where the CV's top gains >= {:g} pp on Base, or ess 3",
+             "cap20-ess-first": "ess-or-shifted, its shift not past 1/tau = 20 where the CV's top gains >= {:g} pp on Base"}
 
 
 _VARIANT_RULES = {f"auto, {_VARIANTS[k].format(v)}": ([*range(len(GRID)), _ESS[ESS.index(f"ess:{ESS_TARGET:g}")]],
                                                        _ess_variant(k, v), "cv")
                   for k, vs in (("guard", (0.2, 0.5)), ("prior20", (0.5, 1.0)), ("weighted", (0.25, 0.4)),
-                                ("shift-if", (0.2, 0.5)), ("cap20", (ESS_MARGIN,))) for v in vs}
-CAP20 = f"auto, {_VARIANTS['cap20'].format(ESS_MARGIN)}"  # the candidate of docs/prereg-km-cap20.md
+                                ("shift-if", (0.2, 0.5)), ("cap20", (ESS_MARGIN,)), ("cap20-ess-first", (ESS_MARGIN,)))
+                  for v in vs}
+CAP20 = f"auto, {_VARIANTS['cap20'].format(ESS_MARGIN)}"  # the candidate of docs/prereg-km-cap20.md (failed)
+CAP20_ESS_FIRST = f"auto, {_VARIANTS['cap20-ess-first'].format(ESS_MARGIN)}"  # docs/prereg-km-cap20-ess-first.md
 RULES = {  # name -> (settings it may pick from, how, which CV curves): each uses the configuration's own CV only
     "auto, fixed grid, mean (the default before)": (range(len(GRID)), _MEAN, "cv"),
     "auto, fixed grid, smoothed CV": (range(len(GRID)), _SMOOTHED, "cv"),
@@ -570,7 +600,7 @@ def main(argv=None):
                    "table x protocol, all saved runs pooled")
     p.add_argument("--configs", choices=list(SETS), default="study",
                    help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
-                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto; fresh5: a seventh (KMeans only), defined before the ess-or-shifted rule was read off the others; fresh6: an eighth (KMeans only), defined before the capped rule of docs/prereg-km-cap20.md was tested")
+                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto; fresh5: a seventh (KMeans only), defined before the ess-or-shifted rule was read off the others; fresh6: an eighth (KMeans only), defined before the capped rule of docs/prereg-km-cap20.md was tested; fresh7: a ninth (KMeans only, mostly BBH leave-task-out), defined before docs/prereg-km-cap20-ess-first.md was tested")
     p.add_argument("--routers", default="km,knn", choices=["km,knn", "km", "knn"], help="whose configurations to run")
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help=f"comma-separated seeds (default {SEEDS})")
     p.add_argument("--recheck", default=None, help="instead of --configs: the configurations of these saved runs "
