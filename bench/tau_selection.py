@@ -45,8 +45,8 @@ from proxray.embed import SentenceEncoder
 from proxray.experiments import protocol_split
 from proxray.metrics import routing_score
 from proxray.table import RoutingTable
-from proxray.tuning import (CV_REPEATS, ESS_MARGIN, ESS_TARGET, GRID, ROUTER_NAMES, CVFolds, cv_folds, estimates_over,
-                            make_router, select_ess_or_shifted, select_inv_tau, smooth_curve)
+from proxray.tuning import (CV_REPEATS, ESS_MARGIN, ESS_TARGET, GRID, ROUTER_NAMES, SHIFT_CAP, SHIFT_CAP_GAIN, CVFolds,
+                            cv_folds, estimates_over, make_router, select_ess_or_shifted, select_inv_tau, smooth_curve)
 
 D = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 CONFIGS = (
@@ -208,14 +208,16 @@ _SHIFTED = "auto, fixed grid, smoothed CV, one step toward Base (shifted: KMeans
 
 def _ess_rule_name(ess: str, margin: float) -> str:
     return (f"auto, shifted, or {ess} where its CV mean is {margin:g} pp higher"
-            + (" (ess-or-shifted: KMeans' default)" if (ess, margin) == (f"ess:{ESS_TARGET:g}", ESS_MARGIN) else ""))
+            + (" (ess-or-shifted: KMeans' default before ess-or-capped)"
+               if (ess, margin) == (f"ess:{ESS_TARGET:g}", ESS_MARGIN) else ""))
 
 
-def _ess_or_shifted(margin):
-    """``tuning.select_ess_or_shifted`` with ``margin`` over the fixed grid and one ess setting after it (the rule's
-    own target is ``tuning.ESS_TARGET``; other targets here are the same comparison), as a one-hot curve."""
+def _ess_or_shifted(margin, cap=None):
+    """``tuning.select_ess_or_shifted`` with ``margin`` (and ``cap``: rule "ess-or-capped") over the fixed grid and one
+    ess setting after it (the rule's own target is ``tuning.ESS_TARGET``; other targets here are the same comparison),
+    as a one-hot curve."""
     def curve(o, i, router):
-        inv_tau, temperature = select_ess_or_shifted(o, i, GRID, margin)
+        inv_tau, temperature = select_ess_or_shifted(o, i, GRID, margin, cap=cap)
         return (np.arange(len(o)) == (len(GRID) if temperature == "ess" else GRID.index(inv_tau))).astype(float)
     return curve
 
@@ -227,23 +229,18 @@ def _ess_variant(kind: str, value: float):
     1/tau = 20 (0 counted as 0.5, inf as 1000); ``weighted`` — the CV criterion ``value`` x outlier + (1 − value) x
     inlier instead of their mean; ``shift-if`` — one step toward Base only where the smoothed curve there is within
     ``value`` pp of its top; ``cap20`` — shifted, except that where the smoothed CV's top is at or below the paper's
-    1/tau = 20 and its CV mean beats Base's by at least ``value`` pp, the step stops at 20 (docs/prereg-km-cap20.md);
-    ``cap20-ess-first`` — ess-or-shifted's own choice (its ess 3 test against shifted's uncapped pick), and only where
-    that is the fixed grid, ``cap20``'s cap (docs/prereg-km-cap20-ess-first.md). All but ``guard`` and
-    ``cap20-ess-first`` apply ess-or-shifted's ess 3 test (CV mean > the pick's + ESS_MARGIN) after their own pick."""
+    1/tau = 20 and its CV mean beats Base's by at least ``value`` pp, the step stops at 20 (docs/prereg-km-cap20.md;
+    failed: ``CAP20_ESS_FIRST``, the same cap after the ess test, is KMeans' default ess-or-capped). All but ``guard``
+    apply ess-or-shifted's ess 3 test (CV mean > the pick's + ESS_MARGIN) after their own pick."""
     g = len(GRID)
     decades = np.log10([0.5 if v == 0 else 1000.0 if np.isinf(v) else v for v in GRID])
 
     def curve(o, i, router):
         mean = (o + i) / 2
-        if kind in ("guard", "cap20-ess-first"):
+        if kind == "guard":
             inv_tau, temperature = select_ess_or_shifted(o, i, GRID)
             p = g if temperature == "ess" else GRID.index(inv_tau)
-            if kind == "guard":
-                p = g - 1 if mean[p] - mean[g - 1] < value else p
-            else:  # the step from the smoothed CV's top stops at 1/tau = 20 where that top gains >= value pp on Base
-                at20, top = GRID.index(20.0), int(np.argmax(smooth_curve(mean[:g])))
-                p = at20 if p != g and p > at20 and top <= at20 and mean[top] - mean[g - 1] >= value else p
+            p = g - 1 if mean[p] - mean[g - 1] < value else p
         else:
             crit = value * o + (1 - value) * i if kind == "weighted" else mean
             smooth = smooth_curve(crit[:g])
@@ -267,17 +264,16 @@ _VARIANTS = {"guard": "ess-or-shifted, Base where its CV gain over Base is < {:g
              "prior20": "smoothed CV − {:g} pp per squared decade from 1/tau = 20, or ess 3",
              "weighted": "shifted on {:g} x outlier + the rest x inlier CV, or ess 3",
              "shift-if": "shifted only where the step costs < {:g} pp of smoothed CV, or ess 3",
-             "cap20": "shifted, not past 1/tau = 20 where the CV's top gains >= {:g} pp on Base, or ess 3",
-             "cap20-ess-first": "ess-or-shifted, its shift not past 1/tau = 20 where the CV's top gains >= {:g} pp on Base"}
+             "cap20": "shifted, not past 1/tau = 20 where the CV's top gains >= {:g} pp on Base, or ess 3"}
 
 
 _VARIANT_RULES = {f"auto, {_VARIANTS[k].format(v)}": ([*range(len(GRID)), _ESS[ESS.index(f"ess:{ESS_TARGET:g}")]],
                                                        _ess_variant(k, v), "cv")
                   for k, vs in (("guard", (0.2, 0.5)), ("prior20", (0.5, 1.0)), ("weighted", (0.25, 0.4)),
-                                ("shift-if", (0.2, 0.5)), ("cap20", (ESS_MARGIN,)), ("cap20-ess-first", (ESS_MARGIN,)))
-                  for v in vs}
+                                ("shift-if", (0.2, 0.5)), ("cap20", (ESS_MARGIN,))) for v in vs}
 CAP20 = f"auto, {_VARIANTS['cap20'].format(ESS_MARGIN)}"  # the candidate of docs/prereg-km-cap20.md (failed)
-CAP20_ESS_FIRST = f"auto, {_VARIANTS['cap20-ess-first'].format(ESS_MARGIN)}"  # docs/prereg-km-cap20-ess-first.md
+CAP20_ESS_FIRST = (f"auto, ess-or-shifted, its shift not past 1/tau = {SHIFT_CAP:g} where the CV's top gains >= "
+                   f"{SHIFT_CAP_GAIN:g} pp on Base (ess-or-capped: KMeans' default)")  # docs/prereg-km-cap20-ess-first.md
 RULES = {  # name -> (settings it may pick from, how, which CV curves): each uses the configuration's own CV only
     "auto, fixed grid, mean (the default before)": (range(len(GRID)), _MEAN, "cv"),
     "auto, fixed grid, smoothed CV": (range(len(GRID)), _SMOOTHED, "cv"),
@@ -303,13 +299,15 @@ RULES = {  # name -> (settings it may pick from, how, which CV curves): each use
     **{_ess_rule_name(e, m): ([*range(len(GRID)), _ESS[ESS.index(e)]], _ess_or_shifted(m), "cv")
        for e in ("ess:2", "ess:3", "ess:5") for m in (0.0, 0.5, 1.0)},
     **_VARIANT_RULES,
+    CAP20_ESS_FIRST: ([*range(len(GRID)), _ESS[ESS.index(f"ess:{ESS_TARGET:g}")]], _ess_or_shifted(ESS_MARGIN, SHIFT_CAP),
+                      "cv"),
     # from the folds apart: the CV's spread over the held-out tasks (runs saved before --json kept them: skipped)
     **{f"auto, fixed grid, lcb ({m:g} se)": (None, _fold_rule("lcb", m), "folds") for m in (0.5, 1.0, 2.0)},
     **{f"auto, fixed grid, one-se ({m:g} se)": (None, _fold_rule("one-se", m), "folds") for m in (0.5, 1.0)},
 }
 
 
-KM_ONLY = {name for name in RULES if name.startswith("auto, shifted, or ess")} | set(_VARIANT_RULES)  # shift toward inf
+KM_ONLY = {name for name in RULES if name.startswith("auto, shifted, or ess")} | set(_VARIANT_RULES) | {CAP20_ESS_FIRST}  # shift toward inf
 SPLITS = ("outlier", "inlier", "overall")
 
 
@@ -371,11 +369,11 @@ def summarize(rows):
     return "\n".join(lines)
 
 
-_ESS_OR_SHIFTED = _ess_rule_name(f"ess:{ESS_TARGET:g}", ESS_MARGIN)
-AUTO = {"km": _ESS_OR_SHIFTED, "knn": "fixed spr:0.2"}  # the row of each router's --inv-tau auto (tuning.DEFAULT_RULES)
-PLOTTED = {"auto (default: KM ess-or-shifted, kNN spread 0.2)": AUTO,
+AUTO = {"km": CAP20_ESS_FIRST, "knn": "fixed spr:0.2"}  # the row of each router's --inv-tau auto (tuning.DEFAULT_RULES)
+PLOTTED = {"auto (default: KM ess-or-capped, kNN spread 0.2)": AUTO,
            "mean (before shifted)": "auto, fixed grid, mean (the default before)",
-           "shifted (KM's default before)": _SHIFTED,
+           "ess-or-shifted (KM's default before)": {"km": _ess_rule_name(f"ess:{ESS_TARGET:g}", ESS_MARGIN)},
+           "shifted (KM's before that)": _SHIFTED,
            "near-base 1 pp": "auto, fixed grid, nearest Base within 1 pp of the best CV"}
 
 
@@ -394,7 +392,8 @@ def plot_sets(sets: dict, path) -> None:
     import matplotlib.pyplot as plt
 
     routers = [k for k in ("km", "knn") if any(r["router"] == k for rows in sets.values() for r in rows)]
-    fig, axes = plt.subplots(1, len(routers), figsize=(6.5 * len(routers) + 1, 5.2), squeeze=False)
+    width_in = max(6.5, 0.95 * len(sets) + 1.5)  # one set's bars and its two-line label need ~0.95 in
+    fig, axes = plt.subplots(1, len(routers), figsize=(width_in * len(routers) + 1, 5.2), squeeze=False)
     for ax, router in zip(axes[0], routers):
         names = list(PLOTTED) + ["best fixed 1/τ (hindsight)"]
         width = 0.8 / len(names)
@@ -414,7 +413,7 @@ def plot_sets(sets: dict, path) -> None:
                 ax.annotate(tag, (x, e["overall"].mean()), ha="center", va="bottom", fontsize=6)
         ax.axhline(0, color="k", lw=0.6)
         ax.set_xticks(range(len(sets)), [f"{k}\n({len([r for r in v if r['router'] == router])} configs)"
-                                         for k, v in sets.items()])
+                                         for k, v in sets.items()], fontsize=8)
         ax.set_ylabel("Prox − Base, overall AUC (pp)")
         ax.set_title(f"{router}: τ rules vs the best fixed 1/τ (labels: losing configs out/in)")
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=3)

@@ -20,8 +20,8 @@ import numpy as np
 
 from .logs import log
 from .metrics import baseline_points, cost_range, ndch_auc, routing_score, sweep
-from .tuning import (CV_REPEATS, DEFAULT_RULES, ESS_MARGIN, ESS_TARGET, RULES, SPREAD_INV_TAU, auto_choice, check_rule,
-                     make_router)
+from .tuning import (CV_REPEATS, DEFAULT_RULES, ESS_MARGIN, ESS_TARGET, RULES, SHIFT_CAP, SHIFT_CAP_GAIN,
+                     SPREAD_INV_TAU, auto_choice, check_rule, make_router)
 from .weights import TEMPERATURES, check_ess_target
 
 PROTOCOLS = ("leave-task-out", "few-shot-outlier")
@@ -312,7 +312,9 @@ def add_eval_parser(sub) -> None:
                    help=f"auto's rule (default: {DEFAULT_RULES['km']} for km, {DEFAULT_RULES['knn']} for knn). spread "
                    f"(kNN only, no CV) = 1/tau(x) = {SPREAD_INV_TAU:g} / std of the query's k distances; ess-or-shifted "
                    f"(KMeans only) = shifted's pick, or ess {ESS_TARGET:g} (per query the 1/tau giving the weights an "
-                   f"effective sample size of {ESS_TARGET:g}) where its CV mean is > {ESS_MARGIN:g} pp higher; shifted = the "
+                   f"effective sample size of {ESS_TARGET:g}) where its CV mean is > {ESS_MARGIN:g} pp higher; "
+                   f"ess-or-capped (KMeans only) = the same, with shifted's step not past 1/tau = {SHIFT_CAP:g} where "
+                   f"the CV's top is at or below it and gains >= {SHIFT_CAP_GAIN:g} pp on Base; shifted = the "
                    "argmax of the grid-smoothed CV mean, one grid step toward Base; "
                    "mean = the best CV mean; near-base = the 1/tau nearest Base within 1 pp of it; lcb = the best "
                    "gain over Base less one task-level standard error; one-se = the 1/tau nearest Base within one "

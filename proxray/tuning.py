@@ -14,7 +14,9 @@ argmax and move one grid step toward the Base limit (rule "shifted", ``DEFAULT_R
 ``select_inv_tau`` are options). KMeans' auto (rule "ess-or-shifted", ``select_ess_or_shifted``) scores one more
 setting in the same folds, the adaptive bandwidth ``ess:ESS_TARGET`` (per query the 1/tau at which the weights'
 effective sample size is 3 clusters), and takes it over shifted's pick when its CV mean is more than ``ESS_MARGIN``
-pp higher.
+pp higher; its default now, rule "ess-or-capped", does the same, except that shifted's step stops at the paper's
+1/tau = ``SHIFT_CAP`` (20) where the smoothed CV's top is at or below it and gains at least ``SHIFT_CAP_GAIN`` pp on
+Base there (the step from 20 to 50 overshot on BBH; pre-registered in docs/prereg-km-cap20-ess-first.md).
 
 The folds are repeated over ``CV_REPEATS`` random 80/20 splits (and task orders) and averaged: one pass's
 curve is too noisy near its top to rank the best few 1/tau (README: How τ is chosen).
@@ -171,13 +173,16 @@ def estimates_over(fitted, X, settings):
 NEAR_BASE_TOL = 1.0  # pp: the "near-base" rule's tolerance (README: How τ is chosen)
 SE_MULT = 1.0  # the "lcb" and "one-se" rules: how many task-level standard errors (README: How τ is chosen)
 CV_RULES = ("mean", "guarded", "near-base", "shifted", "lcb", "one-se")  # select_inv_tau: pick from the CV
-RULES = (*CV_RULES, "spread", "ess-or-shifted")  # every auto rule (auto_choice); "spread" reads no CV (kNN only)
+ESS_RULES = ("ess-or-shifted", "ess-or-capped")  # KMeans: shifted's pick or the adaptive bandwidth (select_ess_or_shifted)
+RULES = (*CV_RULES, "spread", *ESS_RULES)  # every auto rule (auto_choice); "spread" reads no CV (kNN only)
 DEFAULT_RULE = "shifted"  # the CV's default rule (README: How τ is chosen; "mean" until it)
-DEFAULT_RULES = {"km": "ess-or-shifted", "knn": "spread"}  # what --inv-tau auto uses per router (README: How τ is chosen)
+DEFAULT_RULES = {"km": "ess-or-capped", "knn": "spread"}  # what --inv-tau auto uses per router (README: How τ is chosen)
 SPREAD_INV_TAU = 0.2  # rule "spread": 1/tau(x) = 0.2 / std(phi(x)) over the query's k neighbours
 ESS_TARGET = 3.0  # rule "ess-or-shifted": the adaptive bandwidth's effective sample size, in clusters
 ESS_MARGIN = 0.5  # pp: "ess-or-shifted" takes the adaptive bandwidth when its CV mean beats shifted's pick by more
-ROUTER_ONLY = {"spread": "knn", "ess-or-shifted": "km"}  # rules measured for one router only
+SHIFT_CAP = 20.0  # rule "ess-or-capped": shifted's step stops at the paper's 1/tau ...
+SHIFT_CAP_GAIN = 0.5  # pp: ... where the smoothed CV's top (at or below it) beats Base's CV mean by at least this
+ROUTER_ONLY = {"spread": "knn", "ess-or-shifted": "km", "ess-or-capped": "km"}  # rules measured for one router only
 ROUTER_NAMES = {"km": "KMeans", "knn": "kNN"}
 NO_CV_INV_TAU = 20.0  # auto with too few training tasks to cross-validate: the paper's 1/tau
 FOLD_RULES = ("lcb", "one-se")  # the rules that read the folds apart (CVFolds), not only the mean curves
@@ -186,7 +191,7 @@ FOLD_RULES = ("lcb", "one-se")  # the rules that read the folds apart (CVFolds),
 @dataclass(frozen=True)
 class AutoChoice:
     """What ``--inv-tau auto`` resolved to: the router's ``inv_tau`` and ``temperature``, the rule that chose
-    them, and the CV curves it read ({1/tau: (outlier, inlier)}, and {"ess:3": …} for rule "ess-or-shifted"; empty
+    them, and the CV curves it read ({1/tau: (outlier, inlier)}, and {"ess:3": …} for the ``ESS_RULES``; empty
     for rule "spread" or too few tasks)."""
     inv_tau: float
     temperature: str
@@ -210,7 +215,8 @@ def check_rule(rule: str, router: str) -> str:
     only = ROUTER_ONLY.get(rule, router)
     if only != router:
         what = (f"1/tau(x) = {SPREAD_INV_TAU:g} / std of the query's distances, no CV" if rule == "spread" else
-                f"the CV's choice between shifted and the adaptive bandwidth ess:{ESS_TARGET:g}")
+                f"the CV's choice between {'shifted' if rule == 'ess-or-shifted' else 'capped shifted'} and the "
+                f"adaptive bandwidth ess:{ESS_TARGET:g}")
         allowed = [r for r in RULES if ROUTER_ONLY.get(r, router) == router]
         raise ValueError(f"rule={rule!r} ({what}) is measured for {ROUTER_NAMES[only]} only; for router={router!r} "
                          f"allowed: {', '.join(allowed)}")
@@ -287,12 +293,16 @@ def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = DEFAULT_RU
                      + (f" ({rule!r} is resolved by tuning.auto_choice)" if rule in RULES else ""))
 
 
-def select_ess_or_shifted(out_cv, in_cv, grid=GRID, margin: float = ESS_MARGIN):
-    """KMeans' rule "ess-or-shifted": CV curves over the fixed ``grid`` followed by one last entry, the adaptive
-    bandwidth (``estimates_over``'s ``ess:ESS_TARGET``). Returns (inv_tau, temperature): ``(ESS_TARGET, "ess")``
-    when that entry's CV mean (outlier + inlier) / 2 is more than ``margin`` pp above the CV mean at ``shifted``'s
-    pick over the grid, else ``(shifted's pick, "fixed")``. The margin keeps the fixed grid's choice where the CV
-    cannot tell the two apart (README: How τ is chosen)."""
+def select_ess_or_shifted(out_cv, in_cv, grid=GRID, margin: float = ESS_MARGIN, cap: float | None = None,
+                          cap_gain: float = SHIFT_CAP_GAIN):
+    """KMeans' rules "ess-or-shifted" (``cap=None``) and "ess-or-capped" (``cap=SHIFT_CAP``): CV curves over the fixed
+    ``grid`` followed by one last entry, the adaptive bandwidth (``estimates_over``'s ``ess:ESS_TARGET``). Returns
+    (inv_tau, temperature): ``(ESS_TARGET, "ess")`` when that entry's CV mean (outlier + inlier) / 2 is more than
+    ``margin`` pp above the CV mean at ``shifted``'s pick over the grid, else ``(shifted's pick, "fixed")``. The
+    margin keeps the fixed grid's choice where the CV cannot tell the two apart (README: How τ is chosen).
+    With ``cap``, a fixed pick past ``cap`` whose smoothed CV top is at or below ``cap`` (the step overshot it), where
+    the CV mean at that top beats Base's (the grid's inf) by at least ``cap_gain`` pp, becomes ``cap``; the ess
+    decision is made first, against the uncapped pick (docs/prereg-km-cap20-ess-first.md)."""
     out_cv, in_cv = np.asarray(out_cv, dtype=float), np.asarray(in_cv, dtype=float)
     if out_cv.shape != in_cv.shape or out_cv.shape != (len(grid) + 1,):
         raise ValueError(f"CV curves of shapes {out_cv.shape} / {in_cv.shape}: expected ({len(grid) + 1},), the "
@@ -300,25 +310,34 @@ def select_ess_or_shifted(out_cv, in_cv, grid=GRID, margin: float = ESS_MARGIN):
     g = len(grid)
     chosen = select_inv_tau(out_cv[:g], in_cv[:g], "km", grid, "shifted")
     mean = (out_cv + in_cv) / 2
-    if mean[g] > mean[list(np.asarray(grid, dtype=float)).index(chosen)] + margin:
+    values = list(np.asarray(grid, dtype=float))
+    if mean[g] > mean[values.index(chosen)] + margin:
         return ESS_TARGET, "ess"
+    if cap is not None:
+        if cap not in values:
+            raise ValueError(f"cap={cap!r}: must be a value of the grid {values!r}")
+        top = int(np.argmax(smooth_curve(mean[:g])))
+        if chosen > cap >= values[top] and mean[top] - mean[_base_index(np.asarray(values), "km")] >= cap_gain:
+            return cap, "fixed"
     return chosen, "fixed"
 
 
 def auto_choice(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
                 seed: int = 42, grid=GRID, rule: str | None = None, repeats: int = CV_REPEATS) -> AutoChoice:
     """Resolve ``--inv-tau auto`` from the training set only: rule "spread" (kNN's default) is the spread
-    temperature at ``SPREAD_INV_TAU``; "ess-or-shifted" (KMeans' default) runs the CV over ``grid`` and the adaptive
-    bandwidth (``select_ess_or_shifted``); every other rule picks a fixed 1/tau from the CV (``auto_inv_tau``)."""
+    temperature at ``SPREAD_INV_TAU``; "ess-or-capped" (KMeans' default) and "ess-or-shifted" run the CV over ``grid``
+    and the adaptive bandwidth (``select_ess_or_shifted``, capped at ``SHIFT_CAP`` or not); every other rule picks a
+    fixed 1/tau from the CV (``auto_inv_tau``)."""
     rule = check_rule(rule, router)
     if rule == "spread":
         return AutoChoice(SPREAD_INV_TAU, "spread", rule, {})
-    if rule == "ess-or-shifted":
+    if rule in ESS_RULES:
         folds, curves = _cv(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, (*grid, f"ess:{ESS_TARGET:g}"),
                             repeats)
         if folds is None:
             return AutoChoice(NO_CV_INV_TAU, "fixed", rule, {})
-        return AutoChoice(*select_ess_or_shifted(*folds.curves(), grid), rule, curves)
+        cap = SHIFT_CAP if rule == "ess-or-capped" else None
+        return AutoChoice(*select_ess_or_shifted(*folds.curves(), grid, cap=cap), rule, curves)
     chosen, curves = auto_inv_tau(X, acc, cost, tasks, router, hp, protocol=protocol, few_shot=few_shot, seed=seed,
                                   grid=grid, rule=rule, repeats=repeats)
     return AutoChoice(chosen, "fixed", rule, curves)

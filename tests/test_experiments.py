@@ -168,9 +168,9 @@ def test_eval_refuses_cv_repeats_below_one_before_encoding(capsys):
 
 
 def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
-    """run_once's auto uses CV_REPEATS passes and, for KMeans, the "ess-or-shifted" rule by default: one CV over the
-    fixed grid and ess:3, resolved by select_ess_or_shifted (so a fixed choice is shifted's own); cv_repeats / cv_rule
-    say otherwise; near-base and shifted never pick a sharper KMeans 1/tau than mean does (they move toward inf)."""
+    """run_once's auto uses CV_REPEATS passes and, for KMeans, the "ess-or-capped" rule by default: one CV over the
+    fixed grid and ess:3, resolved by select_ess_or_shifted with cap=SHIFT_CAP (so a fixed choice is shifted's own, or
+    the cap where shifted's step passed it); cv_repeats / cv_rule say otherwise ("ess-or-shifted": the same CV, no cap); near-base and shifted never pick a sharper KMeans 1/tau than mean does (they move toward inf)."""
     import proxray.experiments as ex
     import proxray.tuning as tuning
 
@@ -190,14 +190,16 @@ def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
     assert folds == [(3, len(GRID) + 1), (1, len(GRID) + 1)] + [(3, len(GRID))] * 4
     assert rules == ["shifted", "mean", "near-base", "lcb"]
     assert near >= mean and shifted > mean and lcb in GRID
-    assert auto["temperature"] == "ess" or auto["inv_tau"] == shifted
+    assert auto["temperature"] == "ess" or auto["inv_tau"] in (shifted, tuning.SHIFT_CAP)
     sp = protocol_split(t.tasks, kw["outliers"], kw["protocol"], 42)
     got = tuning.auto_choice(X[sp.base_train], acc[sp.base_train], cost[sp.base_train], t.tasks[sp.base_train], "km",
                              {"n_clusters": 16, "random_state": 42}, seed=42)
-    assert got.rule == "ess-or-shifted" and (got.inv_tau, got.temperature) == (auto["inv_tau"], auto["temperature"])
+    assert got.rule == "ess-or-capped" and (got.inv_tau, got.temperature) == (auto["inv_tau"], auto["temperature"])
     assert list(got.curves)[-1] == "ess:3"
     out_cv, in_cv = np.array(list(got.curves.values())).T
-    assert tuning.select_ess_or_shifted(out_cv, in_cv) == (got.inv_tau, got.temperature)
+    assert tuning.select_ess_or_shifted(out_cv, in_cv, cap=tuning.SHIFT_CAP) == (got.inv_tau, got.temperature)
+    uncapped = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="ess-or-shifted", **kw)
+    assert (uncapped["inv_tau"], uncapped["temperature"]) == tuning.select_ess_or_shifted(out_cv, in_cv)
 
 
 def test_knn_auto_is_the_spread_temperature_without_cv(synth, monkeypatch):

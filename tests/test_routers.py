@@ -561,3 +561,28 @@ def test_ess_or_shifted_takes_the_adaptive_bandwidth_only_past_the_margin():
     assert select_ess_or_shifted(np.append(mean, 72.3), np.append(mean, 72.3), margin=0.2) == (ESS_TARGET, "ess")
     with pytest.raises(ValueError, match=r"expected \(11,\), the 10 settings of the grid and then ess:3"):
         select_ess_or_shifted(mean, mean, GRID)
+
+
+def test_ess_or_capped_stops_the_step_at_20_only_where_it_overshoots_a_clear_gain():
+    """select_ess_or_shifted(cap=SHIFT_CAP) (rule "ess-or-capped"): a smoothed CV top at 1/tau = 20 that gains >=
+    SHIFT_CAP_GAIN pp on Base keeps 20 where shifted steps to 50; a smaller gain, a top below 20 (the step lands at or
+    before 20) and a top past 20 are shifted's own; the ess decision is made first, against the uncapped pick; a cap off
+    the grid is refused."""
+    from proxray.tuning import ESS_TARGET, GRID, SHIFT_CAP, SHIFT_CAP_GAIN, select_ess_or_shifted
+
+    assert SHIFT_CAP == 20.0 and SHIFT_CAP_GAIN == 0.5
+    top20 = np.array([69.0, 69.5, 70.0, 70.6, 71.4, 71.6, 71.3, 70.8, 70.5, 70.4])  # smoothed top at 20, Base 70.4
+    with_ess = lambda curve, ess: (np.append(curve, ess), np.append(curve, ess))  # noqa: E731
+    assert select_ess_or_shifted(*with_ess(top20, 0.0)) == (50.0, "fixed")  # ess-or-shifted: one step past the top
+    assert select_ess_or_shifted(*with_ess(top20, 0.0), cap=SHIFT_CAP) == (20.0, "fixed")  # gain 1.2 pp: stays at 20
+    small = top20.copy()
+    small[-1] = top20[5] - SHIFT_CAP_GAIN + 0.01  # the top gains just under 0.5 pp on Base
+    assert select_ess_or_shifted(*with_ess(small, 0.0), cap=SHIFT_CAP) == (50.0, "fixed")
+    top10 = np.array([69.0, 69.5, 70.0, 71.0, 71.8, 71.5, 70.9, 70.8, 70.5, 70.4])  # smoothed top at 10: step to 20
+    assert select_ess_or_shifted(*with_ess(top10, 0.0), cap=SHIFT_CAP) == (20.0, "fixed")
+    top50 = np.array([69.0, 69.5, 70.0, 70.2, 70.6, 71.2, 71.6, 71.3, 70.5, 70.4])  # smoothed top at 50: step to 100
+    assert select_ess_or_shifted(*with_ess(top50, 0.0), cap=SHIFT_CAP) == (100.0, "fixed")
+    # ess 3 clears the margin over the uncapped pick's CV mean (50: 71.3) though not over the cap's (20: 71.6)
+    assert select_ess_or_shifted(*with_ess(top20, 71.9), cap=SHIFT_CAP) == (ESS_TARGET, "ess")
+    with pytest.raises(ValueError, match=r"cap=30\.0: must be a value of the grid"):
+        select_ess_or_shifted(*with_ess(top20, 0.0), GRID, cap=30.0)
