@@ -1,7 +1,7 @@
 """Which way of choosing 1/tau works? Compares, on the real tables, the training-only rules of
 ``proxray.tuning`` with every fixed 1/tau of the grid, against the test split (not a timed test).
 
-    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|…|fresh7] [--routers km|knn]
+    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|…|fresh8] [--routers km|knn]
                                   [--json out/tau_sel_folds_study.json]
     python bench/tau_selection.py --from-json a.json,b.json,... [--plot out/tau_rules.png] [--per-config]
     python bench/tau_selection.py --recheck a.json,b.json,... --seeds 1,2,3,4,5,6,8,9,10,11 --json out/recheck.json
@@ -29,7 +29,7 @@ Besides the rule table, each router's report gives its auto rule (``AUTO``) per 
 how many losing configurations the seeds' own noise predicts (``noise``); with several saved runs, all of them pooled
 too. ``--recheck``: the configurations that lose under their router's auto rule in saved runs, run again on other
 ``--seeds`` (README: how much of what is left is noise).
-``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the eight further sets, each
+``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the nine further sets, each
 defined before the rules it was used to check (README: How τ is chosen).
 """
 from __future__ import annotations
@@ -139,9 +139,21 @@ FRESH7 = (  # a ninth set, KMeans only, defined before the rule of docs/prereg-k
     + [("bbh19_dev", "km", "few-shot-outlier", o) for o in _FRESH7_BBH[:4]]
     + [("routerdc7", "km", "leave-task-out", ["arc_easy", "mmlu"]),
        ("routerdc7", "km", "few-shot-outlier", ["humaneval", "javascript"])])
+FRESH8 = (  # a tenth set, KMeans only, defined before the guard of docs/prereg-km-guard.md was tested (run on 10 seeds):
+    # drawn by np.random.default_rng(2029) (the script is in that file), 6 routerdc7 pairs (protocols alternating; where
+    # Prox gains little and the guard acts) and 2 BBH outlier sets of 3, one per protocol; repeats of earlier sets skipped
+    [("routerdc7", "km", "leave-task-out", ["ceval", "math_prealgebra"]),
+     ("routerdc7", "km", "few-shot-outlier", ["arc_challenge", "mmlu"]),
+     ("routerdc7", "km", "leave-task-out", ["gsm8k", "humaneval"]),
+     ("routerdc7", "km", "few-shot-outlier", ["gsm8k", "humaneval"]),
+     ("routerdc7", "km", "leave-task-out", ["ceval", "gsm8k"]),
+     ("routerdc7", "km", "few-shot-outlier", ["arc_challenge", "mbpp"]),
+     ("bbh19_dev", "km", "leave-task-out", ["logical_deduction_three_objects", "object_counting",
+                                            "salient_translation_error_detection"]),
+     ("bbh19_dev", "km", "few-shot-outlier", ["boolean_expressions", "geometric_shapes", "object_counting"])])
 SETS = {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
         "fresh4": FRESH4, "fresh5": FRESH5,
-        "fresh6": FRESH6, "fresh7": FRESH7}  # --configs
+        "fresh6": FRESH6, "fresh7": FRESH7, "fresh8": FRESH8}  # --configs
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
@@ -212,13 +224,18 @@ def _ess_rule_name(ess: str, margin: float) -> str:
                if (ess, margin) == (f"ess:{ESS_TARGET:g}", ESS_MARGIN) else ""))
 
 
-def _ess_or_shifted(margin, cap=None):
+def _ess_or_shifted(margin, cap=None, guard=None):
     """``tuning.select_ess_or_shifted`` with ``margin`` (and ``cap``: rule "ess-or-capped") over the fixed grid and one
     ess setting after it (the rule's own target is ``tuning.ESS_TARGET``; other targets here are the same comparison),
-    as a one-hot curve."""
+    as a one-hot curve; with ``guard``, Base instead where the pick's CV mean beats Base's by less than ``guard`` pp
+    (docs/prereg-km-guard.md)."""
     def curve(o, i, router):
         inv_tau, temperature = select_ess_or_shifted(o, i, GRID, margin, cap=cap)
-        return (np.arange(len(o)) == (len(GRID) if temperature == "ess" else GRID.index(inv_tau))).astype(float)
+        p = len(GRID) if temperature == "ess" else GRID.index(inv_tau)
+        base = GRID.index(float("inf"))
+        if guard is not None and (o[p] + i[p]) / 2 - (o[base] + i[base]) / 2 < guard:
+            p = base
+        return (np.arange(len(o)) == p).astype(float)
     return curve
 
 
@@ -274,6 +291,11 @@ _VARIANT_RULES = {f"auto, {_VARIANTS[k].format(v)}": ([*range(len(GRID)), _ESS[E
 CAP20 = f"auto, {_VARIANTS['cap20'].format(ESS_MARGIN)}"  # the candidate of docs/prereg-km-cap20.md (failed)
 CAP20_ESS_FIRST = (f"auto, ess-or-shifted, its shift not past 1/tau = {SHIFT_CAP:g} where the CV's top gains >= "
                    f"{SHIFT_CAP_GAIN:g} pp on Base (ess-or-capped: KMeans' default)")  # docs/prereg-km-cap20-ess-first.md
+def _guarded_name(guard: float) -> str:
+    return f"auto, ess-or-capped, Base where its CV gain over Base is < {guard:g} pp"
+
+
+GUARDED = _guarded_name(0.2)  # the candidate of docs/prereg-km-guard.md
 RULES = {  # name -> (settings it may pick from, how, which CV curves): each uses the configuration's own CV only
     "auto, fixed grid, mean (the default before)": (range(len(GRID)), _MEAN, "cv"),
     "auto, fixed grid, smoothed CV": (range(len(GRID)), _SMOOTHED, "cv"),
@@ -301,13 +323,16 @@ RULES = {  # name -> (settings it may pick from, how, which CV curves): each use
     **_VARIANT_RULES,
     CAP20_ESS_FIRST: ([*range(len(GRID)), _ESS[ESS.index(f"ess:{ESS_TARGET:g}")]], _ess_or_shifted(ESS_MARGIN, SHIFT_CAP),
                       "cv"),
+    **{_guarded_name(v): ([*range(len(GRID)), _ESS[ESS.index(f"ess:{ESS_TARGET:g}")]],
+                          _ess_or_shifted(ESS_MARGIN, SHIFT_CAP, guard=v), "cv") for v in (0.2, 0.5)},
     # from the folds apart: the CV's spread over the held-out tasks (runs saved before --json kept them: skipped)
     **{f"auto, fixed grid, lcb ({m:g} se)": (None, _fold_rule("lcb", m), "folds") for m in (0.5, 1.0, 2.0)},
     **{f"auto, fixed grid, one-se ({m:g} se)": (None, _fold_rule("one-se", m), "folds") for m in (0.5, 1.0)},
 }
 
 
-KM_ONLY = {name for name in RULES if name.startswith("auto, shifted, or ess")} | set(_VARIANT_RULES) | {CAP20_ESS_FIRST}  # shift toward inf
+KM_ONLY = ({name for name in RULES if name.startswith(("auto, shifted, or ess", "auto, ess-or-capped"))}
+           | set(_VARIANT_RULES) | {CAP20_ESS_FIRST})  # shift toward inf
 SPLITS = ("outlier", "inlier", "overall")
 
 
@@ -599,7 +624,7 @@ def main(argv=None):
                    "table x protocol, all saved runs pooled")
     p.add_argument("--configs", choices=list(SETS), default="study",
                    help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
-                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto; fresh5: a seventh (KMeans only), defined before the ess-or-shifted rule was read off the others; fresh6: an eighth (KMeans only), defined before the capped rule of docs/prereg-km-cap20.md was tested; fresh7: a ninth (KMeans only, mostly BBH leave-task-out), defined before docs/prereg-km-cap20-ess-first.md was tested")
+                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto; fresh5: a seventh (KMeans only), defined before the ess-or-shifted rule was read off the others; fresh6: an eighth (KMeans only), defined before the capped rule of docs/prereg-km-cap20.md was tested; fresh7: a ninth (KMeans only, mostly BBH leave-task-out), defined before docs/prereg-km-cap20-ess-first.md was tested; fresh8: a tenth (KMeans only, mostly routerdc7), defined before docs/prereg-km-guard.md was tested")
     p.add_argument("--routers", default="km,knn", choices=["km,knn", "km", "knn"], help="whose configurations to run")
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help=f"comma-separated seeds (default {SEEDS})")
     p.add_argument("--recheck", default=None, help="instead of --configs: the configurations of these saved runs "
