@@ -295,7 +295,7 @@ def _guarded_name(guard: float) -> str:
     return f"auto, ess-or-capped, Base where its CV gain over Base is < {guard:g} pp"
 
 
-GUARDED = _guarded_name(0.2)  # the candidate of docs/prereg-km-guard.md
+GUARDED = _guarded_name(0.2)  # the candidate of docs/prereg-km-guard.md (failed on fresh8)
 RULES = {  # name -> (settings it may pick from, how, which CV curves): each uses the configuration's own CV only
     "auto, fixed grid, mean (the default before)": (range(len(GRID)), _MEAN, "cv"),
     "auto, fixed grid, smoothed CV": (range(len(GRID)), _SMOOTHED, "cv"),
