@@ -178,8 +178,8 @@ RULES = (*CV_RULES, "spread", *ESS_RULES)  # every auto rule (auto_choice); "spr
 DEFAULT_RULE = "shifted"  # the CV's default rule (README: How τ is chosen; "mean" until it)
 DEFAULT_RULES = {"km": "ess-or-capped", "knn": "spread"}  # what --inv-tau auto uses per router (README: How τ is chosen)
 SPREAD_INV_TAU = 0.2  # rule "spread": 1/tau(x) = 0.2 / std(phi(x)) over the query's k neighbours
-ESS_TARGET = 3.0  # rule "ess-or-shifted": the adaptive bandwidth's effective sample size, in clusters
-ESS_MARGIN = 0.5  # pp: "ess-or-shifted" takes the adaptive bandwidth when its CV mean beats shifted's pick by more
+ESS_TARGET = 3.0  # the ESS_RULES: the adaptive bandwidth's effective sample size, in clusters
+ESS_MARGIN = 0.5  # pp: the ESS_RULES take the adaptive bandwidth when its CV mean beats shifted's pick by more
 SHIFT_CAP = 20.0  # rule "ess-or-capped": shifted's step stops at the paper's 1/tau ...
 SHIFT_CAP_GAIN = 0.5  # pp: ... where the smoothed CV's top (at or below it) beats Base's CV mean by at least this
 ROUTER_ONLY = {"spread": "knn", "ess-or-shifted": "km", "ess-or-capped": "km"}  # rules measured for one router only
@@ -308,14 +308,14 @@ def select_ess_or_shifted(out_cv, in_cv, grid=GRID, margin: float = ESS_MARGIN, 
         raise ValueError(f"CV curves of shapes {out_cv.shape} / {in_cv.shape}: expected ({len(grid) + 1},), the "
                          f"{len(grid)} settings of the grid and then ess:{ESS_TARGET:g}")
     g = len(grid)
+    values = list(np.asarray(grid, dtype=float))
+    if cap is not None and cap not in values:
+        raise ValueError(f"cap={cap!r}: must be a value of the grid {values!r}")
     chosen = select_inv_tau(out_cv[:g], in_cv[:g], "km", grid, "shifted")
     mean = (out_cv + in_cv) / 2
-    values = list(np.asarray(grid, dtype=float))
     if mean[g] > mean[values.index(chosen)] + margin:
         return ESS_TARGET, "ess"
     if cap is not None:
-        if cap not in values:
-            raise ValueError(f"cap={cap!r}: must be a value of the grid {values!r}")
         top = int(np.argmax(smooth_curve(mean[:g])))
         if chosen > cap >= values[top] and mean[top] - mean[_base_index(np.asarray(values), "km")] >= cap_gain:
             return cap, "fixed"

@@ -170,7 +170,8 @@ def test_eval_refuses_cv_repeats_below_one_before_encoding(capsys):
 def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
     """run_once's auto uses CV_REPEATS passes and, for KMeans, the "ess-or-capped" rule by default: one CV over the
     fixed grid and ess:3, resolved by select_ess_or_shifted with cap=SHIFT_CAP (so a fixed choice is shifted's own, or
-    the cap where shifted's step passed it); cv_repeats / cv_rule say otherwise ("ess-or-shifted": the same CV, no cap); near-base and shifted never pick a sharper KMeans 1/tau than mean does (they move toward inf)."""
+    the cap where shifted's step passed it); cv_repeats / cv_rule say otherwise ("ess-or-shifted": the same CV, no
+    cap); near-base and shifted never pick a sharper KMeans 1/tau than mean does (they move toward inf)."""
     import proxray.experiments as ex
     import proxray.tuning as tuning
 
