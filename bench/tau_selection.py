@@ -216,6 +216,7 @@ _SPREAD = range(len(GRID) + len(REL), len(GRID) + len(REL) + len(SPR))
 _MIX = range(_SPREAD.stop, _SPREAD.stop + len(MIX))
 _ESS = range(_MIX.stop, _MIX.stop + len(ESS))  # saved runs before ESS existed end at _MIX.stop: their rules are skipped
 _SHIFTED = "auto, fixed grid, smoothed CV, one step toward Base (shifted: KMeans' default before ess-or-shifted)"
+_GRID_ESS = [*range(len(GRID)), _ESS[ESS.index(f"ess:{ESS_TARGET:g}")]]  # the ESS_RULES' CV: the fixed grid, then ess:3
 
 
 def _ess_rule_name(ess: str, margin: float) -> str:
@@ -241,56 +242,51 @@ def _ess_or_shifted(margin, cap=None, guard=None):
 
 def _ess_variant(kind: str, value: float):
     """Post hoc variants of ess-or-shifted (KMeans; the fixed grid, then ess:3 last; README: how much is noise), each
-    as a one-hot curve: ``guard`` — its pick, but Base where the pick's CV mean beats Base's by less than ``value`` pp;
-    ``prior20`` — instead of shifting, the smoothed CV mean minus ``value`` pp per squared decade from the paper's
+    as a one-hot curve (its Base guard is ``_ess_or_shifted(guard=...)``): ``prior20`` — instead of shifting, the smoothed CV mean minus ``value`` pp per squared decade from the paper's
     1/tau = 20 (0 counted as 0.5, inf as 1000); ``weighted`` — the CV criterion ``value`` x outlier + (1 − value) x
     inlier instead of their mean; ``shift-if`` — one step toward Base only where the smoothed curve there is within
     ``value`` pp of its top; ``cap20`` — shifted, except that where the smoothed CV's top is at or below the paper's
     1/tau = 20 and its CV mean beats Base's by at least ``value`` pp, the step stops at 20 (docs/prereg-km-cap20.md;
-    failed: ``CAP20_ESS_FIRST``, the same cap after the ess test, is KMeans' default ess-or-capped). All but ``guard``
-    apply ess-or-shifted's ess 3 test (CV mean > the pick's + ESS_MARGIN) after their own pick."""
+    failed: ``CAP20_ESS_FIRST``, the same cap before the ess test, is KMeans' default ess-or-capped). Each applies
+    ess-or-shifted's ess 3 test (CV mean > the pick's + ESS_MARGIN) after its own pick."""
     g = len(GRID)
     decades = np.log10([0.5 if v == 0 else 1000.0 if np.isinf(v) else v for v in GRID])
 
     def curve(o, i, router):
         mean = (o + i) / 2
-        if kind == "guard":
-            inv_tau, temperature = select_ess_or_shifted(o, i, GRID)
-            p = g if temperature == "ess" else GRID.index(inv_tau)
-            p = g - 1 if mean[p] - mean[g - 1] < value else p
-        else:
-            crit = value * o + (1 - value) * i if kind == "weighted" else mean
-            smooth = smooth_curve(crit[:g])
-            top = int(np.argmax(smooth))
-            if kind == "prior20":
-                p = int(np.argmax(smooth - value * (decades - np.log10(20.0)) ** 2))
-            elif kind == "weighted":
-                p = min(top + 1, g - 1)
-            elif kind == "cap20":  # shifted, but not past 1/tau = 20 where the CV's top gains >= value pp on Base
-                at20 = GRID.index(20.0)
-                p = min(top + 1, g - 1)
-                p = at20 if p > at20 and top <= at20 and mean[top] - mean[g - 1] >= value else p
-            else:  # shift-if
-                p = top + 1 if top + 1 < g and smooth[top + 1] >= smooth[top] - value else top
-            p = g if mean[g] > mean[p] + ESS_MARGIN else p
+        crit = value * o + (1 - value) * i if kind == "weighted" else mean
+        smooth = smooth_curve(crit[:g])
+        top = int(np.argmax(smooth))
+        if kind == "prior20":
+            p = int(np.argmax(smooth - value * (decades - np.log10(20.0)) ** 2))
+        elif kind == "weighted":
+            p = min(top + 1, g - 1)
+        elif kind == "cap20":  # tuning's cap with the ess test left out (margin inf), so that it comes after the cap
+            p = GRID.index(select_ess_or_shifted(o, i, GRID, np.inf, cap=20.0, cap_gain=value)[0])
+        else:  # shift-if
+            p = top + 1 if top + 1 < g and smooth[top + 1] >= smooth[top] - value else top
+        p = g if mean[g] > mean[p] + ESS_MARGIN else p
         return (np.arange(len(o)) == p).astype(float)
     return curve
 
 
-_VARIANTS = {"guard": "ess-or-shifted, Base where its CV gain over Base is < {:g} pp",
-             "prior20": "smoothed CV − {:g} pp per squared decade from 1/tau = 20, or ess 3",
+_VARIANTS = {"prior20": "smoothed CV − {:g} pp per squared decade from 1/tau = 20, or ess 3",
              "weighted": "shifted on {:g} x outlier + the rest x inlier CV, or ess 3",
              "shift-if": "shifted only where the step costs < {:g} pp of smoothed CV, or ess 3",
              "cap20": "shifted, not past 1/tau = 20 where the CV's top gains >= {:g} pp on Base, or ess 3"}
 
 
-_VARIANT_RULES = {f"auto, {_VARIANTS[k].format(v)}": ([*range(len(GRID)), _ESS[ESS.index(f"ess:{ESS_TARGET:g}")]],
-                                                       _ess_variant(k, v), "cv")
-                  for k, vs in (("guard", (0.2, 0.5)), ("prior20", (0.5, 1.0)), ("weighted", (0.25, 0.4)),
-                                ("shift-if", (0.2, 0.5)), ("cap20", (ESS_MARGIN,))) for v in vs}
+_VARIANT_RULES = {
+    **{f"auto, ess-or-shifted, Base where its CV gain over Base is < {v:g} pp": (
+        _GRID_ESS, _ess_or_shifted(ESS_MARGIN, guard=v), "cv") for v in (0.2, 0.5)},
+    **{f"auto, {_VARIANTS[k].format(v)}": (_GRID_ESS, _ess_variant(k, v), "cv")
+       for k, vs in (("prior20", (0.5, 1.0)), ("weighted", (0.25, 0.4)), ("shift-if", (0.2, 0.5)),
+                     ("cap20", (ESS_MARGIN,))) for v in vs}}
 CAP20 = f"auto, {_VARIANTS['cap20'].format(ESS_MARGIN)}"  # the candidate of docs/prereg-km-cap20.md (failed)
 CAP20_ESS_FIRST = (f"auto, ess-or-shifted, its shift not past 1/tau = {SHIFT_CAP:g} where the CV's top gains >= "
                    f"{SHIFT_CAP_GAIN:g} pp on Base (ess-or-capped: KMeans' default)")  # docs/prereg-km-cap20-ess-first.md
+
+
 def _guarded_name(guard: float) -> str:
     return f"auto, ess-or-capped, Base where its CV gain over Base is < {guard:g} pp"
 
@@ -321,10 +317,8 @@ RULES = {  # name -> (settings it may pick from, how, which CV curves): each use
     **{_ess_rule_name(e, m): ([*range(len(GRID)), _ESS[ESS.index(e)]], _ess_or_shifted(m), "cv")
        for e in ("ess:2", "ess:3", "ess:5") for m in (0.0, 0.5, 1.0)},
     **_VARIANT_RULES,
-    CAP20_ESS_FIRST: ([*range(len(GRID)), _ESS[ESS.index(f"ess:{ESS_TARGET:g}")]], _ess_or_shifted(ESS_MARGIN, SHIFT_CAP),
-                      "cv"),
-    **{_guarded_name(v): ([*range(len(GRID)), _ESS[ESS.index(f"ess:{ESS_TARGET:g}")]],
-                          _ess_or_shifted(ESS_MARGIN, SHIFT_CAP, guard=v), "cv") for v in (0.2, 0.5)},
+    CAP20_ESS_FIRST: (_GRID_ESS, _ess_or_shifted(ESS_MARGIN, SHIFT_CAP), "cv"),
+    **{_guarded_name(v): (_GRID_ESS, _ess_or_shifted(ESS_MARGIN, SHIFT_CAP, guard=v), "cv") for v in (0.2, 0.5)},
     # from the folds apart: the CV's spread over the held-out tasks (runs saved before --json kept them: skipped)
     **{f"auto, fixed grid, lcb ({m:g} se)": (None, _fold_rule("lcb", m), "folds") for m in (0.5, 1.0, 2.0)},
     **{f"auto, fixed grid, one-se ({m:g} se)": (None, _fold_rule("one-se", m), "folds") for m in (0.5, 1.0)},
