@@ -1,7 +1,7 @@
 """Which way of choosing 1/tau works? Compares, on the real tables, the training-only rules of
 ``proxray.tuning`` with every fixed 1/tau of the grid, against the test split (not a timed test).
 
-    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|…|fresh8] [--routers km|knn]
+    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|…|fresh9] [--routers km|knn]
                                   [--json out/tau_sel_folds_study.json]
     python bench/tau_selection.py --from-json a.json,b.json,... [--plot out/tau_rules.png] [--per-config]
     python bench/tau_selection.py --recheck a.json,b.json,... --seeds 1,2,3,4,5,6,8,9,10,11 --json out/recheck.json
@@ -29,7 +29,7 @@ Besides the rule table, each router's report gives its auto rule (``AUTO``) per 
 how many losing configurations the seeds' own noise predicts (``noise``); with several saved runs, all of them pooled
 too. ``--recheck``: the configurations that lose under their router's auto rule in saved runs, run again on other
 ``--seeds`` (README: how much of what is left is noise).
-``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the nine further sets, each
+``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the ten further sets, each
 defined before the rules it was used to check (README: How τ is chosen).
 """
 from __future__ import annotations
@@ -151,9 +151,21 @@ FRESH8 = (  # a tenth set, KMeans only, defined before the guard of docs/prereg-
      ("bbh19_dev", "km", "leave-task-out", ["logical_deduction_three_objects", "object_counting",
                                             "salient_translation_error_detection"]),
      ("bbh19_dev", "km", "few-shot-outlier", ["boolean_expressions", "geometric_shapes", "object_counting"])])
+FRESH9 = (  # an eleventh set, KMeans only, defined before the task-local rule of docs/prereg-km-task-local.md was tested
+    # (run on 10 seeds): drawn by np.random.default_rng(2030) with the script of docs/prereg-km-guard.md, 6 routerdc7
+    # pairs (protocols alternating) and 2 BBH outlier sets of 3, one per protocol; repeats of earlier sets skipped
+    [("routerdc7", "km", "leave-task-out", ["arc_challenge", "cmmlu"]),
+     ("routerdc7", "km", "few-shot-outlier", ["arc_challenge", "math_prealgebra"]),
+     ("routerdc7", "km", "leave-task-out", ["cmmlu", "humaneval"]),
+     ("routerdc7", "km", "few-shot-outlier", ["arc_easy", "math_prealgebra"]),
+     ("routerdc7", "km", "leave-task-out", ["arc_easy", "ceval"]),
+     ("routerdc7", "km", "few-shot-outlier", ["cmmlu", "math_prealgebra"]),
+     ("bbh19_dev", "km", "leave-task-out", ["geometric_shapes", "ruin_names", "tracking_shuffled_objects_three_objects"]),
+     ("bbh19_dev", "km", "few-shot-outlier", ["logical_deduction_three_objects", "reasoning_about_colored_objects",
+                                              "tracking_shuffled_objects_three_objects"])])
 SETS = {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
         "fresh4": FRESH4, "fresh5": FRESH5,
-        "fresh6": FRESH6, "fresh7": FRESH7, "fresh8": FRESH8}  # --configs
+        "fresh6": FRESH6, "fresh7": FRESH7, "fresh8": FRESH8, "fresh9": FRESH9}  # --configs
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",

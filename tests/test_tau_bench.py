@@ -95,3 +95,60 @@ def test_from_json_prints_the_group_table(rows, tmp_path, capsys):
     assert "km, by table and protocol:" in out and "| t1 | leave-task-out | a | 3 | -1.00 |" in out
     with pytest.raises(SystemExit):
         ts.main(["--seeds", "1,x"])
+
+
+# bench/km_task_local.py: KMeans' temperature per cluster from the CV folds of the tasks the cluster is made of
+import km_task_local as tl  # noqa: E402
+
+S = G + 1  # its curves: the grid, then ess:3
+
+
+def folds(per_task: dict, repeats: int = 2):
+    """Saved folds (``folds_cv``): each task held out once per repeat, its outlier curve over SETTINGS."""
+    out, groups = [], []
+    for r in range(repeats):
+        for t, v in per_task.items():
+            curve = np.zeros(N)
+            curve[tl._GRID_ESS] = np.asarray(v) + r  # the repeats differ by 1: their mean is v + 0.5
+            out.append(curve.tolist())
+            groups.append([t])
+    return {"out": out, "in": out, "groups": groups}
+
+
+def test_task_curves_average_each_tasks_repeats_and_refuse_grouped_folds():
+    tasks, curves = tl.task_curves(folds({"b": np.arange(S), "a": np.ones(S)}))
+    assert tasks == ["a", "b"]
+    np.testing.assert_allclose(curves, [np.full(S, 1.5), np.arange(S) + 0.5])
+    grouped = folds({"a": np.ones(S)})
+    grouped["groups"] = [["a", "b"]] * 2
+    with pytest.raises(ValueError, match="several tasks together"):
+        tl.task_curves(grouped)
+
+
+def test_cluster_curves_weigh_tasks_by_their_share_of_the_cluster():
+    # cluster 0: 4 queries of a; cluster 1: 1 of a, 3 of b; cluster 2: only c, a task too small to be held out
+    labels = [0, 0, 0, 0, 1, 1, 1, 1, 2]
+    train_tasks = ["a"] * 5 + ["b"] * 3 + ["c"]
+    out_t, out_all = np.array([np.full(S, 4.0), np.zeros(S)]), np.full(S, -1.0)
+    got = tl.cluster_curves(labels, train_tasks, ["a", "b"], out_t, out_all, n_clusters=3)
+    np.testing.assert_allclose(got[:, 0], [4.0, 1.0, -1.0])  # 1 / 4 of a's 4.0 in cluster 1; c: the whole CV
+    # shrunk toward the whole CV: a (5 queries) with n0 = 5 -> (4 - 1) / 2, b (3) -> 3 * 0 / 8 - 5 / 8
+    shrunk = tl.cluster_curves(labels, train_tasks, ["a", "b"], out_t, out_all, n_clusters=3, n0=5)
+    np.testing.assert_allclose(shrunk[:, 0], [1.5, 0.25 * 1.5 + 0.75 * -0.625, -1.0])
+
+
+def test_cluster_picks_move_only_where_the_clusters_tasks_say_so():
+    at20, base = ts.GRID.index(20.0), tl.BASE
+    flat = np.zeros(S)
+    prefers_base = np.zeros(S)
+    prefers_base[base] = 1.0  # this cluster's tasks score Base 1 pp above every tilt
+    curves, in_all = np.stack([flat, prefers_base]), np.zeros(S)
+    np.testing.assert_array_equal(tl.cluster_picks("auto", curves, in_all, at20, None), [at20, at20])
+    np.testing.assert_array_equal(tl.cluster_picks("to-base", curves, in_all, at20, None), [at20, base])
+    np.testing.assert_array_equal(tl.cluster_picks("to-base", curves, in_all, at20, 50.0), [at20, at20])  # 20 < 50
+    np.testing.assert_array_equal(tl.cluster_picks("to-base", curves, in_all, G, None), [G, G])  # ess: kept
+    # "sharpen" takes the cluster's own pick only toward Base: a cluster preferring 1/tau = 2 keeps auto's 20
+    prefers_2 = np.zeros(S)
+    prefers_2[ts.GRID.index(2.0) - 1: ts.GRID.index(2.0) + 2] = 5.0
+    got = tl.cluster_picks("sharpen", np.stack([prefers_2, prefers_base]), in_all, at20, None)
+    assert got[0] == at20 and got[1] > at20
