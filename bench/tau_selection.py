@@ -179,13 +179,20 @@ def test_splits(sp) -> dict:
     return {"outlier": sp.test[sp.test_outlier], "inlier": sp.test[~sp.test_outlier], "overall": sp.test}
 
 
-def run_config(table, X, acc, cost, router, protocol, outliers, seed, cv=True, brier=False, repeats=CV_REPEATS,
-               fold_tasks=1):
+def fit_test_run(table, X, acc, cost, router, protocol, outliers, seed):
+    """One configuration and seed as the study runs it: (the protocol's split, the hyperparameters, the Prox router
+    fitted on its training set). bench/km_task_local.py refits saved runs through it."""
     sp = protocol_split(table.tasks, outliers, protocol, seed)
     hp = {"n_clusters": 32, "k": 100, "random_state": seed}
     tr = sp.base_train
+    return sp, hp, make_router(router, "prox", hp).fit(X[tr], acc[tr], None if cost is None else cost[tr])
+
+
+def run_config(table, X, acc, cost, router, protocol, outliers, seed, cv=True, brier=False, repeats=CV_REPEATS,
+               fold_tasks=1):
+    sp, hp, fitted = fit_test_run(table, X, acc, cost, router, protocol, outliers, seed)
+    tr = sp.base_train
     c = (lambda idx: None if cost is None else cost[idx])
-    fitted = make_router(router, "prox", hp).fit(X[tr], acc[tr], c(tr))
     scores = {k: [routing_score(a_hat, c_hat, acc[idx], c(idx)) for a_hat, c_hat in estimates_over(fitted, X[idx], SETTINGS)]
               for k, idx in test_splits(sp).items()}
     if not cv:
@@ -237,14 +244,20 @@ def _ess_rule_name(ess: str, margin: float) -> str:
                if (ess, margin) == (f"ess:{ESS_TARGET:g}", ESS_MARGIN) else ""))
 
 
+def ess_pick(o, i, margin=ESS_MARGIN, cap=None) -> int:
+    """``tuning.select_ess_or_shifted`` on curves over the fixed grid followed by one ess setting, as the index of its
+    pick in them (``len(GRID)``: the ess setting); with the defaults and ``cap=SHIFT_CAP``, KMeans' auto."""
+    inv_tau, temperature = select_ess_or_shifted(o, i, GRID, margin, cap=cap)
+    return len(GRID) if temperature == "ess" else GRID.index(inv_tau)
+
+
 def _ess_or_shifted(margin, cap=None, guard=None):
     """``tuning.select_ess_or_shifted`` with ``margin`` (and ``cap``: rule "ess-or-capped") over the fixed grid and one
     ess setting after it (the rule's own target is ``tuning.ESS_TARGET``; other targets here are the same comparison),
     as a one-hot curve; with ``guard``, Base instead where the pick's CV mean beats Base's by less than ``guard`` pp
     (docs/prereg-km-guard.md)."""
     def curve(o, i, router):
-        inv_tau, temperature = select_ess_or_shifted(o, i, GRID, margin, cap=cap)
-        p = len(GRID) if temperature == "ess" else GRID.index(inv_tau)
+        p = ess_pick(o, i, margin, cap)
         base = GRID.index(float("inf"))
         if guard is not None and (o[p] + i[p]) / 2 - (o[base] + i[base]) / 2 < guard:
             p = base
