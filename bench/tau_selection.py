@@ -1,7 +1,7 @@
 """Which way of choosing 1/tau works? Compares, on the real tables, the training-only rules of
 ``proxray.tuning`` with every fixed 1/tau of the grid, against the test split (not a timed test).
 
-    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|…|fresh9] [--routers km|knn]
+    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|…|fresh10] [--routers km|knn]
                                   [--json out/tau_sel_folds_study.json]
     python bench/tau_selection.py --from-json a.json,b.json,... [--plot out/tau_rules.png] [--per-config]
     python bench/tau_selection.py --recheck a.json,b.json,... --seeds 1,2,3,4,5,6,8,9,10,11 --json out/recheck.json
@@ -163,15 +163,35 @@ FRESH9 = (  # an eleventh set, KMeans only, defined before the task-local rule o
      ("bbh19_dev", "km", "leave-task-out", ["geometric_shapes", "ruin_names", "tracking_shuffled_objects_three_objects"]),
      ("bbh19_dev", "km", "few-shot-outlier", ["logical_deduction_three_objects", "reasoning_about_colored_objects",
                                               "tracking_shuffled_objects_three_objects"])])
+FRESH10 = (  # a twelfth set, KMeans only, defined before the plug-in temperature of docs/prereg-km-plugin.md was tested
+    # (run on 10 seeds): drawn by np.random.default_rng(2031) with the script of docs/prereg-km-guard.md, 6 routerdc7
+    # pairs (protocols alternating) and 2 BBH outlier sets of 3, one per protocol; repeats of earlier sets skipped
+    [("routerdc7", "km", "leave-task-out", ["arc_challenge", "javascript"]),
+     ("routerdc7", "km", "few-shot-outlier", ["gsm8k", "javascript"]),
+     ("routerdc7", "km", "leave-task-out", ["math_prealgebra", "mbpp"]),
+     ("routerdc7", "km", "few-shot-outlier", ["javascript", "mmlu"]),
+     ("routerdc7", "km", "leave-task-out", ["cmmlu", "mbpp"]),
+     ("routerdc7", "km", "few-shot-outlier", ["cmmlu", "mbpp"]),
+     ("bbh19_dev", "km", "leave-task-out", ["logical_deduction_seven_objects", "logical_deduction_three_objects",
+                                            "reasoning_about_colored_objects"]),
+     ("bbh19_dev", "km", "few-shot-outlier", ["geometric_shapes", "logical_deduction_three_objects",
+                                              "tracking_shuffled_objects_five_objects"])])
 SETS = {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
         "fresh4": FRESH4, "fresh5": FRESH5,
-        "fresh6": FRESH6, "fresh7": FRESH7, "fresh8": FRESH8, "fresh9": FRESH9}  # --configs
+        "fresh6": FRESH6, "fresh7": FRESH7, "fresh8": FRESH8, "fresh9": FRESH9,
+        "fresh10": FRESH10}  # --configs
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
        "mix:0,1,2,5,10,20,50,100,200,inf")  # weights averaged over several fixed 1/tau
 ESS = ("ess:1.5", "ess:2", "ess:3", "ess:5", "ess:8")  # per-query 1/tau at which the weights' effective sample size is E
-SETTINGS = (*GRID, *REL, *SPR, *MIX, *ESS)
+BV = ("bv:0.0625", "bv:0.125", "bv:0.25")  # KMeans: per-query plug-in 1/tau of the bias–variance bound, bias weight c
+SETTINGS = (*GRID, *REL, *SPR, *MIX, *ESS, *BV)
+
+
+def settings_for(router: str) -> tuple:
+    """The settings a run of ``router`` scores: all of them for KMeans; kNN has no clusters for "bv:" to read."""
+    return SETTINGS if router == "km" else SETTINGS[:len(SETTINGS) - len(BV)]
 
 
 def test_splits(sp) -> dict:
@@ -193,14 +213,15 @@ def run_config(table, X, acc, cost, router, protocol, outliers, seed, cv=True, b
     sp, hp, fitted = fit_test_run(table, X, acc, cost, router, protocol, outliers, seed)
     tr = sp.base_train
     c = (lambda idx: None if cost is None else cost[idx])
-    scores = {k: [routing_score(a_hat, c_hat, acc[idx], c(idx)) for a_hat, c_hat in estimates_over(fitted, X[idx], SETTINGS)]
+    scores = {k: [routing_score(a_hat, c_hat, acc[idx], c(idx))
+                  for a_hat, c_hat in estimates_over(fitted, X[idx], settings_for(router))]
               for k, idx in test_splits(sp).items()}
     if not cv:
         return {"test": scores}
     curves = {}
     for score, name in (("routing", "cv"), ("brier", "brier"))[:2 if brier else 1]:
-        folds = cv_folds(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, SETTINGS, score=score,
-                         repeats=repeats, fold_tasks=len(outliers) if fold_tasks == "outliers" else int(fold_tasks))
+        folds = cv_folds(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, settings_for(router),
+                         score=score, repeats=repeats, fold_tasks=len(outliers) if fold_tasks == "outliers" else int(fold_tasks))
         o, i = folds.curves()
         curves.update({f"out_{name}": o.tolist(), f"in_{name}": i.tolist()})
         if name == "cv":  # the folds apart, for rules that need the CV's own spread (select_inv_tau rule="lcb")
@@ -399,7 +420,7 @@ def pickers(rows):
             v = curve(np.array(s[f"out_{src}"])[allowed], np.array(s[f"in_{src}"])[allowed], rows[0]["router"])
             return allowed[int(np.argmax(v))]
         yield name, pick
-    for gi, g in enumerate(SETTINGS):
+    for gi, g in enumerate(SETTINGS[:len(rows[0]["seeds"][0]["test"]["overall"])]):  # runs saved before BV: fewer
         yield f"fixed {'1/tau = ' + format(g, 'g') if not isinstance(g, str) else g}", (lambda s, gi=gi: gi)
 
 
@@ -643,7 +664,7 @@ def main(argv=None):
                    "table x protocol, all saved runs pooled")
     p.add_argument("--configs", choices=list(SETS), default="study",
                    help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
-                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto; fresh5: a seventh (KMeans only), defined before the ess-or-shifted rule was read off the others; fresh6: an eighth (KMeans only), defined before the capped rule of docs/prereg-km-cap20.md was tested; fresh7: a ninth (KMeans only, mostly BBH leave-task-out), defined before docs/prereg-km-cap20-ess-first.md was tested; fresh8: a tenth (KMeans only, mostly routerdc7), defined before docs/prereg-km-guard.md was tested")
+                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto; fresh5: a seventh (KMeans only), defined before the ess-or-shifted rule was read off the others; fresh6: an eighth (KMeans only), defined before the capped rule of docs/prereg-km-cap20.md was tested; fresh7: a ninth (KMeans only, mostly BBH leave-task-out), defined before docs/prereg-km-cap20-ess-first.md was tested; fresh8: a tenth (KMeans only, mostly routerdc7), defined before docs/prereg-km-guard.md was tested; fresh9: an eleventh (KMeans, 10 seeds), defined before docs/prereg-km-task-local.md was tested; fresh10: a twelfth (KMeans, 10 seeds), defined before docs/prereg-km-plugin.md was tested")
     p.add_argument("--routers", default="km,knn", choices=["km,knn", "km", "knn"], help="whose configurations to run")
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help=f"comma-separated seeds (default {SEEDS})")
     p.add_argument("--recheck", default=None, help="instead of --configs: the configurations of these saved runs "

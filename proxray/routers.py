@@ -20,7 +20,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from .index import NeighborIndex, as_matrix, check_metric, pairwise_distance, prepare
-from .weights import TEMPERATURES, check_ess_target, resolve_inv_tau, tilted_weights
+from .weights import TEMPERATURES, bias_variance_stats, check_ess_target, resolve_inv_tau, tilted_weights
 
 WEIGHTINGS = ("base", "prox")
 
@@ -185,6 +185,12 @@ class _ProxRouter(RouterMixin, BaseEstimator):
         inv_tau = self._effective_inv_tau()
         if self.temperature == "ess" and self.weighting == "prox":
             check_ess_target(inv_tau)
+        if self.temperature == "bv" and not hasattr(self, "bias_variance_stats"):
+            raise ValueError(f"temperature='bv': the plug-in temperature reads cluster statistics; "
+                             f"{type(self).__name__} has none (KMeans routers only)")
+        if self.temperature == "bv" and not np.isfinite(inv_tau):
+            raise ValueError(f"inv_tau={inv_tau!r} with temperature='bv': the number is the bias term's weight c, "
+                             "a finite number >= 0")
         out = self._fit_inputs(X, acc, cost, models, encoder_id)
         self.inv_tau_ = inv_tau
         return out
@@ -193,10 +199,12 @@ class _ProxRouter(RouterMixin, BaseEstimator):
         """The formula's weights at the router's temperature: 1/tau as given (``temperature="fixed"``);
         1/tau(x) = inv_tau / std(phi(x)), the distances in units of the query's own spread (``"spread"``,
         ``weights.spread_scaled``); or, per query, the 1/tau at which the weights' effective sample size is
-        inv_tau (``"ess"``, ``weights.ess_inv_tau``: an adaptive bandwidth) — ``weights.tilted_weights``. Base
-        routers ignore "ess" (their 1/tau is a limit, 0 or inf, not an effective sample size)."""
-        temperature = "fixed" if self.temperature == "ess" and self.weighting != "prox" else self.temperature
-        return tilted_weights(phi, self.inv_tau_, prior, temperature)
+        inv_tau (``"ess"``, ``weights.ess_inv_tau``: an adaptive bandwidth); or the plug-in 1/tau of the
+        bias–variance bound with bias weight inv_tau (``"bv"``, KMeans, ``weights.bias_variance_inv_tau``) —
+        ``weights.tilted_weights``. Base routers ignore "ess" and "bv" (their 1/tau is a limit, 0 or inf)."""
+        temperature = "fixed" if self.temperature in ("ess", "bv") and self.weighting != "prox" else self.temperature
+        stats = self.bias_variance_stats() if temperature == "bv" else None
+        return tilted_weights(phi, self.inv_tau_, prior, temperature, stats)
 
     def _check_fitted(self):
         if not hasattr(self, "models_"):
@@ -384,7 +392,8 @@ class KMeansRouter(_ProxRouter):
     inv_tau, tau : temperature of the tilt (default 1/tau = 20, the paper's).
     temperature : "fixed" (1/tau as given) | "spread" (1/tau(x) = inv_tau / std of the query's K distances) |
         "ess" (per query the 1/tau at which the weights' effective sample size is inv_tau clusters; KMeans'
-        ``--inv-tau auto`` may choose it, README: How τ is chosen).
+        ``--inv-tau auto`` may choose it, README: How τ is chosen) | "bv" (per query the plug-in 1/tau that
+        minimizes the paper's bias–variance bound, inv_tau weighting its bias term; ``bias_variance_stats``).
     metric : "cosine" | "euclidean" (distance of queries to centroids, and of members for s_i).
     prior : "spread" (p_i ∝ n_i / s_i, the paper's least-variance prior) | "size" (∝ n_i) | "uniform".
     random_state, n_init : KMeans seeding.
@@ -473,6 +482,13 @@ class KMeansRouter(_ProxRouter):
 
     def _phi(self, Xq):
         return pairwise_distance(Xq, self.centers_, self.metric), None, self.prior_
+
+    def bias_variance_stats(self):
+        """(var (K,), L²) of ``weights.bias_variance_stats`` for the fitted clusters — what ``temperature="bv"``
+        reads; derived from n_i, V_i and the centroids, so it follows ``add_queries`` and needs nothing saved."""
+        self._check_fitted()
+        return bias_variance_stats(self.acc_values_, self.sizes_,
+                                   pairwise_distance(self.centers_, self.centers_, self.metric))
 
     def add_queries(self, X, acc, cost=None):
         """Add labeled queries without refitting: each joins its nearest cluster and updates n_i, s_i

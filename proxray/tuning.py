@@ -149,11 +149,16 @@ def estimates_over(fitted, X, settings):
     (the paper's bias–variance argument); ``"spr:a"`` is 1/tau = a / std(phi(x)), the distances measured
     in units of their own spread over the query's reference set; ``"mix:a,b,..."`` averages the weights at
     the fixed 1/tau values a, b, ... (an ensemble over temperatures instead of one choice); ``"ess:E"`` is the
-    per-query 1/tau at which the weights' effective sample size is E (``weights.ess_inv_tau``).
-    Yields (acc_hat, cost_hat) per setting."""
-    from .weights import proximity_weights, tilted_weights
+    per-query 1/tau at which the weights' effective sample size is E (``weights.ess_inv_tau``); ``"bv:c"`` (KMeans)
+    is the per-query plug-in 1/tau of the bias–variance bound with bias weight c (``weights.bias_variance_inv_tau``;
+    every "bv:" setting from one pass over its grid). Yields (acc_hat, cost_hat) per setting."""
+    from .weights import bias_variance_weights, proximity_weights, tilted_weights
 
     phi, ref, prior = fitted._search(X)
+    bv = [s for s in settings if isinstance(s, str) and s.startswith("bv:")]
+    if bv:
+        bv = dict(zip(bv, (w for _, w in bias_variance_weights(phi, prior, *fitted.bias_variance_stats(),
+                                                                [float(s[3:]) for s in bv]))))
     nearest = np.maximum(np.where(np.isfinite(phi), phi, np.inf).min(axis=1), RELATIVE_FLOOR)
     for setting in settings:
         if isinstance(setting, str) and setting.startswith("rel:"):
@@ -162,6 +167,8 @@ def estimates_over(fitted, X, settings):
             w = tilted_weights(phi, float(setting[4:]), prior, "spread")
         elif isinstance(setting, str) and setting.startswith("ess:"):  # the routers' temperature="ess"
             w = tilted_weights(phi, float(setting[4:]), prior, "ess")
+        elif isinstance(setting, str) and setting.startswith("bv:"):  # the routers' temperature="bv"
+            w = bv[setting]
         elif isinstance(setting, str) and setting.startswith("mix:"):
             taus = [float(v) for v in setting[4:].split(",")]
             w = sum(proximity_weights(phi, t, prior) for t in taus) / len(taus)

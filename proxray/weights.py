@@ -25,9 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["proximity_weights", "tilted_weights", "resolve_inv_tau", "effective_sample_size", "spread_scaled",
-           "ess_inv_tau", "check_ess_target", "TEMPERATURES"]
+           "ess_inv_tau", "check_ess_target", "bias_variance_stats", "bias_variance_inv_tau",
+           "bias_variance_weights", "TEMPERATURES"]
 
-TEMPERATURES = ("fixed", "spread", "ess")  # how a router's inv_tau is read (routers: ``temperature``)
+TEMPERATURES = ("fixed", "spread", "ess", "bv")  # how a router's inv_tau is read (routers: ``temperature``)
 
 
 def resolve_inv_tau(inv_tau=20.0, tau=None) -> float:
@@ -170,15 +171,81 @@ def ess_inv_tau(phi, prior, target: float, iters: int = 40) -> np.ndarray:
     return np.exp((lo + hi) / 2)
 
 
-def tilted_weights(phi, inv_tau, prior=None, temperature: str = "fixed") -> np.ndarray:
+BV_GRID = np.concatenate([[0.0], 10 ** np.linspace(0.0, 3.5, 36), [np.inf]])  # bias_variance_inv_tau's 1/tau
+
+
+def bias_variance_stats(values, sizes, centers_distance) -> tuple[np.ndarray, float]:
+    """What the plug-in temperature ``bias_variance_inv_tau`` reads from a fitted KMeans router (paper appendix E's
+    squared-error bound, variance + bias²): per cluster the variance of its estimate V_i (K,), the mean over models
+    of V_im (1 − V_im) / n_i (binomial: exact for 0/1 correctness, an upper bound for graded scores); and L², the
+    squared Lipschitz constant of the models' accuracy in the routing distance, by least squares through the origin
+    over cluster pairs: mean_m (V_im − V_jm)² − var_i − var_j ≈ L² d_ij², d_ij the distance between centroids
+    (``centers_distance``, (K, K)). L² is 0 where no pair says otherwise (fewer than 2 clusters, or differences
+    all within the noise)."""
+    V = np.clip(np.asarray(values, dtype=np.float64), 0.0, 1.0)
+    var = (V * (1.0 - V)).mean(axis=1) / np.maximum(np.asarray(sizes, dtype=np.float64), 1.0)
+    iu = np.triu_indices(len(V), 1)
+    if not len(iu[0]):
+        return var, 0.0
+    d2 = np.square(np.asarray(centers_distance, dtype=np.float64)[iu])
+    y = np.square(V[:, None, :] - V[None, :, :]).mean(axis=2)[iu] - (var[:, None] + var[None, :])[iu]
+    denom = float(np.square(d2).sum())
+    return var, max(float((y * d2).sum()) / denom, 0.0) if denom > 0 else 0.0
+
+
+def bias_variance_inv_tau(phi, prior, var, l2: float, bias_weight: float) -> np.ndarray:
+    """Per query the 1/tau (q,) of ``BV_GRID`` whose weights minimize the paper's squared-error bound as a plug-in:
+    Σ_i w_i² var_i + c · L² · (Σ_i w_i φ_i)², variance and the bias of averaging values that sit φ_i away
+    (``bias_variance_stats``); ``bias_weight`` c scales the bias term, whose triangle-inequality bound overstates the
+    bias (README: the plug-in temperature; KMeans' auto uses c = ``tuning.BV_WEIGHT``). Many small clusters or a
+    flat accuracy landscape smooth (toward the prior), large clusters and steep accuracy changes sharpen (toward
+    the nearest cluster); ties go to the smoother 1/tau."""
+    return _bias_variance(phi, prior, var, l2, bias_weight)[0]
+
+
+def _bias_variance(phi, prior, var, l2: float, bias_weight: float):
+    """(per-query 1/tau (q,), the weights at it (q, n)) for ``bias_variance_inv_tau``."""
+    return bias_variance_weights(phi, prior, var, l2, [bias_weight])[0]
+
+
+def bias_variance_weights(phi, prior, var, l2: float, bias_weights) -> list:
+    """``bias_variance_inv_tau`` for several bias weights from one pass over ``BV_GRID``: per weight c, (per-query
+    1/tau (q,), the weights at it (q, n))."""
+    phi = np.asarray(phi, dtype=np.float64)
+    var = np.asarray(var, dtype=np.float64)
+    if phi.ndim != 2 or var.shape != (phi.shape[1],):
+        raise ValueError(f"var of shape {var.shape}: one variance per reference element of phi {phi.shape}")
+    cs = [float(c) for c in bias_weights]
+    if not (all(0 <= c < np.inf for c in cs) and 0 <= l2 < np.inf):
+        raise ValueError(f"bias weights {cs!r}, l2={l2!r}: must be finite numbers >= 0")
+    finite = np.where(np.isfinite(phi), phi, 0.0)
+    best = [[np.zeros(len(phi)), np.full(len(phi), np.inf), None] for _ in cs]
+    for t in BV_GRID:
+        w = proximity_weights(phi, t, prior)
+        var_term, bias = (np.square(w) * var).sum(axis=1), np.square((w * finite).sum(axis=1))
+        for c, b in zip(cs, best):
+            s = var_term + c * l2 * bias
+            better = s < b[1] - 1e-15
+            b[0], b[1] = np.where(better, t, b[0]), np.where(better, s, b[1])
+            b[2] = w if b[2] is None else np.where(better[:, None], w, b[2])
+    return [(t, w) for t, _, w in best]
+
+
+def tilted_weights(phi, inv_tau, prior=None, temperature: str = "fixed", bv_stats=None) -> np.ndarray:
     """``proximity_weights`` at one of the ``TEMPERATURES``: "fixed", 1/tau = ``inv_tau`` as given; "spread",
     1/tau(x) = inv_tau / std(phi(x)) (``spread_scaled``); "ess", per query the 1/tau at which the weights' Kish
-    effective sample size is ``inv_tau`` (``ess_inv_tau``). The routers and auto's CV (``tuning.estimates_over``)
-    tilt through it, so each temperature is written once."""
+    effective sample size is ``inv_tau`` (``ess_inv_tau``); "bv", per query the plug-in 1/tau of the bias–variance
+    bound with bias weight ``inv_tau`` (``bias_variance_inv_tau``; ``bv_stats`` = (var, l2) from
+    ``bias_variance_stats``, KMeans only). The routers and auto's CV (``tuning.estimates_over``) tilt through it, so
+    each temperature is written once."""
     if temperature == "spread":
         return proximity_weights(spread_scaled(phi), inv_tau, prior)
     if temperature == "ess":
         return proximity_weights(np.asarray(phi) * ess_inv_tau(phi, prior, inv_tau)[:, None], 1.0, prior)
+    if temperature == "bv":
+        if bv_stats is None:
+            raise ValueError("temperature='bv' needs bv_stats=(var, l2) from bias_variance_stats (KMeans routers)")
+        return _bias_variance(phi, prior, *bv_stats, inv_tau)[1]
     if temperature != "fixed":
         raise ValueError(f"temperature={temperature!r}: allowed values are {', '.join(TEMPERATURES)}")
     return proximity_weights(phi, inv_tau, prior)

@@ -1,0 +1,146 @@
+"""KMeans' plug-in temperature, scored on saved runs (not a timed test).
+
+    python bench/km_plugin.py --from-json out/ess_study.json,out/ess_fresh.json,... [--per-config]
+
+Per query, the plug-in temperature takes the 1/tau whose weights minimize the paper's squared-error bound (appendix
+E) with everything in it estimated from the training table: Σ_i w_i² var_i + c · L² · (Σ_i w_i φ_i)², var_i the
+binomial variance of cluster i's mean accuracies, L² the accuracy's squared Lipschitz constant in the routing distance
+fitted over cluster pairs (``proxray.weights.bias_variance_stats`` / ``bias_variance_inv_tau``; ``temperature="bv"``
+of the KMeans router). No CV: c is one constant (``CANDIDATE``, docs/prereg-km-plugin.md).
+
+Runs saved before ``bench/tau_selection.py`` scored "bv:c" (its ``BV`` settings) hold no plug-in scores; this refits
+each saved configuration and seed's test router (the same seed, so the same clusters; it raises unless Base's test
+scores reproduce the saved ones to 1e-6) and scores the plug-in at every c of ``WEIGHTS`` beside KMeans' auto
+(``ess-or-capped``, read from the saved CV curves) and every fixed 1/tau of the grid. Runs that hold "bv:" scores are
+read as they are. Printed: Prox − Base (mean over configurations of the seeds' mean) and losers (> 0.3 pp outlier /
+> 0.5 pp inlier), overall and per table x protocol beside the best fixed 1/tau in hindsight (~1 s per configuration
+and seed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tau_selection import BV, D, LOSS, SETTINGS, SPLITS, _auto_pick, fit_test_run, test_splits  # noqa: E402
+
+from proxray.tuning import GRID  # noqa: E402
+
+G = len(GRID)
+BASE = GRID.index(float("inf"))
+WEIGHTS = tuple(float(s[3:]) for s in BV)  # the bias weights c scored
+CANDIDATE = 0.125  # docs/prereg-km-plugin.md
+AUTO = "ess-or-capped (KMeans' auto)"
+
+
+def _name(c: float) -> str:
+    return f"plug-in, c = {c:g}" + (" (the candidate)" if c == CANDIDATE else "")
+
+
+def refit_scores(X, acc, cost, table, row, seed: int, s: dict) -> dict:
+    """{split: [Prox − Base at each c of WEIGHTS]} for one saved configuration and seed, from a refit."""
+    from proxray.metrics import routing_score
+    from proxray.tuning import estimates_over
+
+    sp, _, fitted = fit_test_run(table, X, acc, cost, "km", row["protocol"], row["outliers"], seed)
+    got = {}
+    for split, idx in test_splits(sp).items():
+        c = None if cost is None else cost[idx]
+        scores = [routing_score(a, k, acc[idx], c) for a, k in estimates_over(fitted, X[idx], [float("inf"), *BV])]
+        if abs(scores[0] - s["test"][split][BASE]) > 1e-6:
+            raise RuntimeError(f"{row['table']} {row['outliers']} seed {seed}: the refit's Base does not reproduce the "
+                               "saved run (another machine or version?)")
+        got[split] = [v - scores[0] for v in scores[1:]]
+    return got
+
+
+def config_result(row, seeds, cache) -> dict:
+    """Per split, Prox − Base (mean over seeds) of auto, each plug-in weight and each fixed 1/tau, for one row."""
+    pick = _auto_pick([row])
+    n_saved = len(row["seeds"][0]["test"]["overall"])
+    if n_saved >= len(SETTINGS):  # saved with the BV settings: read, not refitted
+        bv = [{k: [s["test"][k][len(SETTINGS) - len(BV) + j] - s["test"][k][BASE] for j in range(len(BV))]
+               for k in SPLITS} for s in row["seeds"]]
+    else:
+        table, X, acc, cost = cache(row["table"])
+        bv = [refit_scores(X, acc, cost, table, row, sd, s) for sd, s in zip(seeds, row["seeds"])]
+    out = {}
+    for k in SPLITS:
+        d = {AUTO: float(np.mean([s["test"][k][pick(s)] - s["test"][k][BASE] for s in row["seeds"]]))}
+        d.update({_name(c): float(np.mean([b[k][j] for b in bv])) for j, c in enumerate(WEIGHTS)})
+        d["fixed"] = np.mean([np.asarray(s["test"][k][:G]) - s["test"][k][BASE] for s in row["seeds"]], axis=0)
+        out[k] = d
+    return {"table": row["table"], "protocol": row["protocol"], "outliers": row["outliers"], "delta": out}
+
+
+def report(results: list) -> str:
+    """Markdown: each rule's Prox − Base over the configurations, losers, and per table x protocol."""
+    groups = sorted({(r["table"], r["protocol"]) for r in results})
+    of = lambda g: [r for r in results if (r["table"], r["protocol"]) == g]  # noqa: E731
+    head = " | ".join(f"{t}, {p} ({len(of((t, p)))})" for t, p in groups)
+    lines = [f"| rule | Δ outlier | Δ inlier | Δ overall | losers (out/in) | {head} |", "|---" * (5 + len(groups)) + "|"]
+    rules = [AUTO, *(_name(c) for c in WEIGHTS), *(f"fixed 1/tau = {g:g}" for g in GRID)]
+    for name in rules:
+        get = ((lambda r, k, gi=GRID.index(float(name.split("= ")[1])): r["delta"][k]["fixed"][gi])
+               if name.startswith("fixed") else (lambda r, k: r["delta"][k][name]))
+        d = {k: np.array([get(r, k) for r in results]) for k in SPLITS}
+        per = " | ".join(f"{np.mean([get(r, 'overall') for r in of(g)]):+.3f}" for g in groups)
+        lines.append(f"| {name} | {d['outlier'].mean():+.2f} | {d['inlier'].mean():+.2f} | {d['overall'].mean():+.3f} "
+                     f"| {(d['outlier'] < -LOSS['outlier']).sum()}/{(d['inlier'] < -LOSS['inlier']).sum()} | {per} |")
+    best = []
+    for g in groups:
+        fixed = np.mean([r["delta"]["overall"]["fixed"] for r in of(g)], axis=0)
+        best.append(f"{GRID[int(np.argmax(fixed))]:g}: {fixed.max():+.3f}")
+    lines.append(f"| best fixed 1/tau in hindsight | | | | | {' | '.join(best)} |")
+    return "\n".join(lines)
+
+
+def per_config(results: list) -> str:
+    """Markdown: per configuration, auto's and the candidate's Prox − Base (outlier, inlier, overall)."""
+    cand = _name(CANDIDATE)
+    lines = ["| table | protocol | outliers | auto: Δ outlier / inlier / overall | candidate: Δ outlier / inlier / "
+             "overall |", "|---|---|---|---|---|"]
+    for r in results:
+        d = r["delta"]
+        lines.append(f"| {r['table']} | {r['protocol']} | {', '.join(r['outliers'])} | "
+                     + " / ".join(f"{d[k][AUTO]:+.2f}" for k in SPLITS) + " | "
+                     + " / ".join(f"{d[k][cand]:+.2f}" for k in SPLITS) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--from-json", required=True, help="saved runs of bench/tau_selection.py --json, comma-separated")
+    p.add_argument("--per-config", action="store_true", help="also auto against CANDIDATE per configuration")
+    a = p.parse_args(argv)
+    loaded = {}
+
+    def cache(name):
+        if name not in loaded:
+            from proxray.embed import SentenceEncoder
+            from proxray.table import RoutingTable
+
+            t = RoutingTable.read(D / f"{name}.parquet")
+            loaded[name] = (t, SentenceEncoder(progress=False).encode(t.prompts), *t.matrices())
+        return loaded[name]
+
+    results = []
+    for path in a.from_json.split(","):
+        saved = json.loads(Path(path).read_text())
+        for row in (r for r in saved["rows"] if r["router"] == "km"):
+            if "out_cv" not in row["seeds"][0]:
+                continue  # saved without its CV curves: no auto to compare with
+            print(f"[plug-in] {path}: {row['table']} {row['protocol']} {','.join(row['outliers'])}", file=sys.stderr,
+                  flush=True)
+            results.append(config_result(row, saved.get("seeds", [42, 7, 99]), cache))
+    print(report(results))
+    if a.per_config:
+        print("\n" + per_config(results))
+
+
+if __name__ == "__main__":
+    main()
