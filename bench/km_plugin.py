@@ -6,7 +6,7 @@ Per query, the plug-in temperature takes the 1/tau whose weights minimize the pa
 E) with everything in it estimated from the training table: Σ_i w_i² var_i + c · L² · (Σ_i w_i φ_i)², var_i the
 binomial variance of cluster i's mean accuracies, L² the accuracy's squared Lipschitz constant in the routing distance
 fitted over cluster pairs (``proxray.weights.bias_variance_stats`` / ``bias_variance_inv_tau``; ``temperature="bv"``
-of the KMeans router). No CV: c is one constant (``CANDIDATE``, docs/prereg-km-plugin.md).
+of the KMeans router). No CV: c is one constant (``CANDIDATES``, tested in that order, docs/prereg-km-plugin.md).
 
 Runs saved before ``bench/tau_selection.py`` scored "bv:c" (its ``BV`` settings) hold no plug-in scores; this refits
 each saved configuration and seed's test router (the same seed, so the same clusters; it raises unless Base's test
@@ -33,12 +33,12 @@ from proxray.tuning import GRID  # noqa: E402
 G = len(GRID)
 BASE = GRID.index(float("inf"))
 WEIGHTS = tuple(float(s[3:]) for s in BV)  # the bias weights c scored
-CANDIDATE = 0.125  # docs/prereg-km-plugin.md
+CANDIDATES = (0.125, 0.25)  # docs/prereg-km-plugin.md: the first that passes its four conditions is adopted
 AUTO = "ess-or-capped (KMeans' auto)"
 
 
 def _name(c: float) -> str:
-    return f"plug-in, c = {c:g}" + (" (the candidate)" if c == CANDIDATE else "")
+    return f"plug-in, c = {c:g}" + (f" (candidate {CANDIDATES.index(c) + 1})" if c in CANDIDATES else "")
 
 
 def refit_scores(X, acc, cost, table, row, seed: int, s: dict) -> dict:
@@ -100,22 +100,44 @@ def report(results: list) -> str:
 
 
 def per_config(results: list) -> str:
-    """Markdown: per configuration, auto's and the candidate's Prox − Base (outlier, inlier, overall)."""
-    cand = _name(CANDIDATE)
-    lines = ["| table | protocol | outliers | auto: Δ outlier / inlier / overall | candidate: Δ outlier / inlier / "
-             "overall |", "|---|---|---|---|---|"]
+    """Markdown: per configuration, auto's and each candidate's Prox − Base (outlier, inlier, overall)."""
+    lines = ["| table | protocol | outliers | auto: Δ outlier / inlier / overall | "
+             + " | ".join(f"c = {c:g}: Δ outlier / inlier / overall" for c in CANDIDATES) + " |",
+             "|---" * (4 + len(CANDIDATES)) + "|"]
     for r in results:
         d = r["delta"]
         lines.append(f"| {r['table']} | {r['protocol']} | {', '.join(r['outliers'])} | "
-                     + " / ".join(f"{d[k][AUTO]:+.2f}" for k in SPLITS) + " | "
-                     + " / ".join(f"{d[k][cand]:+.2f}" for k in SPLITS) + " |")
+                     + " | ".join(" / ".join(f"{d[k][name]:+.2f}" for k in SPLITS)
+                                  for name in (AUTO, *(_name(c) for c in CANDIDATES))) + " |")
+    return "\n".join(lines)
+
+
+def verdict(results: list) -> str:
+    """docs/prereg-km-plugin.md's four conditions for each candidate against auto, and which one is adopted."""
+    def stats(name):
+        d = {k: np.array([r["delta"][k][name] for r in results]) for k in SPLITS}
+        return d["overall"].mean(), (d["outlier"] < -LOSS["outlier"]).sum(), (d["inlier"] < -LOSS["inlier"]).sum()
+
+    mean0, out0, in0 = stats(AUTO)
+    lines, adopted = [], None
+    for c in CANDIDATES:
+        name = _name(c)
+        mean, lo, li = stats(name)
+        changed = any(abs(r["delta"][k][name] - r["delta"][k][AUTO]) > 1e-9 for r in results for k in SPLITS)
+        ok = [changed, lo <= out0 and li <= in0, mean >= mean0 - 0.03, lo + li < out0 + in0 or mean >= mean0]
+        lines.append(f"c = {c:g}: mean {mean:+.3f} vs {mean0:+.3f}, losers {lo}/{li} vs {out0}/{in0}; conditions "
+                     + ", ".join(f"{i + 1} {'met' if v else 'FAILED'}" for i, v in enumerate(ok)))
+        if adopted is None and all(ok):
+            adopted = c
+    lines.append("adopted: " + ("none" if adopted is None else f"c = {adopted:g}"))
     return "\n".join(lines)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--from-json", required=True, help="saved runs of bench/tau_selection.py --json, comma-separated")
-    p.add_argument("--per-config", action="store_true", help="also auto against CANDIDATE per configuration")
+    p.add_argument("--per-config", action="store_true", help="also auto against the CANDIDATES per configuration")
+    p.add_argument("--verdict", action="store_true", help="also docs/prereg-km-plugin.md's conditions per candidate")
     a = p.parse_args(argv)
     loaded = {}
 
@@ -140,6 +162,8 @@ def main(argv=None):
     print(report(results))
     if a.per_config:
         print("\n" + per_config(results))
+    if a.verdict:
+        print("\n" + verdict(results))
 
 
 if __name__ == "__main__":

@@ -434,8 +434,11 @@ def summarize(rows):
     return "\n".join(lines)
 
 
-AUTO = {"km": CAP20_ESS_FIRST, "knn": "fixed spr:0.2"}  # the row of each router's --inv-tau auto (tuning.DEFAULT_RULES)
-PLOTTED = {"auto (default: KM ess-or-capped, kNN spread 0.2)": AUTO,
+# the row each router's auto is read from: kNN's --inv-tau auto; for KMeans the CV rule it had until the plug-in
+# temperature (tuning.DEFAULT_RULES; the CV runs, older saved runs hold no "bv:" scores) — bench/km_plugin.py
+# compares the plug-in with it
+AUTO = {"km": CAP20_ESS_FIRST, "knn": "fixed spr:0.2"}
+PLOTTED = {"CV auto (KM ess-or-capped, kNN spread 0.2)": AUTO,
            "mean (before shifted)": "auto, fixed grid, mean (the default before)",
            "ess-or-shifted (KM's default before)": {"km": _ess_rule_name(f"ess:{ESS_TARGET:g}", ESS_MARGIN)},
            "shifted (KM's before that)": _SHIFTED,

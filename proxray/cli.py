@@ -37,8 +37,8 @@ def _cmd_fit(a):
     from .routers import KMeansRouter, KNNRouter
     from .synthetic import make_table
     from .table import RoutingTable
-    from .tuning import auto_choice, default_rule
-    from .weights import check_ess_target
+    from .tuning import NO_CV_RULES, auto_choice, default_rule
+    from .weights import check_bv_weight, check_ess_target
 
     inv_tau, temperature = parse_inv_tau(a.inv_tau), a.temperature or "fixed"
     if inv_tau == "auto" and a.temperature:
@@ -46,6 +46,8 @@ def _cmd_fit(a):
                          "itself)")
     if temperature == "ess" and a.weighting == "prox":
         check_ess_target(inv_tau)  # before the table is read and encoded
+    if temperature == "bv" and a.weighting == "prox":
+        check_bv_weight(inv_tau, a.router)
     table = RoutingTable.read(a.table) if a.table else make_table()
     if a.table is None:
         print("no --table: fitting on the embedded SYNTHETIC routing table", file=sys.stderr)
@@ -54,7 +56,7 @@ def _cmd_fit(a):
     enc = SentenceEncoder(a.encoder)
     X = enc.encode(table.prompts)
     if inv_tau == "auto" and a.weighting == "prox":  # as proxray eval's auto, on the table's own tasks
-        if default_rule(a.router) != "spread":
+        if default_rule(a.router) not in NO_CV_RULES:
             print(f"--inv-tau auto: choosing 1/tau by cross-validation over the table's {len(set(table.tasks))} tasks",
                   file=sys.stderr)
         got = auto_choice(X, acc, cost, table.tasks, a.router, {"n_clusters": a.clusters, "k": a.k})
@@ -159,11 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--clusters", type=int, default=32)
     fit.add_argument("--inv-tau", default="auto",
                      help="1/tau: a number, inf, or auto (default; README: How τ is chosen): kNN the spread temperature "
-                     "at 0.2, KMeans a fixed 1/tau or the adaptive bandwidth ess 3, chosen by leave-task-out CV on the table's "
-                     "tasks")
+                     "at 0.2, KMeans the plug-in temperature bv at 0.125 (per query the 1/tau minimizing the bias–variance "
+                     "bound over its clusters); neither runs a CV")
     fit.add_argument("--temperature", choices=list(TEMPERATURES), default=None,
                      help="with a number --inv-tau: fixed (default); spread, 1/tau(x) = inv-tau / std of the query's "
-                     "distances; ess, per query the 1/tau at which the weights' effective sample size is inv-tau "
+                     "distances; ess, per query the 1/tau at which the weights' effective sample size is inv-tau; bv "
+                     "(KMeans), per query the 1/tau minimizing the bias–variance bound, inv-tau its bias weight "
                      "(README: How τ is chosen)")
     fit.add_argument("--encoder", default=None, help="sentence-transformers name or path (default: shipped MiniLM)")
     fit.add_argument("--out", required=True, help="artifact folder")

@@ -20,9 +20,9 @@ import numpy as np
 
 from .logs import log
 from .metrics import baseline_points, cost_range, ndch_auc, routing_score, sweep
-from .tuning import (CV_REPEATS, DEFAULT_RULES, ESS_MARGIN, ESS_TARGET, RULES, SHIFT_CAP, SHIFT_CAP_GAIN,
-                     SPREAD_INV_TAU, auto_choice, check_rule, make_router)
-from .weights import TEMPERATURES, check_ess_target
+from .tuning import (BV_WEIGHT, CV_REPEATS, DEFAULT_RULES, ESS_MARGIN, ESS_TARGET, NO_CV_RULES, RULES, SHIFT_CAP,
+                     SHIFT_CAP_GAIN, SPREAD_INV_TAU, auto_choice, check_rule, make_router)
+from .weights import TEMPERATURES, check_bv_weight, check_ess_target
 
 PROTOCOLS = ("leave-task-out", "few-shot-outlier")
 SPLITS = ("outlier", "inlier", "overall")
@@ -172,7 +172,7 @@ def evaluate(X, acc, cost, tasks, router="km", protocol="leave-task-out", outlie
              temperature="fixed", cv_repeats=CV_REPEATS, cv_rule=None) -> dict:
     """All seeds; the result has the JSON shape of ``proxray eval --json``."""
     runs = []
-    by_cv = inv_tau == "auto" and check_rule(cv_rule, router) != "spread"
+    by_cv = inv_tau == "auto" and check_rule(cv_rule, router) not in NO_CV_RULES
     for s in seeds:
         log(f"seed {s}: {router} / {protocol} / outliers {', '.join(outliers)}"
             + (" — choosing 1/tau on training tasks" if by_cv else ""))
@@ -207,6 +207,8 @@ def format_result(res: dict) -> str:
              f"seeds {res['seeds']}, 1/tau used: {', '.join(_fmt_tau(t, m) for t, m in zip(taus, temps))}"
              + ("  (spread c: 1/tau(x) = c / std of the query's distances)" if "spread" in temps else "")
              + ("  (ess E: per query the 1/tau at which the weights' effective sample size is E)" if "ess" in temps else "")
+             + ("  (bv c: per query the 1/tau minimizing the bias–variance bound, c its bias weight)" if "bv" in temps
+                else "")
              + f"  ({metric})"]
     head = ["Split", f"{name}-Base", f"{name}-Prox", f"{name}-AllSee", "Random", "Largest", "Oracle"]
     lines.append("| " + " | ".join(head) + " |")
@@ -305,12 +307,15 @@ def add_eval_parser(sub) -> None:
                    "--cv-rule)")
     p.add_argument("--temperature", choices=list(TEMPERATURES), default="fixed",
                    help="spread: 1/tau(x) = inv-tau / std of the query's distances; ess: per query the 1/tau at which "
-                   "the weights' effective sample size is inv-tau (both need a number --inv-tau)")
+                   "the weights' effective sample size is inv-tau; bv (KMeans): per query the 1/tau minimizing the "
+                   "bias–variance bound, inv-tau its bias weight (all need a number --inv-tau)")
     p.add_argument("--cv-repeats", type=int, default=CV_REPEATS,
                    help="auto: average the CV folds over this many random splits (1 = one pass, faster)")
     p.add_argument("--cv-rule", choices=[r for r in RULES if r != "guarded"], default=None,
                    help=f"auto's rule (default: {DEFAULT_RULES['km']} for km, {DEFAULT_RULES['knn']} for knn). spread "
-                   f"(kNN only, no CV) = 1/tau(x) = {SPREAD_INV_TAU:g} / std of the query's k distances; ess-or-shifted "
+                   f"(kNN only, no CV) = 1/tau(x) = {SPREAD_INV_TAU:g} / std of the query's k distances; plug-in (KMeans "
+                   f"only, no CV) = temperature bv at {BV_WEIGHT:g}: per query the 1/tau minimizing the bias–variance "
+                   f"bound over the clusters; ess-or-shifted "
                    f"(KMeans only) = shifted's pick, or ess {ESS_TARGET:g} (per query the 1/tau giving the weights an "
                    f"effective sample size of {ESS_TARGET:g}) where its CV mean is > {ESS_MARGIN:g} pp higher; "
                    f"ess-or-capped (KMeans only) = the same, with shifted's step not past 1/tau = {SHIFT_CAP:g} where "
@@ -403,6 +408,9 @@ def cmd_eval(a) -> None:
     if a.temperature == "ess":
         for v in inv_taus:
             check_ess_target(parse_inv_tau(v))
+    if a.temperature == "bv":
+        for v in inv_taus:
+            check_bv_weight(parse_inv_tau(v), a.router)
     try:
         check_rule(a.cv_rule, a.router)  # e.g. --cv-rule spread with --router km
     except ValueError as e:

@@ -20,7 +20,8 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from .index import NeighborIndex, as_matrix, check_metric, pairwise_distance, prepare
-from .weights import TEMPERATURES, bias_variance_stats, check_ess_target, resolve_inv_tau, tilted_weights
+from .weights import (TEMPERATURES, bias_variance_stats, check_bv_weight, check_ess_target, resolve_inv_tau,
+                      tilted_weights)
 
 WEIGHTINGS = ("base", "prox")
 
@@ -185,12 +186,9 @@ class _ProxRouter(RouterMixin, BaseEstimator):
         inv_tau = self._effective_inv_tau()
         if self.temperature == "ess" and self.weighting == "prox":
             check_ess_target(inv_tau)
-        if self.temperature == "bv" and not hasattr(self, "bias_variance_stats"):
-            raise ValueError(f"temperature='bv': the plug-in temperature reads cluster statistics; "
-                             f"{type(self).__name__} has none (KMeans routers only)")
-        if self.temperature == "bv" and not np.isfinite(inv_tau):
-            raise ValueError(f"inv_tau={inv_tau!r} with temperature='bv': the number is the bias term's weight c, "
-                             "a finite number >= 0")
+        if self.temperature == "bv":
+            check_bv_weight(inv_tau if self.weighting == "prox" else 0.0,
+                            "km" if hasattr(self, "bias_variance_stats") else "knn")
         out = self._fit_inputs(X, acc, cost, models, encoder_id)
         self.inv_tau_ = inv_tau
         return out

@@ -14,9 +14,9 @@ argmax and move one grid step toward the Base limit (rule "shifted", ``DEFAULT_R
 ``select_inv_tau`` are options). KMeans' auto (rule "ess-or-shifted", ``select_ess_or_shifted``) scores one more
 setting in the same folds, the adaptive bandwidth ``ess:ESS_TARGET`` (per query the 1/tau at which the weights'
 effective sample size is 3 clusters), and takes it over shifted's pick when its CV mean is more than ``ESS_MARGIN``
-pp higher; its default now, rule "ess-or-capped", does the same, except that shifted's step stops at the paper's
-1/tau = ``SHIFT_CAP`` (20) where the smoothed CV's top is at or below it and gains at least ``SHIFT_CAP_GAIN`` pp on
-Base there (the step from 20 to 50 overshot on BBH; pre-registered in docs/prereg-km-cap20-ess-first.md).
+pp higher; rule "ess-or-capped" (KMeans' default until the plug-in below) does the same, except that shifted's step
+stops at the paper's 1/tau = ``SHIFT_CAP`` (20) where the smoothed CV's top is at or below it and gains at least
+``SHIFT_CAP_GAIN`` pp on Base there (the step from 20 to 50 overshot on BBH; docs/prereg-km-cap20-ess-first.md).
 
 The folds are repeated over ``CV_REPEATS`` random 80/20 splits (and task orders) and averaged: one pass's
 curve is too noisy near its top to rank the best few 1/tau (README: How τ is chosen).
@@ -28,6 +28,9 @@ weights are computed at estimate time, so every 1/tau reuses the same fitted ref
 kNN's auto reads no CV (rule "spread", ``DEFAULT_RULES``): a per-query temperature,
 1/tau(x) = ``SPREAD_INV_TAU`` / std(phi(x)) over the query's k neighbours (the routers' ``temperature="spread"``),
 ahead of every fixed 1/tau and of the CV rules on six sets of configurations (README: How τ is chosen).
+KMeans' auto reads no CV either now (rule "plug-in"): per query the 1/tau minimizing the paper's bias–variance bound
+with its variance and Lipschitz terms read off the fitted clusters (the routers' ``temperature="bv"`` at
+``BV_WEIGHT``, ``weights.bias_variance_inv_tau``), adopted by a test pre-registered in docs/prereg-km-plugin.md.
 ``auto_choice`` resolves auto for either router.
 """
 from __future__ import annotations
@@ -181,15 +184,17 @@ NEAR_BASE_TOL = 1.0  # pp: the "near-base" rule's tolerance (README: How τ is c
 SE_MULT = 1.0  # the "lcb" and "one-se" rules: how many task-level standard errors (README: How τ is chosen)
 CV_RULES = ("mean", "guarded", "near-base", "shifted", "lcb", "one-se")  # select_inv_tau: pick from the CV
 ESS_RULES = ("ess-or-shifted", "ess-or-capped")  # KMeans: shifted's pick or the adaptive bandwidth (select_ess_or_shifted)
-RULES = (*CV_RULES, "spread", *ESS_RULES)  # every auto rule (auto_choice); "spread" reads no CV (kNN only)
+NO_CV_RULES = ("spread", "plug-in")  # auto rules that read no CV: kNN's spread temperature, KMeans' plug-in one
+RULES = (*CV_RULES, "spread", *ESS_RULES, "plug-in")  # every auto rule (auto_choice)
 DEFAULT_RULE = "shifted"  # the CV's default rule (README: How τ is chosen; "mean" until it)
-DEFAULT_RULES = {"km": "ess-or-capped", "knn": "spread"}  # what --inv-tau auto uses per router (README: How τ is chosen)
+DEFAULT_RULES = {"km": "plug-in", "knn": "spread"}  # what --inv-tau auto uses per router (README: How τ is chosen)
 SPREAD_INV_TAU = 0.2  # rule "spread": 1/tau(x) = 0.2 / std(phi(x)) over the query's k neighbours
 ESS_TARGET = 3.0  # the ESS_RULES: the adaptive bandwidth's effective sample size, in clusters
 ESS_MARGIN = 0.5  # pp: the ESS_RULES take the adaptive bandwidth when its CV mean beats shifted's pick by more
 SHIFT_CAP = 20.0  # rule "ess-or-capped": shifted's step stops at the paper's 1/tau ...
 SHIFT_CAP_GAIN = 0.5  # pp: ... where the smoothed CV's top (at or below it) beats Base's CV mean by at least this
-ROUTER_ONLY = {"spread": "knn", "ess-or-shifted": "km", "ess-or-capped": "km"}  # rules measured for one router only
+BV_WEIGHT = 0.125  # rule "plug-in": temperature "bv", the bias term's weight c (docs/prereg-km-plugin.md)
+ROUTER_ONLY = {"spread": "knn", "ess-or-shifted": "km", "ess-or-capped": "km", "plug-in": "km"}  # rules measured for one router only
 ROUTER_NAMES = {"km": "KMeans", "knn": "kNN"}
 NO_CV_INV_TAU = 20.0  # auto with too few training tasks to cross-validate: the paper's 1/tau
 FOLD_RULES = ("lcb", "one-se")  # the rules that read the folds apart (CVFolds), not only the mean curves
@@ -222,7 +227,8 @@ def check_rule(rule: str, router: str) -> str:
     only = ROUTER_ONLY.get(rule, router)
     if only != router:
         what = (f"1/tau(x) = {SPREAD_INV_TAU:g} / std of the query's distances, no CV" if rule == "spread" else
-                f"the CV's choice between {'shifted' if rule == 'ess-or-shifted' else 'capped shifted'} and the "
+                "per query the 1/tau minimizing the bias–variance bound over the clusters, no CV" if rule == "plug-in"
+                else f"the CV's choice between {'shifted' if rule == 'ess-or-shifted' else 'capped shifted'} and the "
                 f"adaptive bandwidth ess:{ESS_TARGET:g}")
         allowed = [r for r in RULES if ROUTER_ONLY.get(r, router) == router]
         raise ValueError(f"rule={rule!r} ({what}) is measured for {ROUTER_NAMES[only]} only; for router={router!r} "
@@ -332,12 +338,14 @@ def select_ess_or_shifted(out_cv, in_cv, grid=GRID, margin: float = ESS_MARGIN, 
 def auto_choice(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
                 seed: int = 42, grid=GRID, rule: str | None = None, repeats: int = CV_REPEATS) -> AutoChoice:
     """Resolve ``--inv-tau auto`` from the training set only: rule "spread" (kNN's default) is the spread
-    temperature at ``SPREAD_INV_TAU``; "ess-or-capped" (KMeans' default) and "ess-or-shifted" run the CV over ``grid``
+    temperature at ``SPREAD_INV_TAU``; "plug-in" (KMeans) the bias–variance temperature "bv" at ``BV_WEIGHT``, no CV; "ess-or-capped" (KMeans' default) and "ess-or-shifted" run the CV over ``grid``
     and the adaptive bandwidth (``select_ess_or_shifted``, capped at ``SHIFT_CAP`` or not); every other rule picks a
     fixed 1/tau from the CV (``auto_inv_tau``)."""
     rule = check_rule(rule, router)
     if rule == "spread":
         return AutoChoice(SPREAD_INV_TAU, "spread", rule, {})
+    if rule == "plug-in":
+        return AutoChoice(BV_WEIGHT, "bv", rule, {})
     if rule in ESS_RULES:
         folds, curves = _cv(X, acc, cost, tasks, router, hp, protocol, few_shot, seed, (*grid, f"ess:{ESS_TARGET:g}"),
                             repeats)

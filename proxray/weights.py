@@ -26,7 +26,7 @@ import numpy as np
 
 __all__ = ["proximity_weights", "tilted_weights", "resolve_inv_tau", "effective_sample_size", "spread_scaled",
            "ess_inv_tau", "check_ess_target", "bias_variance_stats", "bias_variance_inv_tau",
-           "bias_variance_weights", "TEMPERATURES"]
+           "bias_variance_weights", "check_bv_weight", "TEMPERATURES"]
 
 TEMPERATURES = ("fixed", "spread", "ess", "bv")  # how a router's inv_tau is read (routers: ``temperature``)
 
@@ -172,6 +172,20 @@ def ess_inv_tau(phi, prior, target: float, iters: int = 40) -> np.ndarray:
 
 
 BV_GRID = np.concatenate([[0.0], 10 ** np.linspace(0.0, 3.5, 36), [np.inf]])  # bias_variance_inv_tau's 1/tau
+
+
+def check_bv_weight(weight, router: str = "km") -> float:
+    """``weight`` as a float if it can be the bias weight c of ``temperature="bv"`` (finite, >= 0) for ``router``
+    (KMeans only: the plug-in reads cluster statistics), else a ValueError naming it: the routers and the command
+    lines check it before any work."""
+    if router != "km":
+        raise ValueError(f"temperature='bv': the plug-in temperature reads cluster statistics (n_i, V_i, centroids); "
+                         f"router={router!r} has none (KMeans routers only)")
+    weight = float(weight)
+    if not 0 <= weight < np.inf:
+        raise ValueError(f"inv_tau={weight!r} with temperature='bv': the number is the bias term's weight c, a finite "
+                         "number >= 0")
+    return weight
 
 
 def bias_variance_stats(values, sizes, centers_distance) -> tuple[np.ndarray, float]:

@@ -6,7 +6,6 @@ import pandas as pd
 from proxray import KMeansRouter, KNNRouter, RoutingTable
 from proxray.artifact import current_version
 from proxray.cli import main
-from proxray.tuning import GRID
 
 
 def test_import_routerdc_and_info(tmp_path, shared_data, capsys):
@@ -37,13 +36,15 @@ def test_fit_writes_a_loadable_artifact(tmp_path, shared_data):
     manifest = json.loads((current_version(tmp_path / "art") / "manifest.json").read_text())
     assert manifest["dim"] == 384 and manifest["params"]["k"] == 10
     assert np.isfinite(r.estimate(np.ones((1, 384), np.float32))[0]).all()
-    # --inv-tau auto is the default: kNN's is the spread temperature (no CV), KMeans' the CV's choice between a fixed
-    # 1/tau and the adaptive bandwidth (ess-or-shifted)
+    # --inv-tau auto is the default: kNN's is the spread temperature, KMeans' the plug-in temperature (neither a CV)
     assert (r.inv_tau, r.temperature) == (0.2, "spread")
     assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "km", "--clusters", "4",
                  "--out", str(tmp_path / "km")]) == 0
     km = KMeansRouter.load(tmp_path / "km", encoder_id="sentence-transformers/all-MiniLM-L6-v2")
-    assert (km.temperature == "fixed" and km.inv_tau in GRID) or (km.temperature, km.inv_tau) == ("ess", 3.0)
+    assert (km.temperature, km.inv_tau) == ("bv", 0.125)
+    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "knn", "--inv-tau", "0.125",
+                 "--temperature", "bv", "--out", str(tmp_path / "bad")]) == 2  # KMeans only, refused before fitting
+    assert not (tmp_path / "bad").exists()
     assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--inv-tau", "5", "--temperature", "spread",
                  "--out", str(tmp_path / "fixed")]) == 0
     fixed = KNNRouter.load(tmp_path / "fixed")

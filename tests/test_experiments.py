@@ -48,12 +48,15 @@ def test_split_errors():
 
 def test_auto_tau_uses_training_data_only(synth):
     """Through the real protocol entry point (``run_once``): corrupting the test split and the outlier tasks
-    (flipped labels, shuffled embeddings, tenfold costs) leaves the chosen 1/tau as it is — and the same
-    corruption does move the choice of a selection that reads those rows, so the check can fail."""
+    (flipped labels, shuffled embeddings, tenfold costs) leaves the CV's chosen 1/tau as it is — and the same
+    corruption does move the choice of a selection that reads those rows, so the check can fail. (KMeans' default
+    auto, the plug-in temperature, chooses nothing before fitting: its per-query 1/tau reads the fitted router's
+    clusters, which the training rows alone make; the CV rules remain options.)"""
     from proxray.experiments import run_once
 
     t, X, acc, cost = synth
-    kw = dict(router="km", protocol="leave-task-out", outliers=["medqa", "hellaswag"], n_clusters=16)
+    kw = dict(router="km", protocol="leave-task-out", outliers=["medqa", "hellaswag"], n_clusters=16,
+              cv_rule="ess-or-capped")
     sp = protocol_split(t.tasks, kw["outliers"], kw["protocol"], seed=42)
     unseen = np.setdiff1d(np.arange(len(X)), sp.base_train)  # the test split and every unseen outlier row
     assert set(sp.test) <= set(unseen) and np.isin(t.tasks[unseen], kw["outliers"]).any()
@@ -168,10 +171,11 @@ def test_eval_refuses_cv_repeats_below_one_before_encoding(capsys):
 
 
 def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
-    """run_once's auto uses CV_REPEATS passes and, for KMeans, the "ess-or-capped" rule by default: one CV over the
-    fixed grid and ess:3, resolved by select_ess_or_shifted with cap=SHIFT_CAP (so a fixed choice is shifted's own, or
-    the cap where shifted's step passed it); cv_repeats / cv_rule say otherwise ("ess-or-shifted": the same CV, no
-    cap); near-base and shifted never pick a sharper KMeans 1/tau than mean does (they move toward inf)."""
+    """run_once's auto with a CV rule uses CV_REPEATS passes; KMeans' "ess-or-capped" (its default before the
+    plug-in): one CV over the fixed grid and ess:3, resolved by select_ess_or_shifted with cap=SHIFT_CAP (so a fixed
+    choice is shifted's own, or the cap where shifted's step passed it); cv_repeats / cv_rule say otherwise
+    ("ess-or-shifted": the same CV, no cap); near-base and shifted never pick a sharper KMeans 1/tau than mean does
+    (they move toward inf)."""
     import proxray.experiments as ex
     import proxray.tuning as tuning
 
@@ -182,8 +186,8 @@ def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
                         lambda *a, **kw: (folds.append((kw["repeats"], len(a[9]))), real_folds(*a, **kw))[1])
     monkeypatch.setattr(tuning, "auto_inv_tau", lambda *a, **kw: (rules.append(kw["rule"]), real_auto(*a, **kw))[1])
     kw = dict(router="km", protocol="leave-task-out", outliers=["medqa", "hellaswag"], n_clusters=16)
-    auto = ex.run_once(X, acc, cost, t.tasks, seed=42, **kw)
-    ex.run_once(X, acc, cost, t.tasks, seed=42, cv_repeats=1, **kw)
+    auto = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="ess-or-capped", **kw)
+    ex.run_once(X, acc, cost, t.tasks, seed=42, cv_repeats=1, cv_rule="ess-or-capped", **kw)
     shifted = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="shifted", **kw)["inv_tau"]
     mean = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="mean", **kw)["inv_tau"]
     near = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="near-base", **kw)["inv_tau"]
@@ -194,13 +198,38 @@ def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
     assert auto["temperature"] == "ess" or auto["inv_tau"] in (shifted, tuning.SHIFT_CAP)
     sp = protocol_split(t.tasks, kw["outliers"], kw["protocol"], 42)
     got = tuning.auto_choice(X[sp.base_train], acc[sp.base_train], cost[sp.base_train], t.tasks[sp.base_train], "km",
-                             {"n_clusters": 16, "random_state": 42}, seed=42)
+                             {"n_clusters": 16, "random_state": 42}, seed=42, rule="ess-or-capped")
     assert got.rule == "ess-or-capped" and (got.inv_tau, got.temperature) == (auto["inv_tau"], auto["temperature"])
     assert list(got.curves)[-1] == "ess:3"
     out_cv, in_cv = np.array(list(got.curves.values())).T
     assert tuning.select_ess_or_shifted(out_cv, in_cv, cap=tuning.SHIFT_CAP) == (got.inv_tau, got.temperature)
     uncapped = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="ess-or-shifted", **kw)
     assert (uncapped["inv_tau"], uncapped["temperature"]) == tuning.select_ess_or_shifted(out_cv, in_cv)
+
+
+def test_kmeans_auto_is_the_plug_in_temperature_without_cv(synth, monkeypatch):
+    """KMeans' auto (rule "plug-in", tuning.DEFAULT_RULES) runs no CV: Prox is KMeansRouter(inv_tau=BV_WEIGHT,
+    temperature="bv"), scored by hand here; evaluate reports it per seed."""
+    import proxray.experiments as ex
+    import proxray.tuning as tuning
+    from proxray import KMeansRouter
+    from proxray.metrics import routing_score
+
+    t, X, acc, cost = synth
+    cv_calls = []
+    real = tuning.cv_folds
+    monkeypatch.setattr(tuning, "cv_folds", lambda *a, **kw: (cv_calls.append(1), real(*a, **kw))[1])
+    kw = dict(router="km", protocol="leave-task-out", outliers=["medqa", "hellaswag"], n_clusters=16)
+    auto = ex.run_once(X, acc, cost, t.tasks, seed=42, **kw)
+    assert (auto["inv_tau"], auto["temperature"], cv_calls) == (tuning.BV_WEIGHT, "bv", []) and tuning.BV_WEIGHT == 0.125
+    sp = protocol_split(t.tasks, kw["outliers"], kw["protocol"], 42)
+    r = KMeansRouter(n_clusters=16, random_state=42, inv_tau=0.125, temperature="bv").fit(
+        X[sp.base_train], acc[sp.base_train], cost[sp.base_train])
+    want = routing_score(*r.estimate(X[sp.test]), acc[sp.test], cost[sp.test])
+    assert auto["scores"]["overall"]["prox"] == pytest.approx(want)
+    res = evaluate(X, acc, cost, t.tasks, seeds=(42, 7), **kw)
+    assert res["inv_tau"] == [0.125, 0.125] and res["temperature"] == ["bv", "bv"]
+    assert "(bv c: per query the 1/tau minimizing the bias–variance bound" in ex.format_result(res)
 
 
 def test_knn_auto_is_the_spread_temperature_without_cv(synth, monkeypatch):
@@ -236,3 +265,15 @@ def test_eval_refuses_spread_rule_for_kmeans_before_encoding(capsys):
     assert main(["eval", "--n-per-task", "5", "--cv-rule", "spread"]) == 2
     err = capsys.readouterr().err
     assert "--cv-rule spread: rule='spread'" in err and "kNN only" in err and "encoding" not in err
+
+
+def test_eval_refuses_the_bv_temperature_for_knn_and_a_bad_weight_before_encoding(capsys):
+    """--temperature bv is KMeans' plug-in temperature: kNN and a negative or infinite bias weight are refused,
+    naming them, before any encoding."""
+    from proxray.cli import main
+
+    assert main(["eval", "--router", "knn", "--inv-tau", "0.125", "--temperature", "bv", "--n-per-task", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "router='knn' has none (KMeans routers only)" in err and "encoding" not in err
+    assert main(["eval", "--router", "km", "--inv-tau", "inf", "--temperature", "bv", "--n-per-task", "5"]) == 2
+    assert "inv_tau=inf with temperature='bv'" in capsys.readouterr().err

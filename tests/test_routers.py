@@ -586,3 +586,52 @@ def test_ess_or_capped_stops_the_step_at_20_only_where_it_overshoots_a_clear_gai
     assert select_ess_or_shifted(*with_ess(top20, 71.9), cap=SHIFT_CAP) == (ESS_TARGET, "ess")
     with pytest.raises(ValueError, match=r"cap=30\.0: must be a value of the grid"):
         select_ess_or_shifted(*with_ess(top20, 0.0), GRID, cap=30.0)
+
+
+def test_bv_temperature_is_the_plug_in_of_the_fitted_clusters(tmp_path):
+    """KMeansRouter(temperature="bv"): each query's weights are the formula at the plug-in 1/tau of its own cluster
+    statistics (bias_variance_stats of n_i, V_i and the centroids), the same as tuning's "bv:c"; saved and loaded
+    with nothing but the temperature; add_queries moves the statistics (larger clusters, smaller variance); Base
+    ignores it; kNN and an infinite weight are refused by name; auto's rule "plug-in" resolves to it without a CV."""
+    from proxray import KMeansRouter, KNNRouter
+    from proxray.artifact import load_router
+    from proxray.tuning import BV_WEIGHT, auto_choice, estimates_over
+    from proxray.index import pairwise_distance
+    from proxray.weights import bias_variance_inv_tau, bias_variance_stats, proximity_weights
+
+    rng = np.random.default_rng(12)
+    X = np.vstack([rng.normal(loc=m, size=(60, 8)) for m in (-2.0, 0.0, 2.0)])
+    acc = (rng.uniform(size=(180, 3)) < np.repeat([[0.9, 0.3, 0.5], [0.2, 0.8, 0.5], [0.5, 0.5, 0.9]], 60, 0)) * 1.0
+    cost = rng.uniform(size=(180, 3))
+    r = KMeansRouter(n_clusters=9, inv_tau=BV_WEIGHT, temperature="bv").fit(X, acc, cost)
+    var, l2 = r.bias_variance_stats()
+    want_var, want_l2 = bias_variance_stats(r.acc_values_, r.sizes_,
+                                            pairwise_distance(r.centers_, r.centers_, r.metric))
+    np.testing.assert_allclose(var, want_var)
+    assert l2 == pytest.approx(want_l2)
+    assert l2 > 0  # three groups of different accuracy: proximity matters
+    Q = rng.normal(size=(12, 8)) * 2.5
+    phi, _, prior = r._search(Q)
+    t = bias_variance_inv_tau(phi, prior, var, l2, BV_WEIGHT)
+    assert len(np.unique(t)) > 1  # per query
+    w = np.vstack([proximity_weights(phi[q:q + 1], t[q], prior) for q in range(len(Q))])
+    np.testing.assert_allclose(r.estimate(Q)[0], w @ r.acc_values_)
+    same = next(estimates_over(KMeansRouter(n_clusters=9).fit(X, acc, cost), Q, [f"bv:{BV_WEIGHT:g}"]))[0]
+    np.testing.assert_allclose(r.estimate(Q)[0], same)
+    r.save(tmp_path / "a")
+    back = load_router(tmp_path / "a")
+    assert (back.temperature, back.inv_tau_) == ("bv", BV_WEIGHT)
+    np.testing.assert_allclose(back.estimate(Q)[0], r.estimate(Q)[0])
+    grown = KMeansRouter(n_clusters=9, inv_tau=BV_WEIGHT, temperature="bv").fit(X, acc, cost).add_queries(X, acc, cost)
+    assert (grown.bias_variance_stats()[0] < var).all()  # twice the members: half the variance
+    base = KMeansRouter(n_clusters=9, weighting="base", inv_tau=BV_WEIGHT, temperature="bv").fit(X, acc, cost)
+    np.testing.assert_allclose(base.estimate(Q)[0], KMeansRouter(n_clusters=9, weighting="base").fit(X, acc, cost)
+                               .estimate(Q)[0])
+    with pytest.raises(ValueError, match="temperature='bv'.*router='knn' has none \\(KMeans routers only\\)"):
+        KNNRouter(k=10, inv_tau=BV_WEIGHT, temperature="bv").fit(X, acc, cost)
+    with pytest.raises(ValueError, match="inv_tau=inf with temperature='bv'.*finite number >= 0"):
+        KMeansRouter(n_clusters=9, inv_tau=float("inf"), temperature="bv").fit(X, acc, cost)
+    got = auto_choice(X, acc, cost, np.repeat(["a", "b", "c"], 60), "km", {"n_clusters": 9}, rule="plug-in")
+    assert (got.inv_tau, got.temperature, got.rule, got.curves) == (BV_WEIGHT, "bv", "plug-in", {})
+    with pytest.raises(ValueError, match="rule='plug-in' .* is measured for KMeans only"):
+        auto_choice(X, acc, cost, np.repeat(["a", "b", "c"], 60), "knn", {"k": 10}, rule="plug-in")

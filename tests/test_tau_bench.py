@@ -152,3 +152,33 @@ def test_cluster_picks_move_only_where_the_clusters_tasks_say_so():
     prefers_2[ts.GRID.index(2.0) - 1: ts.GRID.index(2.0) + 2] = 5.0
     got = tl.cluster_picks("sharpen", np.stack([prefers_2, prefers_base]), in_all, at20, None)
     assert got[0] == at20 and got[1] > at20
+
+
+def test_km_plugin_reads_the_bv_scores_a_run_holds_and_refits_older_runs(rows):
+    """bench/km_plugin.py: a run saved with tau_selection's BV settings is read as it is (the candidate's Prox − Base
+    per split, auto beside it from the saved CV) and judged by the pre-registered conditions; a run saved before
+    them (fewer settings) is refitted, and its fixed rows in tau_selection stop at the settings it holds."""
+    import km_plugin as kp
+
+    first = kp.CANDIDATES[0]
+    at = N - len(ts.BV) + ts.BV.index(f"bv:{first:g}")
+    for r in rows:
+        for s in r["seeds"]:
+            s["test"]["overall"][at] += 0.7
+    never = lambda name: pytest.fail("refitted a run that holds its bv scores")  # noqa: E731
+    got = [kp.config_result(r, [42, 7, 99], never) for r in rows]
+    cand = kp._name(first)
+    assert [g["delta"]["overall"][cand] for g in got] == pytest.approx([0.7, 0.7, 0.7])
+    assert [g["delta"]["overall"][kp.AUTO] for g in got] == pytest.approx([0.5, 0.5, 0.1])  # auto picks 20
+    table = kp.report(got)
+    assert f"| {cand} | +0.00 | +0.00 | +0.700 | 0/0 | +0.700 | +0.700 |" in table
+    # the pre-registered conditions: the first candidate scores differently, loses nothing, gains 0.333 pp on average
+    verdict = kp.verdict(got).splitlines()
+    assert verdict[0] == (f"c = {first:g}: mean +0.700 vs +0.367, losers 0/0 vs 1/0; conditions 1 met, 2 met, 3 met, "
+                          "4 met") and verdict[-1] == f"adopted: c = {first:g}"
+    assert "1 met, 2 met, 3 FAILED, 4 met" in verdict[1]  # the second scores +0 everywhere: 0.37 pp below auto
+    old = [{**r, "seeds": [{**s, "test": {k: v[:N - len(ts.BV)] for k, v in s["test"].items()}} for s in r["seeds"]]}
+           for r in rows]
+    assert not any(name.startswith("fixed bv:") for name, _ in ts.pickers(old))
+    with pytest.raises(RuntimeError, match="refit"):
+        kp.config_result(old[0], [42, 7, 99], lambda name: (_ for _ in ()).throw(RuntimeError("refit")))

@@ -124,3 +124,56 @@ def test_tilted_weights_is_the_formula_at_each_temperature(rng):
     np.testing.assert_allclose(effective_sample_size(tilted_weights(phi, 3.0, prior, "ess")), 3.0, rtol=1e-6)
     with pytest.raises(ValueError, match="temperature='cold': allowed values are fixed, spread, ess"):
         tilted_weights(phi, 1.0, prior, "cold")
+
+
+def test_bias_variance_stats_is_its_formula(rng):
+    """weights.bias_variance_stats: var_i = mean_m V_im (1 − V_im) / n_i; L² by least squares through the origin
+    of mean_m (V_im − V_jm)² − var_i − var_j on d_ij² over the pairs i < j, floored at 0."""
+    from proxray.weights import bias_variance_stats
+
+    V, n = rng.uniform(size=(6, 4)), rng.integers(1, 50, size=6).astype(float)
+    D = rng.uniform(0.1, 1.0, size=(6, 6))
+    D = (D + D.T) / 2
+    np.fill_diagonal(D, 0.0)
+    var, l2 = bias_variance_stats(V, n, D)
+    np.testing.assert_allclose(var, [np.mean(V[i] * (1 - V[i])) / n[i] for i in range(6)], rtol=1e-12)
+    num = den = 0.0
+    for i in range(6):
+        for j in range(i + 1, 6):
+            y = np.mean((V[i] - V[j]) ** 2) - var[i] - var[j]
+            num, den = num + y * D[i, j] ** 2, den + D[i, j] ** 4
+    assert l2 == pytest.approx(max(num / den, 0.0), rel=1e-12)
+    same = np.tile(V[:1], (6, 1))  # one accuracy everywhere: nothing to gain from proximity
+    assert bias_variance_stats(same, n, D)[1] == 0.0
+    assert bias_variance_stats(V[:1], n[:1], D[:1, :1])[1] == 0.0  # one cluster: no pair
+
+
+def test_bias_variance_inv_tau_minimizes_the_bound_and_sharpens_with_the_bias_weight(rng):
+    """weights.bias_variance_inv_tau: per query the 1/tau of BV_GRID minimizing Σ w² var + c·L²·(Σ w φ)² (brute
+    force); a larger bias weight never smooths (Σ w φ falls as 1/tau grows); no bias (L² = 0) with the least-variance
+    prior gives the prior, no variance the nearest cluster; tilted_weights "bv" is the formula at the chosen 1/tau."""
+    from proxray.weights import BV_GRID, bias_variance_inv_tau, tilted_weights
+
+    phi, prior = rng.uniform(0.2, 1.2, size=(30, 12)), rng.uniform(0.2, 3.0, size=12)
+    var, l2 = rng.uniform(1e-4, 5e-3, size=12), 0.1
+    for c in (0.125, 1.0):
+        t = bias_variance_inv_tau(phi, prior, var, l2, c)
+        for q in range(len(phi)):
+            scores = [np.sum(proximity_weights(phi[q:q + 1], g, prior)[0] ** 2 * var)
+                      + c * l2 * np.sum(proximity_weights(phi[q:q + 1], g, prior)[0] * phi[q]) ** 2 for g in BV_GRID]
+            assert scores[list(BV_GRID).index(t[q])] <= min(scores) * (1 + 1e-9)  # the minimum, up to rounding
+    low, high = (bias_variance_inv_tau(phi, prior, var, l2, c) for c in (0.01, 4.0))
+    assert (high >= low).all() and (high > low).any()
+    # no bias and the least-variance prior (p_i ∝ 1 / var_i): the prior itself
+    assert (bias_variance_inv_tau(phi, prior, 1e-3 / prior, 0.0, 1.0) == 0.0).all()
+    nearest = tilted_weights(phi, 1.0, prior, "bv", (np.zeros(12), l2))  # no variance: the nearest cluster, to rounding
+    np.testing.assert_allclose(nearest, proximity_weights(phi, np.inf, prior), atol=1e-9)
+    w = tilted_weights(phi, 0.125, prior, "bv", (var, l2))
+    t = bias_variance_inv_tau(phi, prior, var, l2, 0.125)
+    np.testing.assert_allclose(w, np.vstack([proximity_weights(phi[q:q + 1], t[q], prior) for q in range(30)]))
+    with pytest.raises(ValueError, match="temperature='bv' needs bv_stats"):
+        tilted_weights(phi, 0.125, prior, "bv")
+    with pytest.raises(ValueError, match="one variance per reference element"):
+        bias_variance_inv_tau(phi, prior, var[:5], l2, 1.0)
+    with pytest.raises(ValueError, match="must be finite numbers >= 0"):
+        bias_variance_inv_tau(phi, prior, var, l2, -1.0)
