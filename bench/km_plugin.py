@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tau_selection import BV, D, LOSS, SETTINGS, SPLITS, _auto_pick, fit_test_run, test_splits  # noqa: E402
+from tau_selection import (BV, D, LOSS, SETTINGS, SPLITS, _auto_pick, fit_test_run, group_axes, save_figure,  # noqa: E402
+                           test_splits)
 
 from proxray.tuning import GRID  # noqa: E402
 
@@ -74,7 +75,8 @@ def config_result(row, seeds, cache) -> dict:
         d.update({_name(c): float(np.mean([b[k][j] for b in bv])) for j, c in enumerate(WEIGHTS)})
         d["fixed"] = np.mean([np.asarray(s["test"][k][:G]) - s["test"][k][BASE] for s in row["seeds"]], axis=0)
         out[k] = d
-    return {"table": row["table"], "protocol": row["protocol"], "outliers": row["outliers"], "delta": out}
+    return {"table": row["table"], "protocol": row["protocol"], "outliers": row["outliers"], "delta": out,
+            "n_seeds": len(row["seeds"])}
 
 
 def report(results: list) -> str:
@@ -82,7 +84,8 @@ def report(results: list) -> str:
     groups = sorted({(r["table"], r["protocol"]) for r in results})
     of = lambda g: [r for r in results if (r["table"], r["protocol"]) == g]  # noqa: E731
     head = " | ".join(f"{t}, {p} ({len(of((t, p)))})" for t, p in groups)
-    lines = [f"| rule | Δ outlier | Δ inlier | Δ overall | losers (out/in) | {head} |", "|---" * (5 + len(groups)) + "|"]
+    lines = [f"| rule | Δ outlier | Δ inlier | Δ overall | losers (out/in) | {head} |",
+             "|---" * (5 + len(groups)) + "|"]
     rules = [AUTO, *(_name(c) for c in WEIGHTS), *(f"fixed 1/tau = {g:g}" for g in GRID)]
     for name in rules:
         get = ((lambda r, k, gi=GRID.index(float(name.split("= ")[1])): r["delta"][k]["fixed"][gi])
@@ -133,11 +136,47 @@ def verdict(results: list) -> str:
     return "\n".join(lines)
 
 
+def plot(results: list, path) -> None:
+    """One panel per number of seeds (3-seed and 10-seed readings apart): per table x protocol, Prox − Base overall of
+    ess-or-capped, the first candidate and the best fixed 1/tau in hindsight; above each group the candidate − best
+    fixed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = sorted({r["n_seeds"] for r in results})
+    fig, axes = plt.subplots(1, len(counts), figsize=(7 * len(counts), 4.8), squeeze=False)
+    cand = _name(CANDIDATES[0])
+    for ax, n in zip(axes[0], counts):
+        rs = [r for r in results if r["n_seeds"] == n]
+        groups = sorted({(r["table"], r["protocol"]) for r in rs})
+        of = lambda g: [r for r in rs if (r["table"], r["protocol"]) == g]  # noqa: E731
+        best = [np.mean([r["delta"]["overall"]["fixed"] for r in of(g)], axis=0) for g in groups]
+        bars = ((AUTO.replace("(KMeans' auto)", "(the CV auto before)"), lambda g, b: np.mean(
+                    [r["delta"]["overall"][AUTO] for r in of(g)])),
+                (cand.replace(" (candidate 1)", " (auto now)"), lambda g, b: np.mean(
+                    [r["delta"]["overall"][cand] for r in of(g)])),
+                ("best fixed 1/τ in hindsight", lambda g, b: b.max()))
+        for bi, (label, value) in enumerate(bars):
+            ax.bar([gi + (bi - 1) * 0.27 for gi in range(len(groups))], [value(g, b) for g, b in zip(groups, best)],
+                   0.27, color=f"C{bi}", label=label)
+        for gi, (g, b) in enumerate(zip(groups, best)):
+            v = np.mean([r["delta"]["overall"][cand] for r in of(g)])
+            ax.annotate(f"{v - b.max():+.2f}\n(1/τ {GRID[int(np.argmax(b))]:g})", (gi, max(v, b.max(), 0.0)),
+                        ha="center", va="bottom", fontsize=7)
+        group_axes(ax, [(t, p, len(of((t, p)))) for t, p in groups],
+                   f"KMeans, {n} seeds per configuration ({len(rs)} configurations)\n(labels: plug-in − best fixed "
+                   "1/τ in hindsight, and that 1/τ)")
+    save_figure(fig, path)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--from-json", required=True, help="saved runs of bench/tau_selection.py --json, comma-separated")
     p.add_argument("--per-config", action="store_true", help="also auto against the CANDIDATES per configuration")
     p.add_argument("--verdict", action="store_true", help="also docs/prereg-km-plugin.md's conditions per candidate")
+    p.add_argument("--plot", help="a PNG: per table x protocol, auto before, the plug-in and the best fixed 1/tau")
     a = p.parse_args(argv)
     loaded = {}
 
@@ -164,6 +203,8 @@ def main(argv=None):
         print("\n" + per_config(results))
     if a.verdict:
         print("\n" + verdict(results))
+    if a.plot:
+        plot(results, a.plot)
 
 
 if __name__ == "__main__":

@@ -485,9 +485,7 @@ def plot_sets(sets: dict, path) -> None:
         ax.set_ylabel("Prox − Base, overall AUC (pp)")
         ax.set_title(f"{router}: τ rules vs the best fixed 1/τ (labels: losing configs out/in)")
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    print(f"wrote {path}")
+    save_figure(fig, path)
 
 
 def cv_agreement(rows) -> str:
@@ -574,14 +572,24 @@ def plot_groups(rows, path) -> None:
             top = max(v for v in (g["auto"], g["best_fixed"], g["loo"] or 0.0, 0.0))
             ax.annotate(f"{g['auto'] - g['best_fixed']:+.2f}\n[{lo:+.2f}, {hi:+.2f}]", (gi, top), ha="center",
                         va="bottom", fontsize=7)
-        ax.axhline(0, color="k", lw=0.6)
-        ax.set_xticks(range(len(stats)), [f"{g['table'].split('_')[0]}\n{g['protocol'].split('-')[0]} ({g['n']})"
-                                          for g in stats], fontsize=8)
-        ax.set_ylabel("Prox − Base, overall AUC (pp)")
-        ax.set_title(f"{ROUTER_NAMES[router]}: auto vs fixed 1/τ per table × protocol\n(labels: auto − best fixed, "
-                     "95 % bootstrap)", fontsize=9)
-        ax.set_ylim(top=ax.get_ylim()[1] * 1.15)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+        group_axes(ax, [(g["table"], g["protocol"], g["n"]) for g in stats],
+                   f"{ROUTER_NAMES[router]}: auto vs fixed 1/τ per table × protocol\n(labels: auto − best fixed, "
+                   "95 % bootstrap)")
+    save_figure(fig, path)
+
+
+def group_axes(ax, groups, title: str) -> None:
+    """The look of a per table x protocol bar panel: ``groups`` (table, protocol, configurations) as x labels, the
+    zero line, Prox − Base as y, ``title``, headroom for the labels above the bars, the legend below."""
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xticks(range(len(groups)), [f"{t.split('_')[0]}\n{p.split('-')[0]} ({n})" for t, p, n in groups], fontsize=8)
+    ax.set_ylabel("Prox − Base, overall AUC (pp)")
+    ax.set_title(title, fontsize=9)
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.15)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+
+
+def save_figure(fig, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     print(f"wrote {path}")

@@ -113,8 +113,8 @@ def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: in
     ``inv_tau="auto"`` resolves both with ``cv_rule`` (None: the router's default, ``tuning.DEFAULT_RULES``)."""
     if temperature != "fixed" and inv_tau == "auto":
         raise ValueError(f"temperature={temperature!r} needs a number for inv_tau (auto chooses the temperature itself: "
-                         f"kNN the spread one at {SPREAD_INV_TAU:g}, KMeans a fixed 1/tau or ess {ESS_TARGET:g} by CV); README: How τ "
-                         "is chosen")
+                         f"kNN the spread one at {SPREAD_INV_TAU:g}, KMeans the plug-in one, bv {BV_WEIGHT:g}); README: "
+                         "How τ is chosen")
     sp = protocol_split(tasks, outliers, protocol, seed, few_shot)
     hp = {"n_clusters": n_clusters, "k": k, "random_state": seed}
     if inv_tau == "auto":
@@ -207,8 +207,8 @@ def format_result(res: dict) -> str:
              f"seeds {res['seeds']}, 1/tau used: {', '.join(_fmt_tau(t, m) for t, m in zip(taus, temps))}"
              + ("  (spread c: 1/tau(x) = c / std of the query's distances)" if "spread" in temps else "")
              + ("  (ess E: per query the 1/tau at which the weights' effective sample size is E)" if "ess" in temps else "")
-             + ("  (bv c: per query the 1/tau minimizing the bias–variance bound, c its bias weight)" if "bv" in temps
-                else "")
+             + ("  (bv c: per query the 1/tau minimizing the bias–variance bound, c its bias weight)"
+                if "bv" in temps else "")
              + f"  ({metric})"]
     head = ["Split", f"{name}-Base", f"{name}-Prox", f"{name}-AllSee", "Random", "Largest", "Oracle"]
     lines.append("| " + " | ".join(head) + " |")

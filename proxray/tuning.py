@@ -194,7 +194,8 @@ ESS_MARGIN = 0.5  # pp: the ESS_RULES take the adaptive bandwidth when its CV me
 SHIFT_CAP = 20.0  # rule "ess-or-capped": shifted's step stops at the paper's 1/tau ...
 SHIFT_CAP_GAIN = 0.5  # pp: ... where the smoothed CV's top (at or below it) beats Base's CV mean by at least this
 BV_WEIGHT = 0.125  # rule "plug-in": temperature "bv", the bias term's weight c (docs/prereg-km-plugin.md)
-ROUTER_ONLY = {"spread": "knn", "ess-or-shifted": "km", "ess-or-capped": "km", "plug-in": "km"}  # rules measured for one router only
+ROUTER_ONLY = {"spread": "knn", "ess-or-shifted": "km", "ess-or-capped": "km",
+               "plug-in": "km"}  # rules measured for one router only
 ROUTER_NAMES = {"km": "KMeans", "knn": "kNN"}
 NO_CV_INV_TAU = 20.0  # auto with too few training tasks to cross-validate: the paper's 1/tau
 FOLD_RULES = ("lcb", "one-se")  # the rules that read the folds apart (CVFolds), not only the mean curves
@@ -338,9 +339,10 @@ def select_ess_or_shifted(out_cv, in_cv, grid=GRID, margin: float = ESS_MARGIN, 
 def auto_choice(X, acc, cost, tasks, router: str, hp: dict, protocol: str = "leave-task-out", few_shot: int = 25,
                 seed: int = 42, grid=GRID, rule: str | None = None, repeats: int = CV_REPEATS) -> AutoChoice:
     """Resolve ``--inv-tau auto`` from the training set only: rule "spread" (kNN's default) is the spread
-    temperature at ``SPREAD_INV_TAU``; "plug-in" (KMeans) the bias–variance temperature "bv" at ``BV_WEIGHT``, no CV; "ess-or-capped" (KMeans' default) and "ess-or-shifted" run the CV over ``grid``
-    and the adaptive bandwidth (``select_ess_or_shifted``, capped at ``SHIFT_CAP`` or not); every other rule picks a
-    fixed 1/tau from the CV (``auto_inv_tau``)."""
+    temperature at ``SPREAD_INV_TAU``; "plug-in" (KMeans' default) the bias–variance temperature "bv" at
+    ``BV_WEIGHT``, no CV either; "ess-or-capped" and "ess-or-shifted" run the CV over ``grid`` and the adaptive
+    bandwidth (``select_ess_or_shifted``, capped at ``SHIFT_CAP`` or not); every other rule picks a fixed 1/tau from
+    the CV (``auto_inv_tau``)."""
     rule = check_rule(rule, router)
     if rule == "spread":
         return AutoChoice(SPREAD_INV_TAU, "spread", rule, {})

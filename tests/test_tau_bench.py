@@ -182,3 +182,13 @@ def test_km_plugin_reads_the_bv_scores_a_run_holds_and_refits_older_runs(rows):
     assert not any(name.startswith("fixed bv:") for name, _ in ts.pickers(old))
     with pytest.raises(RuntimeError, match="refit"):
         kp.config_result(old[0], [42, 7, 99], lambda name: (_ for _ in ()).throw(RuntimeError("refit")))
+
+
+def test_km_plugin_plot_draws_a_panel_per_seed_count(rows, tmp_path):
+    """bench/km_plugin.py --plot: one panel per number of seeds, written as a PNG."""
+    import km_plugin as kp
+
+    got = [kp.config_result(r, [42, 7, 99], None) for r in rows]
+    got[0] = {**got[0], "n_seeds": 10}
+    kp.plot(got, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 10_000
