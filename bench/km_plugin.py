@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tau_selection import (BV, D, LOSS, SETTINGS, SPLITS, _auto_pick, fit_test_run, group_axes, save_figure,  # noqa: E402
-                           test_splits)
+from tau_selection import (BV, D, LOSS, SETTINGS, SPLITS, _auto_pick, _deltas, fit_test_run,  # noqa: E402
+                           group_axes, save_figure, test_splits)
 
 from proxray.tuning import GRID  # noqa: E402
 
@@ -62,17 +62,17 @@ def refit_scores(X, acc, cost, table, row, seed: int, s: dict) -> dict:
 def config_result(row, seeds, cache) -> dict:
     """Per split, Prox − Base (mean over seeds) of auto, each plug-in weight and each fixed 1/tau, for one row."""
     pick = _auto_pick([row])
-    n_saved = len(row["seeds"][0]["test"]["overall"])
-    if n_saved >= len(SETTINGS):  # saved with the BV settings: read, not refitted
-        bv = [{k: [s["test"][k][len(SETTINGS) - len(BV) + j] - s["test"][k][BASE] for j in range(len(BV))]
-               for k in SPLITS} for s in row["seeds"]]
+    if len(row["seeds"][0]["test"]["overall"]) >= len(SETTINGS):  # saved with the BV settings: read, not refitted
+        bv = {k: np.stack([_deltas(row, [SETTINGS.index(b)] * len(row["seeds"]), k) for b in BV], axis=1)
+              for k in SPLITS}
     else:
         table, X, acc, cost = cache(row["table"])
-        bv = [refit_scores(X, acc, cost, table, row, sd, s) for sd, s in zip(seeds, row["seeds"])]
+        refits = [refit_scores(X, acc, cost, table, row, sd, s) for sd, s in zip(seeds, row["seeds"])]
+        bv = {k: np.array([g[k] for g in refits]) for k in SPLITS}
     out = {}
     for k in SPLITS:
-        d = {AUTO: float(np.mean([s["test"][k][pick(s)] - s["test"][k][BASE] for s in row["seeds"]]))}
-        d.update({_name(c): float(np.mean([b[k][j] for b in bv])) for j, c in enumerate(WEIGHTS)})
+        d = {AUTO: float(_deltas(row, [pick(s) for s in row["seeds"]], k).mean())}
+        d.update({_name(c): float(bv[k][:, j].mean()) for j, c in enumerate(WEIGHTS)})
         d["fixed"] = np.mean([np.asarray(s["test"][k][:G]) - s["test"][k][BASE] for s in row["seeds"]], axis=0)
         out[k] = d
     return {"table": row["table"], "protocol": row["protocol"], "outliers": row["outliers"], "delta": out,
