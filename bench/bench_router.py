@@ -5,7 +5,8 @@
 For each reference-set size n and dimension d (random unit vectors, 14 models), it times, per query,
 excluding the encoder:
   * a bare faiss search of the same k on the same data (the floor),
-  * KNNRouter.route (base and prox, k = 100) and KMeansRouter.route (base and prox, K = 32),
+  * KNNRouter.route (base and prox, k = 100) and KMeansRouter.route (base and prox, K = 32; and prox with
+    KMeans' auto temperature, the plug-in: temperature "bv" at c = tuning.BV_WEIGHT),
 single-threaded one query at a time and batched (256 queries per call), and reports the ratio of
 kNN-Prox route() to the bare search (target <= 1.3), the memory of the fitted kNN state per 10k
 reference queries, and the recall of the approximate indexes against the exact one.
@@ -28,6 +29,7 @@ import numpy as np  # noqa: E402
 
 from proxray import KMeansRouter, KNNRouter  # noqa: E402
 from proxray.index import NeighborIndex, normalize, recall_at_k  # noqa: E402
+from proxray.tuning import BV_WEIGHT  # noqa: E402
 
 M = 14
 
@@ -57,11 +59,14 @@ def bench(n, d, rng, n_single=300, n_batch=2048):
     knn_base = KNNRouter(k=100, weighting="base").fit(X, acc, cost)
     km_prox = KMeansRouter(n_clusters=32, weighting="prox", n_init=1).fit(X[:20000], acc[:20000], cost[:20000])
     km_base = KMeansRouter(n_clusters=32, weighting="base", n_init=1).fit(X[:20000], acc[:20000], cost[:20000])
+    km_plugin = KMeansRouter(n_clusters=32, n_init=1, temperature="bv", inv_tau=BV_WEIGHT).fit(
+        X[:20000], acc[:20000], cost[:20000])
     bare = knn_prox.index_._index
     for mode, batch, qs in (("single", 1, Q[:n_single]), ("batch256", 256, Q)):
         t = per_query_ms({"faiss_search": lambda q: bare.search(q, 100), "knn_prox": lambda q: knn_prox.route(q, 1.0),
                           "knn_base": lambda q: knn_base.route(q, 1.0), "km_prox": lambda q: km_prox.route(q, 1.0),
-                          "km_base": lambda q: km_base.route(q, 1.0)}, qs, batch)
+                          "km_base": lambda q: km_base.route(q, 1.0),
+                          "km_plugin": lambda q: km_plugin.route(q, 1.0)}, qs, batch)
         out.update({f"{name}_ms_{mode}": v for name, v in t.items()})
         out[f"ratio_knn_prox_to_search_{mode}"] = t["knn_prox"] / t["faiss_search"]
     state = knn_prox.reference_.nbytes + knn_prox.acc_values_.nbytes + knn_prox.cost_values_.nbytes
@@ -121,6 +126,7 @@ def main(argv=None):
     cols = ["n", "d", "faiss_search_ms_single", "knn_prox_ms_single", "ratio_knn_prox_to_search_single",
             "faiss_search_ms_batch256", "knn_prox_ms_batch256", "ratio_knn_prox_to_search_batch256",
             "knn_base_ms_batch256", "km_prox_ms_single", "km_prox_ms_batch256", "km_base_ms_batch256",
+            "km_plugin_ms_single", "km_plugin_ms_batch256",
             "knn_state_mb_per_10k", "recall@100_hnsw", "hnsw_search_ms_batch256", "recall@100_ivf",
             "ivf_search_ms_batch256"]
     print("| " + " | ".join(cols) + " |")

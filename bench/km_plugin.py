@@ -1,6 +1,7 @@
 """KMeans' plug-in temperature, scored on saved runs (not a timed test).
 
-    python bench/km_plugin.py --from-json out/ess_study.json,out/ess_fresh.json,... [--per-config]
+    python bench/km_plugin.py --from-json out/ess_study.json,out/ess_fresh.json,... [--per-config] [--verdict]
+        [--noise] [--plot PNG]
 
 Per query, the plug-in temperature takes the 1/tau whose weights minimize the paper's squared-error bound (appendix
 E) with everything in it estimated from the training table: Σ_i w_i² var_i + c · L² · (Σ_i w_i φ_i)², var_i the
@@ -14,7 +15,7 @@ scores reproduce the saved ones to 1e-6) and scores the plug-in at every c of ``
 (``ess-or-capped``, read from the saved CV curves) and every fixed 1/tau of the grid. Runs that hold "bv:" scores are
 read as they are. Printed: Prox − Base (mean over configurations of the seeds' mean) and losers (> 0.3 pp outlier /
 > 0.5 pp inlier), overall and per table x protocol beside the best fixed 1/tau in hindsight (~1 s per configuration
-and seed).
+and seed); ``--noise``: how many of the losers the seeds alone explain (``noise``).
 """
 from __future__ import annotations
 
@@ -69,14 +70,15 @@ def config_result(row, seeds, cache) -> dict:
         table, X, acc, cost = cache(row["table"])
         refits = [refit_scores(X, acc, cost, table, row, sd, s) for sd, s in zip(seeds, row["seeds"])]
         bv = {k: np.array([g[k] for g in refits]) for k in SPLITS}
-    out = {}
+    out, per_seed = {}, {}
     for k in SPLITS:
-        d = {AUTO: float(_deltas(row, [pick(s) for s in row["seeds"]], k).mean())}
-        d.update({_name(c): float(bv[k][:, j].mean()) for j, c in enumerate(WEIGHTS)})
-        d["fixed"] = np.mean([np.asarray(s["test"][k][:G]) - s["test"][k][BASE] for s in row["seeds"]], axis=0)
-        out[k] = d
+        seeds = {AUTO: _deltas(row, [pick(s) for s in row["seeds"]], k)}
+        seeds.update({_name(c): bv[k][:, j] for j, c in enumerate(WEIGHTS)})
+        seeds["fixed"] = np.array([np.asarray(s["test"][k][:G]) - s["test"][k][BASE] for s in row["seeds"]])
+        out[k] = {name: (v.mean(axis=0) if name == "fixed" else float(v.mean())) for name, v in seeds.items()}
+        per_seed[k] = seeds
     return {"table": row["table"], "protocol": row["protocol"], "outliers": row["outliers"], "delta": out,
-            "n_seeds": len(row["seeds"])}
+            "per_seed": per_seed, "n_seeds": len(row["seeds"])}
 
 
 def report(results: list) -> str:
@@ -136,6 +138,45 @@ def verdict(results: list) -> str:
     return "\n".join(lines)
 
 
+def noise(results: list, subset: int = 3) -> str:
+    """Markdown: how much of the losing configurations the seeds explain. Per rule (auto, the plug-in at each c,
+    fixed 1/tau from 10 to 200): the losing configurations at the seeds run, the number expected on ``subset`` seeds
+    (the issue's 42, 7, 99 are three) — per configuration the share of its ``subset``-seed subsets whose mean loses,
+    summed — and the median standard error of a configuration's outlier mean; then each configuration the first
+    candidate loses outlier AUC on, mean ± standard error over its seeds."""
+    from itertools import combinations
+
+    rules = [AUTO, *(_name(c) for c in WEIGHTS), *(f"fixed 1/tau = {g:g}" for g in (10.0, 20.0, 50.0, 100.0, 200.0))]
+
+    def seeds(r, k, name):
+        return r["per_seed"][k]["fixed"][:, GRID.index(float(name.split("= ")[1]))] if name.startswith("fixed") \
+            else r["per_seed"][k][name]
+
+    lines = [f"| rule | Δ overall | losers (out/in) | expected on {subset} seeds (out/in) | median SE, outlier |",
+             "|---|---|---|---|---|"]
+    for name in rules:
+        seen, expected, se = [0, 0], [0.0, 0.0], []
+        for r in results:
+            for j, k in enumerate(("outlier", "inlier")):
+                d = seeds(r, k, name)
+                seen[j] += d.mean() < -LOSS[k]
+                expected[j] += np.mean([d[list(c)].mean() < -LOSS[k] for c in combinations(range(len(d)), subset)])
+            d = seeds(r, "outlier", name)
+            se.append(d.std(ddof=1) / np.sqrt(len(d)))
+        overall = np.mean([seeds(r, "overall", name).mean() for r in results])
+        lines.append(f"| {name} | {overall:+.3f} | {seen[0]}/{seen[1]} | {expected[0]:.1f}/{expected[1]:.1f} "
+                     f"| {np.median(se):.2f} |")
+    cand = _name(CANDIDATES[0])
+    lines += ["", f"| losing outlier AUC under {cand} | Δ outlier, mean ± SE over the seeds | seeds' SD |",
+              "|---|---|---|"]
+    for r in results:
+        d = r["per_seed"]["outlier"][cand]
+        if d.mean() < -LOSS["outlier"]:
+            lines.append(f"| {r['table']}, {r['protocol']}, {' + '.join(r['outliers'])} | {d.mean():+.2f} ± "
+                         f"{d.std(ddof=1) / np.sqrt(len(d)):.2f} | {d.std(ddof=1):.2f} |")
+    return "\n".join(lines)
+
+
 def plot(results: list, path) -> None:
     """One panel per number of seeds (3-seed and 10-seed readings apart): per table x protocol, Prox − Base overall of
     ess-or-capped, the first candidate and the best fixed 1/tau in hindsight; above each group the candidate − best
@@ -171,13 +212,9 @@ def plot(results: list, path) -> None:
     save_figure(fig, path)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--from-json", required=True, help="saved runs of bench/tau_selection.py --json, comma-separated")
-    p.add_argument("--per-config", action="store_true", help="also auto against the CANDIDATES per configuration")
-    p.add_argument("--verdict", action="store_true", help="also docs/prereg-km-plugin.md's conditions per candidate")
-    p.add_argument("--plot", help="a PNG: per table x protocol, auto before, the plug-in and the best fixed 1/tau")
-    a = p.parse_args(argv)
+def table_loader():
+    """name -> (table, its MiniLM embeddings, acc, cost), each shared table read and encoded once (the embedding
+    cache makes a second run cheap)."""
     loaded = {}
 
     def cache(name):
@@ -189,6 +226,18 @@ def main(argv=None):
             loaded[name] = (t, SentenceEncoder(progress=False).encode(t.prompts), *t.matrices())
         return loaded[name]
 
+    return cache
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--from-json", required=True, help="saved runs of bench/tau_selection.py --json, comma-separated")
+    p.add_argument("--per-config", action="store_true", help="also auto against the CANDIDATES per configuration")
+    p.add_argument("--verdict", action="store_true", help="also docs/prereg-km-plugin.md's conditions per candidate")
+    p.add_argument("--noise", action="store_true", help="also how many losing configurations the seeds explain")
+    p.add_argument("--plot", help="a PNG: per table x protocol, auto before, the plug-in and the best fixed 1/tau")
+    a = p.parse_args(argv)
+    cache = table_loader()
     results = []
     for path in a.from_json.split(","):
         saved = json.loads(Path(path).read_text())
@@ -203,6 +252,8 @@ def main(argv=None):
         print("\n" + per_config(results))
     if a.verdict:
         print("\n" + verdict(results))
+    if a.noise:
+        print("\n" + noise(results))
     if a.plot:
         plot(results, a.plot)
 

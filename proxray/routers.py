@@ -483,10 +483,16 @@ class KMeansRouter(_ProxRouter):
 
     def bias_variance_stats(self):
         """(var (K,), L²) of ``weights.bias_variance_stats`` for the fitted clusters — what ``temperature="bv"``
-        reads; derived from n_i, V_i and the centroids, so it follows ``add_queries`` and needs nothing saved."""
+        reads; derived from n_i, V_i and the centroids, so it follows ``add_queries`` and needs nothing saved.
+        Kept until those arrays change (fit, load and ``add_queries`` assign new ones): routing pays the K × K pass
+        once, not per batch."""
         self._check_fitted()
-        return bias_variance_stats(self.acc_values_, self.sizes_,
-                                   pairwise_distance(self.centers_, self.centers_, self.metric))
+        key = (self.acc_values_, self.sizes_, self.centers_)
+        memo = getattr(self, "_bv_memo", None)
+        if memo is None or any(a is not b for a, b in zip(memo[0], key)):
+            memo = self._bv_memo = (key, bias_variance_stats(
+                self.acc_values_, self.sizes_, pairwise_distance(self.centers_, self.centers_, self.metric)))
+        return memo[1]
 
     def add_queries(self, X, acc, cost=None):
         """Add labeled queries without refitting: each joins its nearest cluster and updates n_i, s_i

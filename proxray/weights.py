@@ -80,22 +80,30 @@ def proximity_weights(phi, inv_tau, prior=None) -> np.ndarray:
     -------
     weights : array (q, n), float64, non-negative, each row summing to 1.
     """
+    inv_tau = float(inv_tau)
+    phi = _check_phi(phi)
+    if not inv_tau >= 0:
+        raise ValueError(f"inv_tau={inv_tau!r}: must be >= 0")
+    if prior is None and np.isfinite(inv_tau) and np.isfinite(phi).all():
+        # The common case (uniform prior, every element present): the same formula, fewer passes.
+        logits = -inv_tau * phi
+        w = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return w / w.sum(axis=1, keepdims=True)
+    return _tilt(phi, *_prepare(phi, prior), inv_tau)
+
+
+def _check_phi(phi) -> np.ndarray:
     phi = np.asarray(phi, dtype=np.float64)
     if phi.ndim != 2:
         raise ValueError(f"phi must have shape (q, n), got shape {phi.shape}")
     if np.isnan(phi).any():
         r, c = np.argwhere(np.isnan(phi))[0]
         raise ValueError(f"phi[{r}, {c}] is NaN: distances must be numbers (+inf marks an absent element)")
-    inv_tau = float(inv_tau)
-    if not inv_tau >= 0:
-        raise ValueError(f"inv_tau={inv_tau!r}: must be >= 0")
+    return phi
 
-    if prior is None and np.isfinite(inv_tau) and np.isfinite(phi).all():
-        # The common case (uniform prior, every element present): the same formula, fewer passes.
-        logits = -inv_tau * phi
-        w = np.exp(logits - logits.max(axis=1, keepdims=True))
-        return w / w.sum(axis=1, keepdims=True)
 
+def _prepare(phi, prior):
+    """(log p (q, n), present (q, n), phi with absent elements at 0) for the general formula, the prior checked."""
     if prior is None:
         log_prior = np.zeros_like(phi)
     else:
@@ -114,15 +122,19 @@ def proximity_weights(phi, inv_tau, prior=None) -> np.ndarray:
     if empty.any():
         raise ValueError(f"query row {int(np.argmax(empty))} has no reference element with finite distance "
                          "and positive prior to weigh")
+    # 0 * phi stays 0 for finite phi; absent elements are masked explicitly, never via 0 * inf.
+    return log_prior, present, np.where(present, phi, 0.0)
 
+
+def _tilt(phi, log_prior, present, phi0, inv_tau):
+    """The general formula at one 1/tau on ``_prepare``'s arrays."""
     if np.isinf(inv_tau):
         # tau -> 0: only the nearest present elements survive; among ties the prior decides.
         masked = np.where(present, phi, np.inf)
         nearest = masked == masked.min(axis=1, keepdims=True)
         logits = np.where(nearest, log_prior, -np.inf)
     else:
-        # 0 * phi stays 0 for finite phi; absent elements are masked explicitly, never via 0 * inf.
-        logits = np.where(present, log_prior - inv_tau * np.where(present, phi, 0.0), -np.inf)
+        logits = np.where(present, log_prior - inv_tau * phi0, -np.inf)
 
     logits = logits - logits.max(axis=1, keepdims=True)  # log-sum-exp shift: the max becomes exp(0) = 1
     w = np.exp(logits)
@@ -172,6 +184,7 @@ def ess_inv_tau(phi, prior, target: float, iters: int = 40) -> np.ndarray:
 
 
 BV_GRID = np.concatenate([[0.0], 10 ** np.linspace(0.0, 3.5, 36), [np.inf]])  # bias_variance_inv_tau's 1/tau
+BV_CHUNK = 2**18  # bias_variance_weights: grid × queries × elements per block (2 MiB of float64 per array)
 
 
 def check_bv_weight(weight, router: str = "km") -> float:
@@ -232,17 +245,33 @@ def bias_variance_weights(phi, prior, var, l2: float, bias_weights) -> list:
     cs = [float(c) for c in bias_weights]
     if not (all(0 <= c < np.inf for c in cs) and 0 <= l2 < np.inf):
         raise ValueError(f"bias weights {cs!r}, l2={l2!r}: must be finite numbers >= 0")
+    phi = _check_phi(phi)
+    log_prior, present, phi0 = _prepare(phi, prior)
     finite = np.where(np.isfinite(phi), phi, 0.0)
-    best = [[np.zeros(len(phi)), np.full(len(phi), np.inf), None] for _ in cs]
-    for t in BV_GRID:
-        w = proximity_weights(phi, t, prior)
-        var_term, bias = (np.square(w) * var).sum(axis=1), np.square((w * finite).sum(axis=1))
-        for c, b in zip(cs, best):
+    grid = BV_GRID[:-1, None, None]  # the finite 1/tau; inf (last) takes the nearest-element branch of _tilt
+    q, n = phi.shape
+    out = [(np.empty(q), np.empty((q, n))) for _ in cs]
+    step = max(1, BV_CHUNK // (len(BV_GRID) * n))
+    for a in range(0, q, step):
+        # The whole grid at once for a block of queries: proximity_weights' arithmetic element for element
+        # (bitwise the same weights), without its per-call passes (one query: 0.15 ms, not 0.5).
+        rows = slice(a, a + step)
+        lp, pr, p0 = log_prior[rows], present[rows], phi0[rows]
+        logits = np.where(pr, lp - grid * p0, -np.inf)
+        logits = logits - logits.max(axis=2, keepdims=True)
+        w = np.exp(logits)
+        w /= w.sum(axis=2, keepdims=True)
+        w = np.concatenate([w, _tilt(phi[rows], lp, pr, p0, np.inf)[None]])  # (len(BV_GRID), block, n)
+        var_term, bias = (np.square(w) * var).sum(axis=2), np.square((w * finite[rows]).sum(axis=2))
+        block = np.arange(w.shape[1])
+        for c, (inv_tau, weights) in zip(cs, out):
             s = var_term + c * l2 * bias
-            better = s < b[1] - 1e-15
-            b[0], b[1] = np.where(better, t, b[0]), np.where(better, s, b[1])
-            b[2] = w if b[2] is None else np.where(better[:, None], w, b[2])
-    return [(t, w) for t, _, w in best]
+            pick, low = np.zeros(len(block), dtype=np.intp), np.full(len(block), np.inf)
+            for g in range(len(BV_GRID)):  # ties go to the smoother (earlier) 1/tau
+                better = s[g] < low - 1e-15
+                pick, low = np.where(better, g, pick), np.where(better, s[g], low)
+            inv_tau[rows], weights[rows] = BV_GRID[pick], w[pick, block]
+    return out
 
 
 def tilted_weights(phi, inv_tau, prior=None, temperature: str = "fixed", bv_stats=None) -> np.ndarray:

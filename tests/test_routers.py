@@ -622,8 +622,14 @@ def test_bv_temperature_is_the_plug_in_of_the_fitted_clusters(tmp_path):
     back = load_router(tmp_path / "a")
     assert (back.temperature, back.inv_tau_) == ("bv", BV_WEIGHT)
     np.testing.assert_allclose(back.estimate(Q)[0], r.estimate(Q)[0])
-    grown = KMeansRouter(n_clusters=9, inv_tau=BV_WEIGHT, temperature="bv").fit(X, acc, cost).add_queries(X, acc, cost)
+    grown = KMeansRouter(n_clusters=9, inv_tau=BV_WEIGHT, temperature="bv").fit(X, acc, cost)
+    before = grown.estimate(Q)[0]  # the statistics are kept between calls until the clusters change
+    assert grown.bias_variance_stats() is grown.bias_variance_stats()
+    grown.add_queries(X, acc, cost)
     assert (grown.bias_variance_stats()[0] < var).all()  # twice the members: half the variance
+    fresh = KMeansRouter(n_clusters=9, inv_tau=BV_WEIGHT, temperature="bv").fit(X, acc, cost).add_queries(X, acc, cost)
+    np.testing.assert_array_equal(grown.estimate(Q)[0], fresh.estimate(Q)[0])
+    assert not np.array_equal(grown.estimate(Q)[0], before)
     base = KMeansRouter(n_clusters=9, weighting="base", inv_tau=BV_WEIGHT, temperature="bv").fit(X, acc, cost)
     np.testing.assert_allclose(base.estimate(Q)[0], KMeansRouter(n_clusters=9, weighting="base").fit(X, acc, cost)
                                .estimate(Q)[0])

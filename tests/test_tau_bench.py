@@ -192,3 +192,48 @@ def test_km_plugin_plot_draws_a_panel_per_seed_count(rows, tmp_path):
     got[0] = {**got[0], "n_seeds": 10}
     kp.plot(got, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_km_plugin_noise_counts_the_losers_the_seeds_explain(rows):
+    """bench/km_plugin.py --noise: per rule the losing configurations at the seeds run and the number expected on
+    fewer seeds (the share of seed subsets whose mean loses), the median standard error; the first candidate's losing
+    configurations with mean ± standard error."""
+    import km_plugin as kp
+
+    first = kp.CANDIDATES[0]
+    at = N - len(ts.BV) + ts.BV.index(f"bv:{first:g}")
+    lost = row("t3", "leave-task-out", ["d"], [seed(d, {20.0: 0.5}) for d in (-1.2, 0.4, -0.6)])
+    for s, d in zip(lost["seeds"], (-0.9, -0.3, -0.3)):
+        s["test"]["outlier"][at] += d
+    got = [kp.config_result(r, [42, 7, 99], None) for r in [*rows, lost]]
+    table = kp.noise(got, subset=2).splitlines()
+    # fixed 20: t1 "a" (-1.0 ± 0.29) loses on every pair of seeds; t3 on 2 of its 3 pairs (-0.4, -0.9, -0.1)
+    # median standard error of the four configurations' outlier means: (0 + 0.29) / 2 (t3's is 0.47)
+    assert "| fixed 1/tau = 20 | +0.400 | 2/0 | 1.7/0.0 | 0.14 |" in table
+    # the candidate on t3: -0.9, -0.3, -0.3 loses as a mean and on 2 of its 3 pairs (-0.3 is not below -0.3)
+    assert f"| {kp._name(first)} | +0.000 | 1/0 | 0.7/0.0 | 0.00 |" in table
+    assert table[-1] == "| t3, leave-task-out, d | -0.50 ± 0.20 | 0.35 |"
+
+
+def test_knn_plugin_fits_l2_from_training_pairs_and_minimizes_its_bound():
+    """bench/knn_plugin.py (the kNN plug-in ablation): L² is 0 where every answer is the same and positive where the
+    chance of a right answer rises along a direction; per query the 1/tau minimizes σ² Σ w² + c L² (Σ w φ)² over the
+    grid, so no bias term (L² = 0) gives uniform weights (kNN's Base) and a larger c never smooths more."""
+    import knn_plugin as kp
+
+    from proxray import KNNRouter
+    from proxray.weights import proximity_weights
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(600, 4))
+    p = 1 / (1 + np.exp(-3 * X[:, :1] / np.linalg.norm(X, axis=1, keepdims=True)))
+    rising = (rng.uniform(size=(600, 3)) < np.repeat(p, 3, axis=1)) * 1.0
+    assert kp.neighbour_stats(KNNRouter(k=20).fit(X, np.ones((600, 3))), seed=0) == 0.0
+    r = KNNRouter(k=20).fit(X, rising)
+    l2 = kp.neighbour_stats(r, seed=0)
+    assert l2 > 0.3
+    phi, ref, _ = r._search(rng.normal(size=(40, 4)))
+    (_, flat), = kp.plugin_weights(phi, ref, r.acc_values_, 0.0, weights=(1.0,))
+    np.testing.assert_allclose(flat, proximity_weights(phi, 0.0))
+    low, high = kp.plugin_weights(phi, ref, r.acc_values_, l2, weights=(0.01, 10.0))
+    assert (high[0] >= low[0]).all() and (high[0] > low[0]).any()

@@ -148,6 +148,35 @@ def test_bias_variance_stats_is_its_formula(rng):
     assert bias_variance_stats(V[:1], n[:1], D[:1, :1])[1] == 0.0  # one cluster: no pair
 
 
+def test_bias_variance_weights_are_proximity_weights_at_each_grid_point(rng, monkeypatch):
+    """weights.bias_variance_weights evaluates the whole BV_GRID per block of queries: the weights it returns are
+    bitwise proximity_weights at the chosen 1/tau, the choice the sequential scan's (strictly lower by 1e-15, ties
+    to the smoother), for several c at once, with absent elements (phi = inf, prior 0) and across block edges."""
+    from proxray import weights
+    from proxray.weights import BV_GRID, bias_variance_weights
+
+    phi, prior = rng.uniform(0.2, 1.2, size=(23, 7)), rng.uniform(0.2, 3.0, size=7)
+    phi[3, 2] = phi[10, :6] = np.inf
+    prior[4] = 0.0
+    var, l2, cs = rng.uniform(1e-4, 5e-3, size=7), 0.1, (0.0, 0.125, 1.0)
+    grid = [proximity_weights(phi, g, prior) for g in BV_GRID]
+    finite = np.where(np.isfinite(phi), phi, 0.0)
+    want = []
+    for c in cs:
+        low, pick = np.full(len(phi), np.inf), np.zeros(len(phi), dtype=int)
+        for g, w in enumerate(grid):
+            s = (w ** 2 * var).sum(1) + c * l2 * np.square((w * finite).sum(1))
+            pick, low = np.where(s < low - 1e-15, g, pick), np.where(s < low - 1e-15, s, low)
+        want.append((BV_GRID[pick], np.stack([grid[g][q] for q, g in enumerate(pick)])))
+    for chunk in (weights.BV_CHUNK, len(BV_GRID) * 7 * 5, 1):  # one block; blocks of 5 queries; one query each
+        monkeypatch.setattr(weights, "BV_CHUNK", chunk)
+        got = bias_variance_weights(phi, prior, var, l2, cs)
+        for (t, w), (want_t, want_w) in zip(got, want):
+            np.testing.assert_array_equal(t, want_t)
+            np.testing.assert_array_equal(w, want_w)
+    assert len(np.unique(want[1][0])) > 1 and (want[2][0] >= want[0][0]).all()
+
+
 def test_bias_variance_inv_tau_minimizes_the_bound_and_sharpens_with_the_bias_weight(rng):
     """weights.bias_variance_inv_tau: per query the 1/tau of BV_GRID minimizing Σ w² var + c·L²·(Σ w φ)² (brute
     force); a larger bias weight never smooths (Σ w φ falls as 1/tau grows); no bias (L² = 0) with the least-variance
