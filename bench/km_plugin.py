@@ -1,7 +1,7 @@
 """KMeans' plug-in temperature, scored on saved runs (not a timed test).
 
     python bench/km_plugin.py --from-json out/ess_study.json,out/ess_fresh.json,... [--per-config] [--verdict]
-        [--noise] [--plot PNG]
+        [--noise] [--groups] [--plot PNG]
 
 Per query, the plug-in temperature takes the 1/tau whose weights minimize the paper's squared-error bound (appendix
 E) with everything in it estimated from the training table: Σ_i w_i² var_i + c · L² · (Σ_i w_i φ_i)², var_i the
@@ -15,7 +15,8 @@ scores reproduce the saved ones to 1e-6) and scores the plug-in at every c of ``
 (``ess-or-capped``, read from the saved CV curves) and every fixed 1/tau of the grid. Runs that hold "bv:" scores are
 read as they are. Printed: Prox − Base (mean over configurations of the seeds' mean) and losers (> 0.3 pp outlier /
 > 0.5 pp inlier), overall and per table x protocol beside the best fixed 1/tau in hindsight (~1 s per configuration
-and seed); ``--noise``: how many of the losers the seeds alone explain (``noise``).
+and seed); ``--noise``: how many of the losers the seeds alone explain (``noise``); ``--groups``: per table x protocol
+the paired difference from the best fixed 1/tau with a bootstrap interval (``groups``).
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tau_selection import (BV, D, LOSS, SETTINGS, SPLITS, _auto_pick, _deltas, fit_test_run,  # noqa: E402
-                           group_axes, save_figure, test_splits)
+from tau_selection import (BV, D, LOSS, SETTINGS, SPLITS, _auto_pick, _deltas, against_fixed,  # noqa: E402
+                           fit_test_run, group_axes, save_figure, test_splits)
 
 from proxray.tuning import GRID  # noqa: E402
 
@@ -138,6 +139,29 @@ def verdict(results: list) -> str:
     return "\n".join(lines)
 
 
+def groups(results: list, resamples: int = 10_000, seed: int = 0) -> str:
+    """Markdown: per table x protocol (issue 14's unit), the first candidate and auto against the best fixed 1/tau
+    in hindsight — tau_selection's ``against_fixed``: the paired difference with a 95 % bootstrap interval over the
+    group's configurations (the best re-chosen in every resample) and the fixed 1/tau chosen without each
+    configuration."""
+    cand = _name(CANDIDATES[0])
+    lines = [f"| table, protocol (configurations) | {cand} | {AUTO} | best fixed 1/tau (hindsight) | plug-in − best "
+             "fixed [95 % bootstrap, re-chosen] | auto − best fixed [same] | fixed 1/tau chosen without the "
+             "configuration |", "|---|---|---|---|---|---|---|"]
+    rng = np.random.default_rng(seed)
+    for g in sorted({(r["table"], r["protocol"]) for r in results}):
+        rs = [r for r in results if (r["table"], r["protocol"]) == g]
+        fixed = np.stack([r["delta"]["overall"]["fixed"] for r in rs])
+        p, a = (against_fixed(np.array([r["delta"]["overall"][name] for r in rs]), fixed, rng, resamples)
+                for name in (cand, AUTO))
+        loo = "—" if p["loo"] is None else f"{p['loo']:+.3f}"
+        lines.append(f"| {g[0]}, {g[1]} ({p['n']}) | {p['auto']:+.3f} | {a['auto']:+.3f} | {p['best']:g}: "
+                     f"{p['best_fixed']:+.3f} | " + " | ".join(
+                         f"{x['auto'] - x['best_fixed']:+.3f} [{x['interval'][0]:+.3f}, {x['interval'][1]:+.3f}]"
+                         for x in (p, a)) + f" | {loo} |")
+    return "\n".join(lines)
+
+
 def noise(results: list, subset: int = 3) -> str:
     """Markdown: how much of the losing configurations the seeds explain. Per rule (auto, the plug-in at each c,
     fixed 1/tau from 10 to 200): the losing configurations at the seeds run, the number expected on ``subset`` seeds
@@ -235,6 +259,8 @@ def main(argv=None):
     p.add_argument("--per-config", action="store_true", help="also auto against the CANDIDATES per configuration")
     p.add_argument("--verdict", action="store_true", help="also docs/prereg-km-plugin.md's conditions per candidate")
     p.add_argument("--noise", action="store_true", help="also how many losing configurations the seeds explain")
+    p.add_argument("--groups", action="store_true", help="also per table x protocol against the best fixed 1/tau "
+                   "with a bootstrap interval")
     p.add_argument("--plot", help="a PNG: per table x protocol, auto before, the plug-in and the best fixed 1/tau")
     a = p.parse_args(argv)
     cache = table_loader()
@@ -254,6 +280,8 @@ def main(argv=None):
         print("\n" + verdict(results))
     if a.noise:
         print("\n" + noise(results))
+    if a.groups:
+        print("\n" + groups(results))
     if a.plot:
         plot(results, a.plot)
 

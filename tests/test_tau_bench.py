@@ -237,3 +237,22 @@ def test_knn_plugin_fits_l2_from_training_pairs_and_minimizes_its_bound():
     np.testing.assert_allclose(flat, proximity_weights(phi, 0.0))
     low, high = kp.plugin_weights(phi, ref, r.acc_values_, l2, weights=(0.01, 10.0))
     assert (high[0] >= low[0]).all() and (high[0] > low[0]).any()
+
+
+def test_km_plugin_groups_compares_with_the_best_fixed_per_table_and_protocol(rows):
+    """bench/km_plugin.py --groups: per table x protocol the candidate and auto against the best fixed 1/tau in
+    hindsight, the paired difference's bootstrap interval re-choosing the best in each resample, and the fixed 1/tau
+    chosen without each configuration (tau_selection.against_fixed, which --from-json's by_group uses too)."""
+    import km_plugin as kp
+
+    at = N - len(ts.BV) + ts.BV.index(f"bv:{kp.CANDIDATES[0]:g}")
+    for r in rows:
+        for s in r["seeds"]:
+            s["test"]["overall"][at] += 0.7
+    got = kp.groups([kp.config_result(r, [42, 7, 99], None) for r in rows], resamples=2000).splitlines()
+    # t1: a gains 1.0 at 10 and 0.5 at 20, b 0.2 and 0.5: best 10 (+0.6); resamples {a,a} / {b,b} re-choose 10 / 20;
+    # without a, 20 is chosen and a scores 0.5 there; without b, 10, where b scores 0.2
+    assert got[2] == ("| t1, leave-task-out (2) | +0.700 | +0.500 | 10: +0.600 | +0.100 [-0.300, +0.200] | "
+                      "-0.100 [-0.500, +0.000] | +0.350 |")
+    assert got[3] == "| t2, few-shot-outlier (1) | +0.700 | +0.100 | 20: +0.100 | +0.600 [+0.600, +0.600] | " \
+                     "+0.000 [+0.000, +0.000] | — |"
