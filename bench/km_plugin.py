@@ -44,6 +44,25 @@ def _name(c: float) -> str:
     return f"plug-in, c = {c:g}" + (f" (candidate {CANDIDATES.index(c) + 1})" if c in CANDIDATES else "")
 
 
+def rule_of(values: dict, name: str):
+    """A rule's entry of one split's ``values`` (a configuration's ``delta`` or ``per_seed``): "fixed 1/tau = g" is
+    that 1/tau's column of the fixed grid (the last axis), any other name its own entry."""
+    if name.startswith("fixed"):
+        return values["fixed"][..., GRID.index(float(name.split("= ")[1]))]
+    return values[name]
+
+
+def saved_rows(paths: str, router: str, tag: str):
+    """(row, its seeds) of every ``router`` configuration in the comma-separated saved runs of tau_selection.py
+    --json, each announced on stderr with ``tag``."""
+    for path in paths.split(","):
+        saved = json.loads(Path(path).read_text())
+        for row in (r for r in saved["rows"] if r["router"] == router):
+            print(f"[{tag}] {path}: {row['table']} {row['protocol']} {','.join(row['outliers'])}", file=sys.stderr,
+                  flush=True)
+            yield row, saved.get("seeds", [42, 7, 99])
+
+
 def refit_scores(X, acc, cost, table, row, seed: int, s: dict) -> dict:
     """{split: [Prox − Base at each c of WEIGHTS]} for one saved configuration and seed, from a refit."""
     from proxray.metrics import routing_score
@@ -91,8 +110,7 @@ def report(results: list) -> str:
              "|---" * (5 + len(groups)) + "|"]
     rules = [AUTO, *(_name(c) for c in WEIGHTS), *(f"fixed 1/tau = {g:g}" for g in GRID)]
     for name in rules:
-        get = ((lambda r, k, gi=GRID.index(float(name.split("= ")[1])): r["delta"][k]["fixed"][gi])
-               if name.startswith("fixed") else (lambda r, k: r["delta"][k][name]))
+        get = (lambda r, k, name=name: rule_of(r["delta"][k], name))
         d = {k: np.array([get(r, k) for r in results]) for k in SPLITS}
         per = " | ".join(f"{np.mean([get(r, 'overall') for r in of(g)]):+.3f}" for g in groups)
         lines.append(f"| {name} | {d['outlier'].mean():+.2f} | {d['inlier'].mean():+.2f} | {d['overall'].mean():+.3f} "
@@ -172,22 +190,18 @@ def noise(results: list, subset: int = 3) -> str:
 
     rules = [AUTO, *(_name(c) for c in WEIGHTS), *(f"fixed 1/tau = {g:g}" for g in (10.0, 20.0, 50.0, 100.0, 200.0))]
 
-    def seeds(r, k, name):
-        return r["per_seed"][k]["fixed"][:, GRID.index(float(name.split("= ")[1]))] if name.startswith("fixed") \
-            else r["per_seed"][k][name]
-
     lines = [f"| rule | Δ overall | losers (out/in) | expected on {subset} seeds (out/in) | median SE, outlier |",
              "|---|---|---|---|---|"]
     for name in rules:
         seen, expected, se = [0, 0], [0.0, 0.0], []
         for r in results:
             for j, k in enumerate(("outlier", "inlier")):
-                d = seeds(r, k, name)
+                d = rule_of(r["per_seed"][k], name)
                 seen[j] += d.mean() < -LOSS[k]
                 expected[j] += np.mean([d[list(c)].mean() < -LOSS[k] for c in combinations(range(len(d)), subset)])
-            d = seeds(r, "outlier", name)
+            d = rule_of(r["per_seed"]["outlier"], name)
             se.append(d.std(ddof=1) / np.sqrt(len(d)))
-        overall = np.mean([seeds(r, "overall", name).mean() for r in results])
+        overall = np.mean([rule_of(r["per_seed"]["overall"], name).mean() for r in results])
         lines.append(f"| {name} | {overall:+.3f} | {seen[0]}/{seen[1]} | {expected[0]:.1f}/{expected[1]:.1f} "
                      f"| {np.median(se):.2f} |")
     cand = _name(CANDIDATES[0])
@@ -265,14 +279,9 @@ def main(argv=None):
     a = p.parse_args(argv)
     cache = table_loader()
     results = []
-    for path in a.from_json.split(","):
-        saved = json.loads(Path(path).read_text())
-        for row in (r for r in saved["rows"] if r["router"] == "km"):
-            if "out_cv" not in row["seeds"][0]:
-                continue  # saved without its CV curves: no auto to compare with
-            print(f"[plug-in] {path}: {row['table']} {row['protocol']} {','.join(row['outliers'])}", file=sys.stderr,
-                  flush=True)
-            results.append(config_result(row, saved.get("seeds", [42, 7, 99]), cache))
+    for row, seeds in saved_rows(a.from_json, "km", "plug-in"):
+        if "out_cv" in row["seeds"][0]:  # saved without its CV curves: no auto to compare with
+            results.append(config_result(row, seeds, cache))
     print(report(results))
     if a.per_config:
         print("\n" + per_config(results))

@@ -16,14 +16,13 @@ inlier) and the median 1/tau the plug-in picks.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from km_plugin import table_loader  # noqa: E402
+from km_plugin import saved_rows, table_loader  # noqa: E402
 from tau_selection import LOSS, SETTINGS, SPLITS, fit_test_run, test_splits  # noqa: E402
 
 from proxray.tuning import GRID  # noqa: E402
@@ -60,20 +59,12 @@ def _variance(near) -> np.ndarray:
 
 def plugin_weights(phi, ref, values, l2: float, weights=WEIGHTS) -> list:
     """Per c of ``weights``: (per-query 1/tau of weights.BV_GRID, the weights at it) minimizing σ²(x) Σ w² +
-    c · L² · (Σ w φ)², σ²(x) from the neighbours' mean accuracies (``values`` (n, M) gathered by ``ref``)."""
-    from proxray.weights import BV_GRID, proximity_weights
+    c · L² · (Σ w φ)² — ``weights.bias_variance_weights`` with a uniform prior and every neighbour's variance σ²(x),
+    from the neighbours' mean accuracies (``values`` (n, M) gathered by ``ref``)."""
+    from proxray.weights import bias_variance_weights
 
     s2 = _variance(values[np.maximum(ref, 0)])
-    grid = [proximity_weights(phi, t) for t in BV_GRID]
-    out = []
-    for c in weights:
-        low, pick = np.full(len(phi), np.inf), np.zeros(len(phi), dtype=np.intp)
-        for g, w in enumerate(grid):
-            s = s2 * np.square(w).sum(axis=1) + c * l2 * np.square((w * phi).sum(axis=1))
-            better = s < low - 1e-15
-            pick, low = np.where(better, g, pick), np.where(better, s, low)
-        out.append((BV_GRID[pick], np.stack([grid[g][q] for q, g in enumerate(pick)])))
-    return out
+    return bias_variance_weights(phi, None, np.broadcast_to(s2[:, None], np.shape(phi)), l2, weights)
 
 
 def config_result(row, seeds, cache) -> dict:
@@ -123,13 +114,7 @@ def main(argv=None):
     p.add_argument("--from-json", required=True, help="saved kNN runs of tau_selection.py --json, comma-separated")
     a = p.parse_args(argv)
     cache = table_loader()
-    results = []
-    for path in a.from_json.split(","):
-        saved = json.loads(Path(path).read_text())
-        for row in (r for r in saved["rows"] if r["router"] == "knn"):
-            print(f"[knn plug-in] {path}: {row['table']} {row['protocol']} {','.join(row['outliers'])}",
-                  file=sys.stderr, flush=True)
-            results.append(config_result(row, saved.get("seeds", [42, 7, 99]), cache))
+    results = [config_result(row, seeds, cache) for row, seeds in saved_rows(a.from_json, "knn", "knn plug-in")]
     print(report(results))
 
 

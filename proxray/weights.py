@@ -127,8 +127,9 @@ def _prepare(phi, prior):
 
 
 def _tilt(phi, log_prior, present, phi0, inv_tau):
-    """The general formula at one 1/tau on ``_prepare``'s arrays."""
-    if np.isinf(inv_tau):
+    """The general formula on ``_prepare``'s arrays at one 1/tau, or at an array of finite ones broadcast ahead of
+    the (q, n) axes (``bias_variance_weights``: a whole grid at once, the same arithmetic element for element)."""
+    if np.ndim(inv_tau) == 0 and np.isinf(inv_tau):
         # tau -> 0: only the nearest present elements survive; among ties the prior decides.
         masked = np.where(present, phi, np.inf)
         nearest = masked == masked.min(axis=1, keepdims=True)
@@ -136,9 +137,9 @@ def _tilt(phi, log_prior, present, phi0, inv_tau):
     else:
         logits = np.where(present, log_prior - inv_tau * phi0, -np.inf)
 
-    logits = logits - logits.max(axis=1, keepdims=True)  # log-sum-exp shift: the max becomes exp(0) = 1
+    logits = logits - logits.max(axis=-1, keepdims=True)  # log-sum-exp shift: the max becomes exp(0) = 1
     w = np.exp(logits)
-    w /= w.sum(axis=1, keepdims=True)
+    w /= w.sum(axis=-1, keepdims=True)
     return w
 
 
@@ -237,15 +238,15 @@ def _bias_variance(phi, prior, var, l2: float, bias_weight: float):
 
 def bias_variance_weights(phi, prior, var, l2: float, bias_weights) -> list:
     """``bias_variance_inv_tau`` for several bias weights from one pass over ``BV_GRID``: per weight c, (per-query
-    1/tau (q,), the weights at it (q, n))."""
-    phi = np.asarray(phi, dtype=np.float64)
+    1/tau (q,), the weights at it (q, n)). ``var`` is one variance per reference element (n,), or per query and
+    element (q, n) where the elements differ by query (bench/knn_plugin.py's neighbours)."""
+    phi = _check_phi(phi)
     var = np.asarray(var, dtype=np.float64)
-    if phi.ndim != 2 or var.shape != (phi.shape[1],):
+    if var.shape not in ((phi.shape[1],), phi.shape):
         raise ValueError(f"var of shape {var.shape}: one variance per reference element of phi {phi.shape}")
     cs = [float(c) for c in bias_weights]
     if not (all(0 <= c < np.inf for c in cs) and 0 <= l2 < np.inf):
         raise ValueError(f"bias weights {cs!r}, l2={l2!r}: must be finite numbers >= 0")
-    phi = _check_phi(phi)
     log_prior, present, phi0 = _prepare(phi, prior)
     finite = np.where(np.isfinite(phi), phi, 0.0)
     grid = BV_GRID[:-1, None, None]  # the finite 1/tau; inf (last) takes the nearest-element branch of _tilt
@@ -256,13 +257,10 @@ def bias_variance_weights(phi, prior, var, l2: float, bias_weights) -> list:
         # The whole grid at once for a block of queries: proximity_weights' arithmetic element for element
         # (bitwise the same weights), without its per-call passes (one query: 0.15 ms, not 0.5).
         rows = slice(a, a + step)
-        lp, pr, p0 = log_prior[rows], present[rows], phi0[rows]
-        logits = np.where(pr, lp - grid * p0, -np.inf)
-        logits = logits - logits.max(axis=2, keepdims=True)
-        w = np.exp(logits)
-        w /= w.sum(axis=2, keepdims=True)
-        w = np.concatenate([w, _tilt(phi[rows], lp, pr, p0, np.inf)[None]])  # (len(BV_GRID), block, n)
-        var_term, bias = (np.square(w) * var).sum(axis=2), np.square((w * finite[rows]).sum(axis=2))
+        at = (phi[rows], log_prior[rows], present[rows], phi0[rows])
+        w = np.concatenate([_tilt(*at, grid), _tilt(*at, np.inf)[None]])  # (len(BV_GRID), block, n)
+        var_term = (np.square(w) * (var if var.ndim == 1 else var[rows])).sum(axis=2)
+        bias = np.square((w * finite[rows]).sum(axis=2))
         block = np.arange(w.shape[1])
         for c, (inv_tau, weights) in zip(cs, out):
             s = var_term + c * l2 * bias
