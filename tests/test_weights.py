@@ -175,6 +175,13 @@ def test_bias_variance_weights_are_proximity_weights_at_each_grid_point(rng, mon
             np.testing.assert_array_equal(t, want_t)
             np.testing.assert_array_equal(w, want_w)
     assert len(np.unique(want[1][0])) > 1 and (want[2][0] >= want[0][0]).all()
+    # a variance per query and element (bench/knn_plugin.py's neighbours): the same scan, row by row
+    rows = rng.uniform(0.5, 2.0, size=(23, 1)) * var
+    t, w = bias_variance_weights(phi, prior, rows, l2, cs)[1]
+    for q in range(len(phi)):
+        one_t, one_w = bias_variance_weights(phi[q:q + 1], prior, rows[q], l2, cs)[1]
+        assert t[q] == one_t[0] and np.array_equal(w[q], one_w[0])
+    assert not np.array_equal(t, want[1][0])  # the rows' own variances move some picks
 
 
 def test_bias_variance_inv_tau_minimizes_the_bound_and_sharpens_with_the_bias_weight(rng):
