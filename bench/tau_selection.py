@@ -29,7 +29,7 @@ Besides the rule table, each router's report gives its auto rule (``AUTO``) per 
 how many losing configurations the seeds' own noise predicts (``noise``); with several saved runs, all of them pooled
 too. ``--recheck``: the configurations that lose under their router's auto rule in saved runs, run again on other
 ``--seeds`` (README: how much of what is left is noise).
-``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the ten further sets, each
+``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the eleven further sets, each
 defined before the rules it was used to check (README: How τ is chosen).
 """
 from __future__ import annotations
@@ -176,10 +176,32 @@ FRESH10 = (  # a twelfth set, KMeans only, defined before the plug-in temperatur
                                             "reasoning_about_colored_objects"]),
      ("bbh19_dev", "km", "few-shot-outlier", ["geometric_shapes", "logical_deduction_three_objects",
                                               "tracking_shuffled_objects_five_objects"])])
+
+
+def _unseen_by_knn(*sets):
+    """The configurations of these (KMeans) sets as kNN configurations, in order, without any a kNN set already had."""
+    seen = {(n, p, tuple(sorted(o))) for cs in (CONFIGS, OUT_OF_SAMPLE, FRESH, FRESH2, FRESH3, FRESH4)
+            for n, r, p, o in cs if r == "knn"}
+    out = []
+    for n, _, p, o in (c for cs in sets for c in cs):
+        if (n, p, tuple(sorted(o))) not in seen:
+            seen.add((n, p, tuple(sorted(o))))
+            out.append((n, "knn", p, o))
+    return out
+
+
+FRESH11 = (  # a thirteenth set, a measurement with no rule to adopt (docs/prereg-fresh11.md, committed before it ran):
+    # kNN on every configuration of fresh5-fresh10 (KMeans only until now) that no kNN set had (62), and
+    # routerbench_slice's three outlier pairs (the only outlier sets of its three tasks no set had) for both routers
+    # and both protocols (12)
+    _unseen_by_knn(FRESH5, FRESH6, FRESH7, FRESH8, FRESH9, FRESH10)
+    + [("routerbench_slice", r, p, o) for o in (["arc-challenge", "winogrande"], ["arc-challenge", "mbpp"],
+                                                ["mbpp", "winogrande"])
+       for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")])
 SETS = {"study": CONFIGS, "out-of-sample": OUT_OF_SAMPLE, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
         "fresh4": FRESH4, "fresh5": FRESH5,
         "fresh6": FRESH6, "fresh7": FRESH7, "fresh8": FRESH8, "fresh9": FRESH9,
-        "fresh10": FRESH10}  # --configs
+        "fresh10": FRESH10, "fresh11": FRESH11}  # --configs
 REL = ("rel:0.5", "rel:1", "rel:2", "rel:5", "rel:10", "rel:20")  # per-query 1/tau = a / phi_min(x)
 SPR = ("spr:0.1", "spr:0.2", "spr:0.3", "spr:0.5", "spr:1", "spr:2", "spr:4")  # per-query 1/tau = a / std(phi(x)) over its references
 MIX = ("mix:1,2,5,10,20", "mix:2,5,10,20,50,100,200", "mix:5,20,100", "mix:20,inf", "mix:0,20",
@@ -681,7 +703,7 @@ def main(argv=None):
                    "table x protocol, all saved runs pooled")
     p.add_argument("--configs", choices=list(SETS), default="study",
                    help="out-of-sample: configurations this study never chose anything on; fresh: a third set, "
-                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto; fresh5: a seventh (KMeans only), defined before the ess-or-shifted rule was read off the others; fresh6: an eighth (KMeans only), defined before the capped rule of docs/prereg-km-cap20.md was tested; fresh7: a ninth (KMeans only, mostly BBH leave-task-out), defined before docs/prereg-km-cap20-ess-first.md was tested; fresh8: a tenth (KMeans only, mostly routerdc7), defined before docs/prereg-km-guard.md was tested; fresh9: an eleventh (KMeans, 10 seeds), defined before docs/prereg-km-task-local.md was tested; fresh10: a twelfth (KMeans, 10 seeds), defined before docs/prereg-km-plugin.md was tested")
+                   "never looked at before the parsimony rules were chosen; fresh2: a fourth, defined before the CV-spread rule; fresh3: a fifth, defined after shifted became the default; fresh4: a sixth, defined before the spread temperature became kNN's auto; fresh5: a seventh (KMeans only), defined before the ess-or-shifted rule was read off the others; fresh6: an eighth (KMeans only), defined before the capped rule of docs/prereg-km-cap20.md was tested; fresh7: a ninth (KMeans only, mostly BBH leave-task-out), defined before docs/prereg-km-cap20-ess-first.md was tested; fresh8: a tenth (KMeans only, mostly routerdc7), defined before docs/prereg-km-guard.md was tested; fresh9: an eleventh (KMeans, 10 seeds), defined before docs/prereg-km-task-local.md was tested; fresh10: a twelfth (KMeans, 10 seeds), defined before docs/prereg-km-plugin.md was tested; fresh11: a thirteenth, kNN on fresh5-fresh10 and routerbench's outlier pairs, a measurement pre-registered in docs/prereg-fresh11.md")
     p.add_argument("--routers", default="km,knn", choices=["km,knn", "km", "knn"], help="whose configurations to run")
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help=f"comma-separated seeds (default {SEEDS})")
     p.add_argument("--recheck", default=None, help="instead of --configs: the configurations of these saved runs "
