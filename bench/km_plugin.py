@@ -12,11 +12,13 @@ of the KMeans router). No CV: c is one constant (``CANDIDATES``, tested in that 
 Runs saved before ``bench/tau_selection.py`` scored "bv:c" (its ``BV`` settings) hold no plug-in scores; this refits
 each saved configuration and seed's test router (the same seed, so the same clusters; it raises unless Base's test
 scores reproduce the saved ones to 1e-6) and scores the plug-in at every c of ``WEIGHTS`` beside KMeans' auto
-(``ess-or-capped``, read from the saved CV curves) and every fixed 1/tau of the grid. Runs that hold "bv:" scores are
-read as they are. Printed: Prox − Base (mean over configurations of the seeds' mean) and losers (> 0.3 pp outlier /
-> 0.5 pp inlier), overall and per table x protocol beside the best fixed 1/tau in hindsight (~1 s per configuration
-and seed); ``--noise``: how many of the losers the seeds alone explain (``noise``); ``--groups``: per table x protocol
-the paired difference from the best fixed 1/tau with a bootstrap interval (``groups``).
+(``ess-or-capped``, read from the saved CV curves; a run saved with ``--no-cv`` has none, and ess-or-capped's figures
+are then over the configurations that have them, said so, "—" in a group without) and every fixed 1/tau of the grid.
+Runs that hold "bv:" scores are read as they are. Printed: Prox − Base (mean over configurations of the seeds' mean)
+and losers (> 0.3 pp outlier / > 0.5 pp inlier), overall and per table x protocol beside the best fixed 1/tau in
+hindsight (~1 s per configuration and seed); ``--noise``: how many of the losers the seeds alone explain (``noise``);
+``--groups``: per table x protocol the paired difference from the best fixed 1/tau with a bootstrap interval
+(``groups``).
 """
 from __future__ import annotations
 
@@ -92,7 +94,8 @@ def config_result(row, seeds, cache) -> dict:
         bv = {k: np.array([g[k] for g in refits]) for k in SPLITS}
     out, per_seed = {}, {}
     for k in SPLITS:
-        seeds = {AUTO: _deltas(row, [pick(s) for s in row["seeds"]], k)}
+        seeds = {AUTO: (np.full(len(row["seeds"]), np.nan) if pick is None  # saved without CV curves (--no-cv)
+                        else _deltas(row, [pick(s) for s in row["seeds"]], k))}
         seeds.update({_name(c): bv[k][:, j] for j, c in enumerate(WEIGHTS)})
         seeds["fixed"] = np.array([np.asarray(s["test"][k][:G]) - s["test"][k][BASE] for s in row["seeds"]])
         out[k] = {name: (v.mean(axis=0) if name == "fixed" else float(v.mean())) for name, v in seeds.items()}
@@ -111,9 +114,14 @@ def report(results: list) -> str:
     rules = [AUTO, *(_name(c) for c in WEIGHTS), *(f"fixed 1/tau = {g:g}" for g in GRID)]
     for name in rules:
         get = (lambda r, k, name=name: rule_of(r["delta"][k], name))
-        d = {k: np.array([get(r, k) for r in results]) for k in SPLITS}
-        per = " | ".join(f"{np.mean([get(r, 'overall') for r in of(g)]):+.3f}" for g in groups)
-        lines.append(f"| {name} | {d['outlier'].mean():+.2f} | {d['inlier'].mean():+.2f} | {d['overall'].mean():+.3f} "
+        have = [r for r in results if np.isfinite(get(r, "overall"))]
+        if not have:
+            continue
+        d = {k: np.array([get(r, k) for r in have]) for k in SPLITS}
+        full = lambda g: all(np.isfinite(get(r, "overall")) for r in of(g))  # noqa: E731
+        per = " | ".join(f"{np.mean([get(r, 'overall') for r in of(g)]):+.3f}" if full(g) else "—" for g in groups)
+        label = name if len(have) == len(results) else f"{name}, {len(have)} of {len(results)} (with CV curves)"
+        lines.append(f"| {label} | {d['outlier'].mean():+.2f} | {d['inlier'].mean():+.2f} | {d['overall'].mean():+.3f} "
                      f"| {(d['outlier'] < -LOSS['outlier']).sum()}/{(d['inlier'] < -LOSS['inlier']).sum()} | {per} |")
     best = []
     for g in groups:
@@ -131,7 +139,7 @@ def per_config(results: list) -> str:
     for r in results:
         d = r["delta"]
         lines.append(f"| {r['table']} | {r['protocol']} | {', '.join(r['outliers'])} | "
-                     + " | ".join(" / ".join(f"{d[k][name]:+.2f}" for k in SPLITS)
+                     + " | ".join(" / ".join(f"{d[k][name]:+.2f}" if np.isfinite(d[k][name]) else "—" for k in SPLITS)
                                   for name in (AUTO, *(_name(c) for c in CANDIDATES))) + " |")
     return "\n".join(lines)
 
@@ -171,12 +179,15 @@ def groups(results: list, resamples: int = 10_000, seed: int = 0) -> str:
         rs = [r for r in results if (r["table"], r["protocol"]) == g]
         fixed = np.stack([r["delta"]["overall"]["fixed"] for r in rs])
         p, a = (against_fixed(np.array([r["delta"]["overall"][name] for r in rs]), fixed, rng, resamples)
+                if all(np.isfinite(r["delta"]["overall"][name]) for r in rs) else None  # auto: only with CV curves
                 for name in (cand, AUTO))
         loo = "—" if p["loo"] is None else f"{p['loo']:+.3f}"
-        lines.append(f"| {g[0]}, {g[1]} ({p['n']}) | {p['auto']:+.3f} | {a['auto']:+.3f} | {p['best']:g}: "
-                     f"{p['best_fixed']:+.3f} | " + " | ".join(
-                         f"{x['auto'] - x['best_fixed']:+.3f} [{x['interval'][0]:+.3f}, {x['interval'][1]:+.3f}]"
-                         for x in (p, a)) + f" | {loo} |")
+        auto = "—" if a is None else f"{a['auto']:+.3f}"
+        diff = " | ".join("—" if x is None else
+                          f"{x['auto'] - x['best_fixed']:+.3f} [{x['interval'][0]:+.3f}, {x['interval'][1]:+.3f}]"
+                          for x in (p, a))
+        lines.append(f"| {g[0]}, {g[1]} ({p['n']}) | {p['auto']:+.3f} | {auto} | {p['best']:g}: "
+                     f"{p['best_fixed']:+.3f} | {diff} | {loo} |")
     return "\n".join(lines)
 
 
@@ -194,15 +205,19 @@ def noise(results: list, subset: int = 3) -> str:
              "|---|---|---|---|---|"]
     for name in rules:
         seen, expected, se = [0, 0], [0.0, 0.0], []
-        for r in results:
+        have = [r for r in results if np.isfinite(rule_of(r["delta"]["overall"], name))]
+        if not have:
+            continue
+        for r in have:
             for j, k in enumerate(("outlier", "inlier")):
                 d = rule_of(r["per_seed"][k], name)
                 seen[j] += d.mean() < -LOSS[k]
                 expected[j] += np.mean([d[list(c)].mean() < -LOSS[k] for c in combinations(range(len(d)), subset)])
             d = rule_of(r["per_seed"]["outlier"], name)
             se.append(d.std(ddof=1) / np.sqrt(len(d)))
-        overall = np.mean([rule_of(r["per_seed"]["overall"], name).mean() for r in results])
-        lines.append(f"| {name} | {overall:+.3f} | {seen[0]}/{seen[1]} | {expected[0]:.1f}/{expected[1]:.1f} "
+        overall = np.mean([rule_of(r["per_seed"]["overall"], name).mean() for r in have])
+        label = name if len(have) == len(results) else f"{name}, {len(have)} of {len(results)} (with CV curves)"
+        lines.append(f"| {label} | {overall:+.3f} | {seen[0]}/{seen[1]} | {expected[0]:.1f}/{expected[1]:.1f} "
                      f"| {np.median(se):.2f} |")
     cand = _name(CANDIDATES[0])
     lines += ["", f"| losing outlier AUC under {cand} | Δ outlier, mean ± SE over the seeds | seeds' SD |",
@@ -279,9 +294,8 @@ def main(argv=None):
     a = p.parse_args(argv)
     cache = table_loader()
     results = []
-    for row, seeds in saved_rows(a.from_json, "km", "plug-in"):
-        if "out_cv" in row["seeds"][0]:  # saved without its CV curves: no auto to compare with
-            results.append(config_result(row, seeds, cache))
+    for row, seeds in saved_rows(a.from_json, "km", "plug-in"):  # runs saved with --no-cv: ess-or-capped left out
+        results.append(config_result(row, seeds, cache))
     print(report(results))
     if a.per_config:
         print("\n" + per_config(results))

@@ -256,3 +256,26 @@ def test_km_plugin_groups_compares_with_the_best_fixed_per_table_and_protocol(ro
                       "-0.100 [-0.500, +0.000] | +0.350 |")
     assert got[3] == "| t2, few-shot-outlier (1) | +0.700 | +0.100 | 20: +0.100 | +0.600 [+0.600, +0.600] | " \
                      "+0.000 [+0.000, +0.000] | — |"
+
+
+def test_km_plugin_reads_runs_saved_without_cv_curves(rows):
+    """bench/km_plugin.py on a run saved with --no-cv (fresh11): the plug-in and the fixed 1/tau are read as before;
+    ess-or-capped, which needs the CV curves, is left out where they are missing — its report row averages only the
+    configurations that have them and says so, its group columns show "—", and nothing is NaN."""
+    import km_plugin as kp
+
+    cand = kp._name(kp.CANDIDATES[0])
+    at = N - len(ts.BV) + ts.BV.index(f"bv:{kp.CANDIDATES[0]:g}")
+    for r in rows:
+        for s in r["seeds"]:
+            s["test"]["overall"][at] += 0.7
+    bare = {**rows[2], "outliers": ["e"], "seeds": [{"test": s["test"]} for s in rows[2]["seeds"]]}
+    got = [kp.config_result(r, [42, 7, 99], None) for r in [*rows, bare]]
+    assert np.isnan(got[3]["delta"]["overall"][kp.AUTO]) and got[3]["delta"]["overall"][cand] == pytest.approx(0.7)
+    table = kp.report(got)
+    assert f"| {kp.AUTO}, 3 of 4 (with CV curves) | +0.33 | +0.00 | +0.367 | 1/0 | +0.500 | — |" in table
+    assert f"| {cand} | +0.00 | +0.00 | +0.700 | 0/0 | +0.700 | +0.700 |" in table
+    groups = kp.groups(got, resamples=200).splitlines()
+    assert groups[3] == ("| t2, few-shot-outlier (2) | +0.700 | — | 20: +0.100 | +0.600 [+0.600, +0.600] | — "
+                         "| +0.100 |")
+    assert "nan" not in table + "\n".join(groups) + kp.noise(got, subset=2) + kp.per_config(got)
