@@ -427,8 +427,9 @@ def effect(rows, pick) -> dict:
 def pickers(rows):
     """(name, pick) for every rule the saved run allows (each reads the configuration's own CV only), then every
     fixed setting."""
+    held = min(len(r["seeds"][0]["test"]["overall"]) for r in rows)  # runs saved before BV (or ESS): fewer settings
     for name, (allowed, curve, src) in RULES.items():
-        if (f"{src}_cv" if src == "folds" else f"out_{src}") not in rows[0]["seeds"][0]:
+        if any((f"{src}_cv" if src == "folds" else f"out_{src}") not in r["seeds"][0] for r in rows):
             continue  # run with --no-cv, or saved before these CV curves existed
         if rows[0]["router"] != "km" and name in KM_ONLY:
             continue  # select_ess_or_shifted shifts toward KMeans' Base (inf)
@@ -436,13 +437,13 @@ def pickers(rows):
             yield name, (lambda s, curve=curve: curve(s, rows[0]["router"]))
             continue
         allowed = list(allowed)
-        if max(allowed) >= len(rows[0]["seeds"][0][f"out_{src}"]):
+        if max(allowed) >= min(len(r["seeds"][0][f"out_{src}"]) for r in rows):
             continue  # saved before these settings existed
         def pick(s, allowed=allowed, curve=curve, src=src):
             v = curve(np.array(s[f"out_{src}"])[allowed], np.array(s[f"in_{src}"])[allowed], rows[0]["router"])
             return allowed[int(np.argmax(v))]
         yield name, pick
-    for gi, g in enumerate(SETTINGS[:len(rows[0]["seeds"][0]["test"]["overall"])]):  # runs saved before BV: fewer
+    for gi, g in enumerate(SETTINGS[:held]):
         yield f"fixed {'1/tau = ' + format(g, 'g') if not isinstance(g, str) else g}", (lambda s, gi=gi: gi)
 
 
@@ -468,7 +469,7 @@ PLOTTED = {"CV auto (KM ess-or-capped, kNN spread 0.2)": AUTO,
 
 
 def _auto_pick(rows):
-    """The pick of the rows' router's auto rule (``AUTO``), or None for a run saved without its CV curves."""
+    """The pick of the rows' router's auto rule (``AUTO``), or None where it needs CV curves the rows lack."""
     return dict(pickers(rows)).get(AUTO[rows[0]["router"]])
 
 
@@ -534,7 +535,7 @@ def group_stats(rows, resamples: int = 10_000, seed: int = 0) -> list:
     with a 95 % bootstrap interval over the group's configurations, the best fixed 1/tau re-chosen in every resample
     (so the hindsight choice's own optimism is inside the interval); and the fixed 1/tau a user could have known,
     chosen on the group's other configurations (leave one configuration out) and scored on the one left out (None
-    for a group of one). One dict per group; [] when the run has no auto rule (saved without its CV curves)."""
+    for a group of one). One dict per group; [] when the run has no auto rule (KMeans' needs the CV curves)."""
     pick = _auto_pick(rows)
     if pick is None:
         return []
@@ -586,10 +587,11 @@ def plot_groups(rows, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    routers = [k for k in ("km", "knn") if any(r["router"] == k for r in rows)]
-    fig, axes = plt.subplots(1, len(routers), figsize=(7 * len(routers), 5), squeeze=False)
-    for ax, router in zip(axes[0], routers):
-        stats = group_stats([r for r in rows if r["router"] == router])
+    per_router = {k: group_stats([r for r in rows if r["router"] == k]) for k in ("km", "knn")
+                  if any(r["router"] == k for r in rows)}
+    per_router = {k: stats for k, stats in per_router.items() if stats}  # KMeans' auto needs the CV curves
+    fig, axes = plt.subplots(1, len(per_router), figsize=(7 * len(per_router), 5), squeeze=False)
+    for ax, (router, stats) in zip(axes[0], per_router.items()):
         bars = (("auto", lambda g: g["auto"]), ("best fixed 1/τ (hindsight)", lambda g: g["best_fixed"]),
                 ("fixed 1/τ chosen without the configuration", lambda g: g["loo"]))
         for bi, (label, value) in enumerate(bars):
@@ -686,8 +688,9 @@ def report(rows, detail: bool = False):
             continue
         print(f"\n{router}: {len(sel)} configurations x {len(sel[0]['seeds'])} seeds, Prox - Base on the test split")
         print(summarize(sel))
-        if "out_cv" in sel[0]["seeds"][0]:
+        if all("out_cv" in r["seeds"][0] for r in sel):
             print(cv_agreement(sel))
+        if _auto_pick(sel) is not None:  # kNN's auto is a fixed setting: runs saved with --no-cv have it too
             print(noise(sel))
             print(f"\n{router}, by table and protocol:\n" + by_group(sel))
             if detail:

@@ -97,6 +97,32 @@ def test_from_json_prints_the_group_table(rows, tmp_path, capsys):
         ts.main(["--seeds", "1,x"])
 
 
+def test_runs_without_cv_curves_pool_with_runs_that_have_them(rows, tmp_path, capsys):
+    """fresh11 was run with --no-cv: kNN's auto (the fixed setting spr:0.2) is still read and compared per group,
+    pooled with runs that hold CV curves; the CV rules are left out of a pool where any configuration lacks them;
+    KMeans' auto (a CV rule) is not, and --plot-groups draws only the router whose auto it can read."""
+    spr = ts.SETTINGS.index("spr:0.2")
+    knn = [{**r, "router": "knn", "seeds": [{**s, "test": {k: list(v[:N - len(ts.BV)]) for k, v in s["test"].items()}}
+                                             for s in r["seeds"]]} for r in rows]
+    for r in knn:
+        for s in r["seeds"]:
+            s["test"]["overall"][spr] = s["test"]["overall"][ts.GRID.index(0.0)] + 0.4  # Base is 1/tau = 0 for kNN
+    bare = [{**r, "outliers": [o + "2" for o in r["outliers"]], "seeds": [{"test": s["test"]} for s in r["seeds"]]}
+            for r in knn]
+    assert all(name.startswith("fixed ") for name, _ in ts.pickers(knn + bare))  # no CV rule
+    assert any(not name.startswith("fixed ") for name, _ in ts.pickers(knn))
+    assert ts._auto_pick(bare) is not None and ts._auto_pick([{**rows[0], "seeds": bare[0]["seeds"]}]) is None
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"rows": knn + bare + [{**rows[0], "seeds": bare[0]["seeds"]}]}))
+    ts.main(["--from-json", str(path), "--plot-groups", str(tmp_path / "g.png")])
+    out = capsys.readouterr().out
+    assert "knn, by table and protocol:" in out and "km, by table and protocol:" not in out
+    assert "| t2, few-shot-outlier (2) | +0.40 |" in out
+    from PIL import Image
+
+    assert Image.open(tmp_path / "g.png").size[0] < 1300  # one panel (kNN's), 7 inches at 130 dpi
+
+
 # bench/km_task_local.py: KMeans' temperature per cluster from the CV folds of the tasks the cluster is made of
 import km_task_local as tl  # noqa: E402
 
