@@ -663,13 +663,14 @@ def per_config(rows) -> str:
     return "\n".join(lines)
 
 
-def losers(paths) -> list:
+def losers(paths, routers=("km", "knn")) -> list:
     """The configurations (table, router, protocol, outliers) of saved runs that lose under their router's auto rule
-    (more than 0.3 pp outlier or 0.5 pp inlier against Base, mean over the saved seeds): what ``--recheck`` re-runs."""
+    (more than 0.3 pp outlier or 0.5 pp inlier against Base, mean over the saved seeds): what ``--recheck`` re-runs;
+    only those of ``routers`` (``--routers``)."""
     found = []
     for path in paths:
         rows = json.loads(Path(path).read_text())["rows"]
-        for router in ("km", "knn"):
+        for router in routers:
             sel = [r for r in rows if r["router"] == router]
             pick = _auto_pick(sel) if sel else None
             if sel and pick is None:
@@ -742,7 +743,7 @@ def main(argv=None):
         seed_values = [int(v) for v in a.seeds.split(",")]
     except ValueError:
         p.error(f"--seeds {a.seeds!r}: allowed values are comma-separated integers")
-    configs = losers(a.recheck.split(",")) if a.recheck else SETS[a.configs]
+    configs = losers(a.recheck.split(","), a.routers.split(",")) if a.recheck else SETS[a.configs]
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}
     for name, router, protocol, outliers in configs:

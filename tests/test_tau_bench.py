@@ -305,3 +305,19 @@ def test_km_plugin_reads_runs_saved_without_cv_curves(rows):
     assert groups[3] == ("| t2, few-shot-outlier (2) | +0.700 | — | 20: +0.100 | +0.600 [+0.600, +0.600] | — "
                          "| +0.100 |")
     assert "nan" not in table + "\n".join(groups) + kp.noise(got, subset=2) + kp.per_config(got)
+
+
+def test_recheck_takes_the_routers_asked_for(rows, tmp_path):
+    """--recheck --routers knn on a run whose KMeans rows have no CV curves (fresh11): kNN's losers under its auto
+    (spr:0.2, no CV needed) are found, and the KMeans rows, whose auto cannot be read, are not asked about."""
+    spr = ts.SETTINGS.index("spr:0.2")
+    knn = {**rows[0], "router": "knn", "seeds": [{"test": {k: list(v[:N - len(ts.BV)]) for k, v in s["test"].items()}}
+                                                  for s in rows[0]["seeds"]]}
+    for s in knn["seeds"]:
+        s["test"]["outlier"][spr] -= 0.4  # loses 0.4 pp outlier against Base
+    km = {**rows[1], "seeds": [{"test": s["test"]} for s in rows[1]["seeds"]]}
+    path = tmp_path / "fresh.json"
+    path.write_text(json.dumps({"rows": [knn, km]}))
+    assert ts.losers([path], ["knn"]) == [("t1", "knn", "leave-task-out", ["a"])]
+    with pytest.raises(SystemExit, match="km auto rule"):
+        ts.losers([path])
