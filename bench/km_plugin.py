@@ -65,6 +65,13 @@ def saved_rows(paths: str, router: str, tag: str):
             yield row, saved.get("seeds", [42, 7, 99])
 
 
+def scored(results: list, name: str):
+    """(the results where rule ``name`` has a score, its label): ess-or-capped has none on runs saved with --no-cv,
+    and its label then says over how many configurations its figures are."""
+    have = [r for r in results if np.isfinite(rule_of(r["delta"]["overall"], name))]
+    return have, name if len(have) == len(results) else f"{name}, {len(have)} of {len(results)} (with CV curves)"
+
+
 def refit_scores(X, acc, cost, table, row, seed: int, s: dict) -> dict:
     """{split: [Prox − Base at each c of WEIGHTS]} for one saved configuration and seed, from a refit."""
     from proxray.metrics import routing_score
@@ -114,13 +121,12 @@ def report(results: list) -> str:
     rules = [AUTO, *(_name(c) for c in WEIGHTS), *(f"fixed 1/tau = {g:g}" for g in GRID)]
     for name in rules:
         get = (lambda r, k, name=name: rule_of(r["delta"][k], name))
-        have = [r for r in results if np.isfinite(get(r, "overall"))]
+        have, label = scored(results, name)
         if not have:
             continue
         d = {k: np.array([get(r, k) for r in have]) for k in SPLITS}
         full = lambda g: all(np.isfinite(get(r, "overall")) for r in of(g))  # noqa: E731
         per = " | ".join(f"{np.mean([get(r, 'overall') for r in of(g)]):+.3f}" if full(g) else "—" for g in groups)
-        label = name if len(have) == len(results) else f"{name}, {len(have)} of {len(results)} (with CV curves)"
         lines.append(f"| {label} | {d['outlier'].mean():+.2f} | {d['inlier'].mean():+.2f} | {d['overall'].mean():+.3f} "
                      f"| {(d['outlier'] < -LOSS['outlier']).sum()}/{(d['inlier'] < -LOSS['inlier']).sum()} | {per} |")
     best = []
@@ -205,7 +211,7 @@ def noise(results: list, subset: int = 3) -> str:
              "|---|---|---|---|---|"]
     for name in rules:
         seen, expected, se = [0, 0], [0.0, 0.0], []
-        have = [r for r in results if np.isfinite(rule_of(r["delta"]["overall"], name))]
+        have, label = scored(results, name)
         if not have:
             continue
         for r in have:
@@ -216,7 +222,6 @@ def noise(results: list, subset: int = 3) -> str:
             d = rule_of(r["per_seed"]["outlier"], name)
             se.append(d.std(ddof=1) / np.sqrt(len(d)))
         overall = np.mean([rule_of(r["per_seed"]["overall"], name).mean() for r in have])
-        label = name if len(have) == len(results) else f"{name}, {len(have)} of {len(results)} (with CV curves)"
         lines.append(f"| {label} | {overall:+.3f} | {seen[0]}/{seen[1]} | {expected[0]:.1f}/{expected[1]:.1f} "
                      f"| {np.median(se):.2f} |")
     cand = _name(CANDIDATES[0])
