@@ -247,8 +247,7 @@ def bias_variance_weights(phi, prior, var, l2: float, bias_weights) -> list:
     cs = [float(c) for c in bias_weights]
     if not (all(0 <= c < np.inf for c in cs) and 0 <= l2 < np.inf):
         raise ValueError(f"bias weights {cs!r}, l2={l2!r}: must be finite numbers >= 0")
-    log_prior, present, phi0 = _prepare(phi, prior)
-    finite = np.where(np.isfinite(phi), phi, 0.0)
+    log_prior, present, phi0 = _prepare(phi, prior)  # phi0: phi with absent elements (weight 0) at 0, the bias's φ
     grid = BV_GRID[:-1, None, None]  # the finite 1/tau; inf (last) takes the nearest-element branch of _tilt
     q, n = phi.shape
     out = [(np.empty(q), np.empty((q, n))) for _ in cs]
@@ -260,7 +259,7 @@ def bias_variance_weights(phi, prior, var, l2: float, bias_weights) -> list:
         at = (phi[rows], log_prior[rows], present[rows], phi0[rows])
         w = np.concatenate([_tilt(*at, grid), _tilt(*at, np.inf)[None]])  # (len(BV_GRID), block, n)
         var_term = (np.square(w) * (var if var.ndim == 1 else var[rows])).sum(axis=2)
-        bias = np.square((w * finite[rows]).sum(axis=2))
+        bias = np.square((w * phi0[rows]).sum(axis=2))
         block = np.arange(w.shape[1])
         for c, (inv_tau, weights) in zip(cs, out):
             s = var_term + c * l2 * bias
