@@ -125,8 +125,8 @@ def report(results: list) -> str:
         if not have:
             continue
         d = {k: np.array([get(r, k) for r in have]) for k in SPLITS}
-        full = lambda g: all(np.isfinite(get(r, "overall")) for r in of(g))  # noqa: E731
-        per = " | ".join(f"{np.mean([get(r, 'overall') for r in of(g)]):+.3f}" if full(g) else "—" for g in groups)
+        per = " | ".join(f"{np.mean([get(r, 'overall') for r in of(g)]):+.3f}"
+                         if len(scored(of(g), name)[0]) == len(of(g)) else "—" for g in groups)
         lines.append(f"| {label} | {d['outlier'].mean():+.2f} | {d['inlier'].mean():+.2f} | {d['overall'].mean():+.3f} "
                      f"| {(d['outlier'] < -LOSS['outlier']).sum()}/{(d['inlier'] < -LOSS['inlier']).sum()} | {per} |")
     best = []
@@ -185,7 +185,7 @@ def groups(results: list, resamples: int = 10_000, seed: int = 0) -> str:
         rs = [r for r in results if (r["table"], r["protocol"]) == g]
         fixed = np.stack([r["delta"]["overall"]["fixed"] for r in rs])
         p, a = (against_fixed(np.array([r["delta"]["overall"][name] for r in rs]), fixed, rng, resamples)
-                if all(np.isfinite(r["delta"]["overall"][name]) for r in rs) else None  # auto: only with CV curves
+                if len(scored(rs, name)[0]) == len(rs) else None  # auto: only with CV curves
                 for name in (cand, AUTO))
         loo = "—" if p["loo"] is None else f"{p['loo']:+.3f}"
         auto = "—" if a is None else f"{a['auto']:+.3f}"
@@ -219,8 +219,8 @@ def noise(results: list, subset: int = 3) -> str:
                 d = rule_of(r["per_seed"][k], name)
                 seen[j] += d.mean() < -LOSS[k]
                 expected[j] += np.mean([d[list(c)].mean() < -LOSS[k] for c in combinations(range(len(d)), subset)])
-            d = rule_of(r["per_seed"]["outlier"], name)
-            se.append(d.std(ddof=1) / np.sqrt(len(d)))
+                if k == "outlier":
+                    se.append(d.std(ddof=1) / np.sqrt(len(d)))
         overall = np.mean([rule_of(r["per_seed"]["overall"], name).mean() for r in have])
         lines.append(f"| {label} | {overall:+.3f} | {seen[0]}/{seen[1]} | {expected[0]:.1f}/{expected[1]:.1f} "
                      f"| {np.median(se):.2f} |")
