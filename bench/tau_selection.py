@@ -5,6 +5,7 @@
                                   [--json out/tau_sel_folds_study.json]
     python bench/tau_selection.py --from-json a.json,b.json,... [--plot out/tau_rules.png] [--per-config]
     python bench/tau_selection.py --recheck a.json,b.json,... --seeds 1,2,3,4,5,6,8,9,10,11 --json out/recheck.json
+    python bench/tau_selection.py --rerun a.json,b.json,... --seeds 1,2,3,4,5,6,8,9,10,11 --no-cv --json out/r.json
 
 For every configuration of bench/real_tables.sh and seeds 42, 7, 99 it computes the leave-one-task-out
 CV curves on the training set, then the test scores of Prox at every 1/tau of the grid (Base is the
@@ -28,7 +29,8 @@ Besides the rule table, each router's report gives its auto rule (``AUTO``) per 
 1/tau in hindsight, with a bootstrap interval and the fixed 1/tau chosen without the configuration (``by_group``), and
 how many losing configurations the seeds' own noise predicts (``noise``); with several saved runs, all of them pooled
 too. ``--recheck``: the configurations that lose under their router's auto rule in saved runs, run again on other
-``--seeds`` (README: how much of what is left is noise).
+``--seeds`` (README: how much of what is left is noise); ``--rerun``: every configuration of saved runs, run again
+(README: [seeds10](#seeds10)).
 ``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the eleven further sets, each
 defined before the rules it was used to check (README: How τ is chosen).
 """
@@ -682,6 +684,18 @@ def losers(paths, routers=("km", "knn")) -> list:
     return found
 
 
+def configurations(paths, routers=("km", "knn")) -> list:
+    """Every configuration (table, router, protocol, outliers) of ``routers`` in saved runs, each once, in the order
+    first met: what ``--rerun`` runs again on other ``--seeds``."""
+    found = []
+    for path in paths:
+        for r in json.loads(Path(path).read_text())["rows"]:
+            c = (r["table"], r["router"], r["protocol"], r["outliers"])
+            if r["router"] in routers and c not in found:
+                found.append(c)
+    return found
+
+
 def report(rows, detail: bool = False):
     for router in ("km", "knn"):
         sel = [r for r in rows if r["router"] == router]
@@ -712,6 +726,8 @@ def main(argv=None):
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help=f"comma-separated seeds (default {SEEDS})")
     p.add_argument("--recheck", default=None, help="instead of --configs: the configurations of these saved runs "
                    "(comma-separated JSON paths) that lose under their router's auto rule, run again (give new --seeds)")
+    p.add_argument("--rerun", default=None, help="instead of --configs: every configuration of these saved runs "
+                   "(comma-separated JSON paths), each once, run again (give other --seeds)")
     p.add_argument("--per-config", action="store_true", help="also print each configuration's auto effect and picks")
     p.add_argument("--no-cv", action="store_true", help="fixed settings only (no CV curves, no auto rules)")
     p.add_argument("--cv-repeats", type=int, default=CV_REPEATS,
@@ -743,7 +759,10 @@ def main(argv=None):
         seed_values = [int(v) for v in a.seeds.split(",")]
     except ValueError:
         p.error(f"--seeds {a.seeds!r}: allowed values are comma-separated integers")
-    configs = losers(a.recheck.split(","), a.routers.split(",")) if a.recheck else SETS[a.configs]
+    if a.recheck and a.rerun:
+        p.error("--recheck and --rerun both choose the configurations: give one")
+    configs = (losers(a.recheck.split(","), a.routers.split(",")) if a.recheck
+               else configurations(a.rerun.split(","), a.routers.split(",")) if a.rerun else SETS[a.configs])
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}
     for name, router, protocol, outliers in configs:

@@ -321,3 +321,18 @@ def test_recheck_takes_the_routers_asked_for(rows, tmp_path):
     assert ts.losers([path], ["knn"]) == [("t1", "knn", "leave-task-out", ["a"])]
     with pytest.raises(SystemExit, match="km auto rule"):
         ts.losers([path])
+
+
+def test_rerun_takes_every_configuration_once(rows, tmp_path):
+    """--rerun: every configuration of the saved runs of the routers asked for, each once (a configuration saved in
+    two runs, e.g. on two sets of seeds, is run once), in the order first met."""
+    knn = {**rows[2], "router": "knn"}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"rows": [rows[0], knn, rows[1]]}))
+    b.write_text(json.dumps({"rows": [rows[1], rows[2]]}))
+    km = [("t1", "km", "leave-task-out", ["a"]), ("t1", "km", "leave-task-out", ["b"]),
+          ("t2", "km", "few-shot-outlier", ["c"])]
+    assert ts.configurations([a, b], ["km"]) == km
+    assert ts.configurations([a, b]) == [km[0], ("t2", "knn", "few-shot-outlier", ["c"]), *km[1:]]
+    with pytest.raises(SystemExit):
+        ts.main(["--rerun", str(a), "--recheck", str(b)])
