@@ -84,7 +84,8 @@ def refit_scores(X, acc, cost, table, row, seed: int, s: dict) -> dict:
         scores = [routing_score(a, k, acc[idx], c) for a, k in estimates_over(fitted, X[idx], [float("inf"), *BV])]
         if abs(scores[0] - s["test"][split][BASE]) > 1e-6:
             raise RuntimeError(f"{row['table']} {row['outliers']} seed {seed}: the refit's Base does not reproduce the "
-                               "saved run (another machine or version?)")
+                               "saved run (another machine or version, or another OMP_NUM_THREADS: KMeans' sums "
+                               "depend on the number of threads)")
         got[split] = [v - scores[0] for v in scores[1:]]
     return got
 
@@ -237,8 +238,8 @@ def noise(results: list, subset: int = 3) -> str:
 
 def plot(results: list, path) -> None:
     """One panel per number of seeds (3-seed and 10-seed readings apart): per table x protocol, Prox − Base overall of
-    ess-or-capped, the first candidate and the best fixed 1/tau in hindsight; above each group the candidate − best
-    fixed."""
+    ess-or-capped (where every configuration of the panel has its CV curves), the first candidate and the best fixed
+    1/tau in hindsight; above each group the candidate − best fixed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -257,9 +258,11 @@ def plot(results: list, path) -> None:
                 (cand.replace(" (candidate 1)", " (auto now)"), lambda g, b: np.mean(
                     [r["delta"]["overall"][cand] for r in of(g)])),
                 ("best fixed 1/τ in hindsight", lambda g, b: b.max()))
+        if len(scored(rs, AUTO)[0]) < len(rs):  # runs saved with --no-cv: no bar for ess-or-capped
+            bars = bars[1:]
         for bi, (label, value) in enumerate(bars):
-            ax.bar([gi + (bi - 1) * 0.27 for gi in range(len(groups))], [value(g, b) for g, b in zip(groups, best)],
-                   0.27, color=f"C{bi}", label=label)
+            ax.bar([gi + (bi - (len(bars) - 1) / 2) * 0.27 for gi in range(len(groups))],
+                   [value(g, b) for g, b in zip(groups, best)], 0.27, color=f"C{bi + 3 - len(bars)}", label=label)
         for gi, (g, b) in enumerate(zip(groups, best)):
             v = np.mean([r["delta"]["overall"][cand] for r in of(g)])
             ax.annotate(f"{v - b.max():+.2f}\n(1/τ {GRID[int(np.argmax(b))]:g})", (gi, max(v, b.max(), 0.0)),

@@ -604,9 +604,10 @@ def plot_groups(rows, path) -> None:
             top = max(v for v in (g["auto"], g["best_fixed"], g["loo"] or 0.0, 0.0))
             ax.annotate(f"{g['auto'] - g['best_fixed']:+.2f}\n[{lo:+.2f}, {hi:+.2f}]", (gi, top), ha="center",
                         va="bottom", fontsize=7)
+        seeds = sorted({len(r["seeds"]) for r in rows if r["router"] == router})
         group_axes(ax, [(g["table"], g["protocol"], g["n"]) for g in stats],
-                   f"{ROUTER_NAMES[router]}: auto vs fixed 1/τ per table × protocol\n(labels: auto − best fixed, "
-                   "95 % bootstrap)")
+                   f"{ROUTER_NAMES[router]}: auto vs fixed 1/τ per table × protocol, {sum(g['n'] for g in stats)} "
+                   f"configurations × {'/'.join(map(str, seeds))} seeds\n(labels: auto − best fixed, 95 % bootstrap)")
     save_figure(fig, path)
 
 

@@ -220,6 +220,23 @@ def test_km_plugin_plot_draws_a_panel_per_seed_count(rows, tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 10_000
 
 
+def test_km_plugin_plot_leaves_out_the_cv_rule_where_runs_have_no_cv(rows, monkeypatch):
+    """--plot on runs saved with --no-cv: a panel where some configuration has no CV curves draws the plug-in and the
+    best fixed 1/tau only (no NaN bar for ess-or-capped); a panel where all have them draws all three."""
+    import km_plugin as kp
+
+    bare = {**rows[2], "outliers": ["e"], "seeds": [{"test": s["test"]} for s in rows[2]["seeds"]]}
+    got = [kp.config_result(r, [42, 7, 99], None) for r in [*rows, bare]]
+    got[0] = {**got[0], "n_seeds": 10}
+    figs = []
+    monkeypatch.setattr(kp, "save_figure", lambda fig, path: figs.append(fig))
+    kp.plot(got, "unused.png")
+    three, ten = figs[0].axes  # panels in order of seed count: 3 (t1 "b", t2 "c", t2 "e" without CV), 10 (t1 "a")
+    heights = lambda ax: [b.get_height() for b in ax.patches]  # noqa: E731
+    assert len(heights(three)) == 2 * 2 and np.isfinite(heights(three)).all()  # two groups x (plug-in, best fixed)
+    assert len(heights(ten)) == 3 and np.isfinite(heights(ten)).all()
+
+
 def test_km_plugin_noise_counts_the_losers_the_seeds_explain(rows):
     """bench/km_plugin.py --noise: per rule the losing configurations at the seeds run and the number expected on
     fewer seeds (the share of seed subsets whose mean loses), the median standard error; the first candidate's losing
