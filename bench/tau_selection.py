@@ -31,7 +31,7 @@ how many losing configurations the seeds' own noise predicts (``noise``); with s
 too. ``--recheck``: the configurations that lose under their router's auto rule in saved runs, run again on other
 ``--seeds`` (README: how much of what is left is noise); ``--rerun``: every configuration of saved runs, run again
 (README: [seeds10](#seeds10)).
-``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the eleven further sets, each
+``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the twelve further sets, each
 defined before the rules it was used to check (README: How τ is chosen).
 """
 from __future__ import annotations
