@@ -72,6 +72,12 @@ def scored(results: list, name: str):
     return have, name if len(have) == len(results) else f"{name}, {len(have)} of {len(results)} (with CV curves)"
 
 
+def scored_on_all(results: list, name: str) -> bool:
+    """Whether rule ``name`` has a score on every one of ``results`` (``scored``): where not, a group's figure or bar
+    of it is left out rather than averaged over part of the group."""
+    return len(scored(results, name)[0]) == len(results)
+
+
 def refit_scores(X, acc, cost, table, row, seed: int, s: dict) -> dict:
     """{split: [Prox − Base at each c of WEIGHTS]} for one saved configuration and seed, from a refit."""
     from proxray.metrics import routing_score
@@ -127,7 +133,7 @@ def report(results: list) -> str:
             continue
         d = {k: np.array([get(r, k) for r in have]) for k in SPLITS}
         per = " | ".join(f"{np.mean([get(r, 'overall') for r in of(g)]):+.3f}"
-                         if len(scored(of(g), name)[0]) == len(of(g)) else "—" for g in groups)
+                         if scored_on_all(of(g), name) else "—" for g in groups)
         lines.append(f"| {label} | {d['outlier'].mean():+.2f} | {d['inlier'].mean():+.2f} | {d['overall'].mean():+.3f} "
                      f"| {(d['outlier'] < -LOSS['outlier']).sum()}/{(d['inlier'] < -LOSS['inlier']).sum()} | {per} |")
     best = []
@@ -186,7 +192,7 @@ def groups(results: list, resamples: int = 10_000, seed: int = 0) -> str:
         rs = [r for r in results if (r["table"], r["protocol"]) == g]
         fixed = np.stack([r["delta"]["overall"]["fixed"] for r in rs])
         p, a = (against_fixed(np.array([r["delta"]["overall"][name] for r in rs]), fixed, rng, resamples)
-                if len(scored(rs, name)[0]) == len(rs) else None  # auto: only with CV curves
+                if scored_on_all(rs, name) else None  # auto: only with CV curves
                 for name in (cand, AUTO))
         loo = "—" if p["loo"] is None else f"{p['loo']:+.3f}"
         auto = "—" if a is None else f"{a['auto']:+.3f}"
@@ -253,16 +259,16 @@ def plot(results: list, path) -> None:
         groups = sorted({(r["table"], r["protocol"]) for r in rs})
         of = lambda g: [r for r in rs if (r["table"], r["protocol"]) == g]  # noqa: E731
         best = [np.mean([r["delta"]["overall"]["fixed"] for r in of(g)], axis=0) for g in groups]
-        bars = ((AUTO.replace("(KMeans' auto)", "(the CV auto before)"), lambda g, b: np.mean(
+        bars = ((AUTO.replace("(KMeans' auto)", "(the CV auto before)"), "C0", lambda g, b: np.mean(
                     [r["delta"]["overall"][AUTO] for r in of(g)])),
-                (cand.replace(" (candidate 1)", " (auto now)"), lambda g, b: np.mean(
+                (cand.replace(" (candidate 1)", " (auto now)"), "C1", lambda g, b: np.mean(
                     [r["delta"]["overall"][cand] for r in of(g)])),
-                ("best fixed 1/τ in hindsight", lambda g, b: b.max()))
-        if len(scored(rs, AUTO)[0]) < len(rs):  # runs saved with --no-cv: no bar for ess-or-capped
+                ("best fixed 1/τ in hindsight", "C2", lambda g, b: b.max()))
+        if not scored_on_all(rs, AUTO):  # runs saved with --no-cv: no bar for ess-or-capped
             bars = bars[1:]
-        for bi, (label, value) in enumerate(bars):
+        for bi, (label, color, value) in enumerate(bars):
             ax.bar([gi + (bi - (len(bars) - 1) / 2) * 0.27 for gi in range(len(groups))],
-                   [value(g, b) for g, b in zip(groups, best)], 0.27, color=f"C{bi + 3 - len(bars)}", label=label)
+                   [value(g, b) for g, b in zip(groups, best)], 0.27, color=color, label=label)
         for gi, (g, b) in enumerate(zip(groups, best)):
             v = np.mean([r["delta"]["overall"][cand] for r in of(g)])
             ax.annotate(f"{v - b.max():+.2f}\n(1/τ {GRID[int(np.argmax(b))]:g})", (gi, max(v, b.max(), 0.0)),

@@ -186,8 +186,8 @@ def _unseen_by_knn(*sets):
             for n, r, p, o in cs if r == "knn"}
     out = []
     for n, _, p, o in (c for cs in sets for c in cs):
-        if (n, p, tuple(sorted(o))) not in seen:
-            seen.add((n, p, tuple(sorted(o))))
+        if (key := (n, p, tuple(sorted(o)))) not in seen:
+            seen.add(key)
             out.append((n, "knn", p, o))
     return out
 
@@ -589,9 +589,8 @@ def plot_groups(rows, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    per_router = {k: group_stats([r for r in rows if r["router"] == k]) for k in ("km", "knn")
-                  if any(r["router"] == k for r in rows)}
-    per_router = {k: stats for k, stats in per_router.items() if stats}  # KMeans' auto needs the CV curves
+    of = {k: [r for r in rows if r["router"] == k] for k in ("km", "knn")}
+    per_router = {k: stats for k in of if of[k] and (stats := group_stats(of[k]))}  # KMeans' auto needs the CV curves
     fig, axes = plt.subplots(1, len(per_router), figsize=(7 * len(per_router), 5), squeeze=False)
     for ax, (router, stats) in zip(axes[0], per_router.items()):
         bars = (("auto", lambda g: g["auto"]), ("best fixed 1/τ (hindsight)", lambda g: g["best_fixed"]),
@@ -604,7 +603,7 @@ def plot_groups(rows, path) -> None:
             top = max(v for v in (g["auto"], g["best_fixed"], g["loo"] or 0.0, 0.0))
             ax.annotate(f"{g['auto'] - g['best_fixed']:+.2f}\n[{lo:+.2f}, {hi:+.2f}]", (gi, top), ha="center",
                         va="bottom", fontsize=7)
-        seeds = sorted({len(r["seeds"]) for r in rows if r["router"] == router})
+        seeds = sorted({len(r["seeds"]) for r in of[router]})
         group_axes(ax, [(g["table"], g["protocol"], g["n"]) for g in stats],
                    f"{ROUTER_NAMES[router]}: auto vs fixed 1/τ per table × protocol, {sum(g['n'] for g in stats)} "
                    f"configurations × {'/'.join(map(str, seeds))} seeds\n(labels: auto − best fixed, 95 % bootstrap)")
@@ -762,12 +761,13 @@ def main(argv=None):
         p.error(f"--seeds {a.seeds!r}: allowed values are comma-separated integers")
     if a.recheck and a.rerun:
         p.error("--recheck and --rerun both choose the configurations: give one")
-    configs = (losers(a.recheck.split(","), a.routers.split(",")) if a.recheck
-               else configurations(a.rerun.split(","), a.routers.split(",")) if a.rerun else SETS[a.configs])
+    routers = a.routers.split(",")
+    configs = (losers(a.recheck.split(","), routers) if a.recheck
+               else configurations(a.rerun.split(","), routers) if a.rerun else SETS[a.configs])
     enc = SentenceEncoder(progress=False)
     rows, cache = [], {}
     for name, router, protocol, outliers in configs:
-        if router not in a.routers.split(","):
+        if router not in routers:
             continue
         if name not in cache:
             t = RoutingTable.read(D / f"{name}.parquet")
