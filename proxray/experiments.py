@@ -81,11 +81,14 @@ def baseline_scores(acc, cost, largest: int) -> dict:
     return {k: ndch_auc(b[k], *c) for k in BASELINE_KEYS}
 
 
-def budget_scores(fitted: dict, X_cal, Xt, at, ct, budgets) -> list:
+def budget_scores(fitted: dict, X_cal, Xt, at, ct, budgets, test_outlier) -> list:
     """At each budget (USD per query): per router the λ calibrated on its training queries
-    (``router.calibrate``), and the accuracy (%) and mean cost it really reaches on the test queries; and
-    the best single model that costs no more on the test queries than the router spent."""
+    (``router.calibrate``), and the accuracy (%) and mean cost it really reaches on the test queries — on all
+    of them, and apart on the inlier and the outlier ones (``test_outlier`` (q,) bool: where a budget calibrated
+    on the training tasks breaks); and the best single model that costs no more on the test queries than the
+    router spent."""
     rows, out = np.arange(len(Xt)), []
+    parts = {"inlier": ~test_outlier, "outlier": test_outlier}
     single_acc, single_cost = at.mean(0), ct.mean(0)
     for b in budgets:
         entry = {"budget": float(b)}
@@ -96,9 +99,11 @@ def budget_scores(fitted: dict, X_cal, Xt, at, ct, budgets) -> list:
                 entry[name] = None
                 continue
             pick = r.route(Xt, lam=lam)
-            spent = float(ct[rows, pick].mean())
+            paid = ct[rows, pick]
+            spent = float(paid.mean())
             affordable = single_acc[single_cost <= spent]
             entry[name] = {"lam": float(lam), "accuracy": 100 * float(at[rows, pick].mean()), "cost": spent,
+                           **{f"cost_{part}": float(paid[m].mean()) if m.any() else None for part, m in parts.items()},
                            "best_single": 100 * float(affordable.max()) if len(affordable) else None}
         out.append(entry)
     return out
@@ -147,7 +152,7 @@ def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: in
     budget = []
     if budgets and cost is not None:
         cal = {"base": X[sp.base_train], "prox": X[sp.base_train], "allsee": X[sp.allsee_train]}
-        budget = budget_scores(fitted, cal, Xt, at, ct, budgets)
+        budget = budget_scores(fitted, cal, Xt, at, ct, budgets, sp.test_outlier)
     return {"scores": scores, "inv_tau": chosen, "temperature": temperature, "curves": curves, "budgets": budget}
 
 
@@ -220,15 +225,17 @@ def format_result(res: dict) -> str:
     di = res["splits"]["inlier"]["prox"] - res["splits"]["inlier"]["base"]
     lines.append(f"Prox − Base: outlier {d:+.2f} pp, inlier {di:+.2f} pp")
     if res.get("budgets"):
-        lines.append("\nAt a budget (λ calibrated on the training queries; test split, all queries): "
-                     "accuracy % / USD really spent per query")
+        lines.append("\nAt a budget (λ calibrated on the training queries; test split): accuracy % / USD really "
+                     "spent per query, all queries (inlier; outlier queries)")
         lines.append(f"| budget $/query | {name}-Base | {name}-Prox | {name}-AllSee | best single model within that spend |")
         lines.append("|---|---|---|---|---|")
+        part = (lambda v: "—" if v is None else f"{v:.3g}")
         for b in res["budgets"]:
-            cells = ["cannot meet it" if b[k] is None else f"{b[k]['accuracy']:.2f} / {b[k]['cost']:.3g}"
-                     for k in ROUTER_KEYS]
-            single = b["prox"]["best_single"] if b["prox"] and b["prox"]["best_single"] is not None else float("nan")
-            lines.append(f"| {b['budget']:.3g} | " + " | ".join(cells) + f" | {single:.2f} |")
+            cells = ["cannot meet it" if b[k] is None else f"{b[k]['accuracy']:.2f} / {b[k]['cost']:.3g} "
+                     f"({part(b[k]['cost_inlier'])}; {part(b[k]['cost_outlier'])})" for k in ROUTER_KEYS]
+            single = b["prox"] and b["prox"]["best_single"]
+            single = "—" if single is None else f"{single:.2f}"
+            lines.append(f"| {b['budget']:.3g} | " + " | ".join(cells) + f" | {single} |")
     return "\n".join(lines)
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from proxray.cli import main
-from proxray.experiments import evaluate, protocol_split
+from proxray.experiments import evaluate, format_result, protocol_split
 from proxray.synthetic import make_table
 from proxray.tuning import GRID, auto_inv_tau
 
@@ -112,6 +112,41 @@ def test_evaluate_with_the_spread_temperature_is_that_router(synth):
     assert spread["splits"]["overall"]["base"] == pytest.approx(fixed["splits"]["overall"]["base"])
     with pytest.raises(ValueError, match="temperature='spread' needs a number"):
         evaluate(X, acc, cost, t.tasks, temperature="spread", **{**kw, "inv_tau": "auto"})
+
+
+def test_eval_budgets_report_what_each_router_really_spends(synth):
+    """``proxray eval --budgets``: per budget, each router's λ is calibrated on its own training queries and the
+    spend is measured on the test split — all of it and apart on inlier and outlier queries. Prox's entry is
+    recomputed by hand (calibrate on the training rows, route the test rows); inlier queries, like the training
+    ones, stay within 10 % of the budget (here −4 % and +1 %); the split spends make up the whole."""
+    from proxray import KNNRouter
+    from proxray.tuning import SPREAD_INV_TAU
+
+    t, X, acc, cost = synth
+    budgets = (3e-6, 5e-6)
+    res = evaluate(X, acc, cost, t.tasks, router="knn", protocol="few-shot-outlier", outliers=["gsm8k", "svamp"],
+                   seeds=(42,), few_shot=10, k=50, budgets=budgets)
+    sp = protocol_split(t.tasks, ["gsm8k", "svamp"], "few-shot-outlier", 42, 10)
+    r = KNNRouter(k=50, inv_tau=SPREAD_INV_TAU, temperature="spread").fit(
+        X[sp.base_train], acc[sp.base_train], cost[sp.base_train])
+    rows, out = np.arange(len(sp.test)), sp.test_outlier
+    assert [b["budget"] for b in res["budgets"]] == list(budgets)
+    for b, got in zip(budgets, res["budgets"]):
+        lam = r.calibrate(X[sp.base_train], target_cost=b)
+        pick = r.route(X[sp.test], lam=lam)
+        paid = cost[sp.test][rows, pick]
+        prox = got["prox"]
+        assert prox["lam"] == pytest.approx(lam)
+        assert prox["accuracy"] == pytest.approx(100 * acc[sp.test][rows, pick].mean())
+        assert (prox["cost"], prox["cost_inlier"], prox["cost_outlier"]) == pytest.approx(
+            (paid.mean(), paid[~out].mean(), paid[out].mean()))
+        assert abs(prox["cost_inlier"] / b - 1) <= 0.10, (b, prox)
+        for name in ("base", "prox", "allsee"):
+            e = got[name]
+            assert e["cost"] == pytest.approx((1 - out.mean()) * e["cost_inlier"] + out.mean() * e["cost_outlier"])
+    text = format_result(res)
+    assert "all queries (inlier; outlier queries)" in text
+    assert f"{prox['cost']:.3g} ({prox['cost_inlier']:.3g}; {prox['cost_outlier']:.3g})" in text
 
 
 def test_accuracy_only_tables(synth):

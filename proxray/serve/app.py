@@ -132,7 +132,8 @@ class RouterIngress:
             from .budget import BudgetController
 
             b = self.args.budget
-            self.budget = BudgetController(b.cost_per_query, b.lam0, b.window, b.gain)
+            self.budget = BudgetController(b.cost_per_query, b.lam0, b.window, b.gain, basis=b.basis)
+        self.prices = {m.id: m.price for m in self.args.models if m.price is not None}
         self.requests = 0
         self.router_path = self.args.router
         self.metrics = GatewayMetrics()
@@ -229,7 +230,8 @@ class RouterIngress:
         p = planning.routed(router.models_, self.client.handles, acc[0], cost[0], float(outlier[0]), lam,
                             req.proxray, path, refusals)
         if on_budget:
-            self.budget.observe(cost[0][router.models_.index(p.candidates[0])])
+            if self.budget.basis == "estimated":  # known now; a realised cost when the answer is complete
+                self.budget.observe(cost[0][router.models_.index(p.candidates[0])])
             p.report["budget"] = self.budget.report()
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
         self.metrics.routed(p.report["route_ms"], p.report["outlier_score"])
@@ -321,12 +323,32 @@ class RouterIngress:
         self.metrics.answered(model, p.report["routed"])
         p.report["latency_s"] = time.perf_counter() - t0
         p.report["timings"] = timings
+        metered = "budget" in p.report and self.budget.basis == "realised"
         if req.stream:
             head[0] = {**head[0], "proxray": p.report}
-            done = lambda ok: ok or self.metrics.error(502)  # noqa: E731 - a stream that ended in an error event
-            return StreamingResponse(relay(head, gen, done), media_type="text/event-stream",
+            usage = {}  # a stream's usage: in its last chunk, where the client asked for it (include_usage)
+
+            def seen(obj):
+                if obj.get("usage"):
+                    usage["usage"] = obj["usage"]
+
+            def done(ok):
+                if not ok:  # a stream that ended in an error event
+                    self.metrics.error(502)
+                if metered:
+                    self._spent(p, model, usage.get("usage"))
+
+            return StreamingResponse(relay(head, gen, done, seen if metered else None), media_type="text/event-stream",
                                      headers=self._headers(p.report))
+        if metered:
+            self._spent(p, model, head[0].get("usage"))
         return JSONResponse({**head[0], "proxray": p.report}, headers=self._headers(p.report))
+
+    def _spent(self, p, model: str, usage) -> None:
+        """A budget on realised cost counts the answer: its usage tokens at the model's price, or, where the
+        answer carries no usage, the model's estimated cost (counted as unmetered)."""
+        real = self.prices[model].cost(usage)
+        self.budget.observe(p.report["estimates"][model]["cost"] if real is None else real, metered=real is not None)
 
     # ---- routes ------------------------------------------------------------------------------
     @api.post("/v1/chat/completions")

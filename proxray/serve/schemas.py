@@ -66,7 +66,11 @@ class Message(BaseModel):
 
 class BudgetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    cost_per_query: float = Field(gt=0, description="USD: target mean estimated cost of routed requests")
+    cost_per_query: float = Field(gt=0, description="USD: target mean cost of routed requests")
+    basis: Literal["estimated", "realised"] = Field("estimated", description=(
+        "what is kept on target: the router's estimated cost of the chosen model (known when routing), or "
+        "the realised cost of each answer, its usage tokens at the answering model's price (models[].price; "
+        "an answer without usage, e.g. a stream without stream_options.include_usage, counts its estimate)"))
     window: int = Field(100, ge=1, le=100000, description="about how many recent requests the mean covers")
     gain: float = Field(0.05, gt=0, le=1, description="how fast λ follows the recent mean (log-space step)")
     lam0: float | None = Field(None, gt=0, description="starting λ; default 0.1 / cost_per_query")
@@ -185,6 +189,23 @@ class AutoscalingSpec(BaseModel):
     look_back_period_s: float | None = Field(None, gt=0)
 
 
+class PriceSpec(BaseModel):
+    """A model's token prices, USD per million tokens (as providers list them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    input_per_mtok: float = Field(ge=0, allow_inf_nan=False, description="USD per million prompt tokens")
+    output_per_mtok: float = Field(ge=0, allow_inf_nan=False, description="USD per million completion tokens")
+
+    def cost(self, usage) -> float | None:
+        """USD of one answer from its OpenAI ``usage`` object; None without usable token counts."""
+        if not isinstance(usage, dict):
+            return None
+        p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in (p, c)):
+            return None
+        return (p * self.input_per_mtok + c * self.output_per_mtok) / 1e6
+
+
 class ServedModel(BaseModel):
     """One model deployment of the app."""
 
@@ -203,6 +224,7 @@ class ServedModel(BaseModel):
     max_ongoing_requests: int | None = Field(
         None, ge=1, description="per replica; default 8 for the CPU engines, ray.serve.llm's own for vllm")
     max_queued_requests: int = Field(256, ge=1, description="per deployment; past it a call fails fast (next model)")
+    price: PriceSpec | None = Field(None, description="token prices; needed by budget.basis: realised")
 
 
 class AppArgs(BaseModel):
@@ -224,8 +246,8 @@ class AppArgs(BaseModel):
     models: list[ServedModel] = Field(min_length=1)
     lam: float = Field(0.0, ge=0, description="default λ when a request gives none (and no budget is set)")
     budget: BudgetSpec | None = Field(None, description=(
-        "route to a budget instead of a fixed λ: λ is adjusted online so that the mean estimated cost of "
-        "recent routed requests meets budget.cost_per_query"))
+        "route to a budget instead of a fixed λ: λ is adjusted online so that the mean cost (estimated, or "
+        "realised: budget.basis) of recent routed requests meets budget.cost_per_query"))
     api_key_env: str | None = Field(None, description="env var holding the bearer token; unset = no auth")
     api_key_file: str | None = Field(None, description=(
         "file holding the bearer token (its first line), present on every node: keeps the key out of "
@@ -251,6 +273,10 @@ class AppArgs(BaseModel):
         ids = [m.id for m in self.models]
         if len(set(ids)) != len(ids) or ROUTER_MODEL in ids:
             raise ValueError(f"models: ids must be unique and not {ROUTER_MODEL!r} (got {ids})")
+        unpriced = [m.id for m in self.models if m.price is None]
+        if self.budget is not None and self.budget.basis == "realised" and unpriced:
+            raise ValueError(f"budget.basis='realised' needs models[].price (input_per_mtok, output_per_mtok) for "
+                             f"every model; missing for {', '.join(unpriced)}")
         return self
 
 

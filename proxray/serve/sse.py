@@ -15,17 +15,22 @@ def event(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-async def relay(first: list, rest, on_done=None):
+async def relay(first: list, rest, on_done=None, on_chunk=None):
     """The events of a stream whose first chunks (``first``) were already pulled from ``rest``. A failure
     after that ends the stream with an OpenAI-shaped error event (the answer cannot change model any more);
-    a client that goes away cancels the model's generation. ``on_done(ok)`` is told how it ended."""
+    a client that goes away cancels the model's generation. ``on_done(ok)`` is told how it ended;
+    ``on_chunk(obj)`` sees every chunk relayed (e.g. for its usage)."""
     ok = failed = False
     try:
         for obj in first:
+            if on_chunk:
+                on_chunk(obj)
             yield event(obj)
         async for obj in rest:
             if "error" in obj:
                 raise ModelError(obj)
+            if on_chunk:
+                on_chunk(obj)
             yield event(obj)
         ok = True
         yield DONE
