@@ -250,10 +250,13 @@ def plot_curves(res: dict, path) -> None:
     if not curves:
         log("no cost in this table: no accuracy–cost plot")
         return
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    budgets = [b for b in res.get("budgets") or [] if b["prox"] is not None]
+    fig, axes = plt.subplots(1, 3 + bool(budgets), figsize=(15 + 5 * bool(budgets), 4.2))
     style = {"base": ("tab:blue", "-o"), "prox": ("tab:green", "-s"), "allsee": ("tab:gray", "--^"),
              "oracle": ("black", ":")}
     name = {"km": "KM", "knn": "kNN"}[res["router"]]
+    if budgets:
+        _plot_budget_spend(axes[3], budgets, f"{name}-Prox")
     for ax, sp in zip(axes, SPLITS):
         for key, pts in curves[sp].items():
             pts = np.asarray(pts)
@@ -274,6 +277,24 @@ def plot_curves(res: dict, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _plot_budget_spend(ax, budgets: list, label: str) -> None:
+    """``--budgets``' panel: what Prox really spends per query on the test split (all, inlier, outlier queries;
+    mean over seeds) against the budget its λ was calibrated for on the training queries; on the diagonal the
+    budget holds."""
+    x = np.array([b["budget"] for b in budgets])
+    for key, fmt in (("cost", "-s"), ("cost_inlier", "--o"), ("cost_outlier", ":^")):
+        y = np.array([np.nan if b["prox"][key] is None else b["prox"][key] for b in budgets])
+        ax.plot(x, y, fmt, label=f"{label}, {key.partition('_')[2] or 'all'} queries")
+    ax.plot(x, x, color="black", lw=0.8, label="spend = budget")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_title("spend at a budget (λ calibrated on training queries)")
+    ax.set_xlabel("budget (USD per query)")
+    ax.set_ylabel("really spent on the test split (USD per query)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
 
 
 def plot_sweep(rows: list, param: str, path) -> None:

@@ -160,14 +160,18 @@ def test_accuracy_only_tables(synth):
 @pytest.mark.slow
 def test_eval_command_json_and_plots(tmp_path, capsys):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    assert main(["eval", "--n-per-task", "40", "--seeds", "42,7", "--clusters", "8",
+    assert main(["eval", "--n-per-task", "40", "--seeds", "42,7", "--clusters", "8", "--budgets", "5e-6,1e-5",
                  "--json", str(out), "--plot", str(png)]) == 0
     printed = capsys.readouterr().out
     assert "KM-Prox" in printed and "outlier" in printed
     res = json.loads(out.read_text())
-    assert set(res) >= {"router", "protocol", "outliers", "inv_tau", "splits", "std"}
+    assert set(res) >= {"router", "protocol", "outliers", "inv_tau", "splits", "std", "budgets"}
     assert res["outliers"] == ["hellaswag", "medqa"] and len(res["inv_tau"]) == 2
+    assert [b["budget"] for b in res["budgets"]] == [5e-6, 1e-5]
+    assert set(res["budgets"][0]["prox"]) == {"lam", "accuracy", "cost", "cost_inlier", "cost_outlier", "best_single"}
     assert png.stat().st_size > 10_000
+    # with budgets, a fourth panel (spend against budget): 4 × 5 in at 120 dpi instead of 3
+    assert int.from_bytes(png.read_bytes()[16:20], "big") == 2400
     sweep_png = tmp_path / "s.png"
     assert main(["eval", "--n-per-task", "40", "--seeds", "42", "--clusters", "8", "--sweep", "inv-tau=0,20,inf",
                  "--plot", str(sweep_png), "--json", str(tmp_path / "s.json")]) == 0
