@@ -149,5 +149,14 @@ def test_budget_config_is_validated():
     price = args.models[0].price
     assert price.cost({"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100}) == pytest.approx(6.5e-4)
     assert price.cost(None) is None and price.cost({"prompt_tokens": 3}) is None
+    # an answer is counted at its usage × price; without usage, at its estimate, as unmetered
+    from proxray.serve.budget import BudgetController
+
+    ctl = BudgetController(1e-3, window=1, basis="realised", prices={"m": price})
+    ctl.answered("m", {"prompt_tokens": 1000, "completion_tokens": 100}, estimate=1.0)
+    assert ctl.report() == {"cost_per_query": 1e-3, "basis": "realised", "recent_mean_cost": pytest.approx(6.5e-4),
+                            "requests": 1, "unmetered": 0}
+    ctl.answered("m", None, estimate=2e-3)
+    assert ctl.report()["recent_mean_cost"] == pytest.approx(2e-3) and ctl.report()["unmetered"] == 1
     with pytest.raises(ValidationError, match="models.0.price.output_per_mtok"):
         AppArgs.model_validate({**base, "models": [{**priced, "price": {"input_per_mtok": 1, "output_per_mtok": -1}}]})

@@ -132,8 +132,8 @@ class RouterIngress:
             from .budget import BudgetController
 
             b = self.args.budget
-            self.budget = BudgetController(b.cost_per_query, b.lam0, b.window, b.gain, basis=b.basis)
-        self.prices = {m.id: m.price for m in self.args.models if m.price is not None}
+            self.budget = BudgetController(b.cost_per_query, b.lam0, b.window, b.gain, basis=b.basis,
+                                           prices={m.id: m.price for m in self.args.models if m.price is not None})
         self.requests = 0
         self.router_path = self.args.router
         self.metrics = GatewayMetrics()
@@ -336,19 +336,13 @@ class RouterIngress:
                 if not ok:  # a stream that ended in an error event
                     self.metrics.error(502)
                 if metered:
-                    self._spent(p, model, usage.get("usage"))
+                    self.budget.answered(model, usage.get("usage"), p.report["estimates"][model]["cost"])
 
             return StreamingResponse(relay(head, gen, done, seen if metered else None), media_type="text/event-stream",
                                      headers=self._headers(p.report))
         if metered:
-            self._spent(p, model, head[0].get("usage"))
+            self.budget.answered(model, head[0].get("usage"), p.report["estimates"][model]["cost"])
         return JSONResponse({**head[0], "proxray": p.report}, headers=self._headers(p.report))
-
-    def _spent(self, p, model: str, usage) -> None:
-        """A budget on realised cost counts the answer: its usage tokens at the model's price, or, where the
-        answer carries no usage, the model's estimated cost (counted as unmetered)."""
-        real = self.prices[model].cost(usage)
-        self.budget.observe(p.report["estimates"][model]["cost"] if real is None else real, metered=real is not None)
 
     # ---- routes ------------------------------------------------------------------------------
     @api.post("/v1/chat/completions")

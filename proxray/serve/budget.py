@@ -20,7 +20,7 @@ import math
 
 class BudgetController:
     def __init__(self, cost_per_query: float, lam0: float | None = None, window: int = 100, gain: float = 0.05,
-                 lam_max: float = 1e12, basis: str = "estimated"):
+                 lam_max: float = 1e12, basis: str = "estimated", prices: dict | None = None):
         if not (cost_per_query > 0 and math.isfinite(cost_per_query)):
             raise ValueError(f"budget.cost_per_query={cost_per_query!r}: must be a finite number > 0")
         self.target = float(cost_per_query)
@@ -31,6 +31,7 @@ class BudgetController:
         if basis not in ("estimated", "realised"):
             raise ValueError(f"budget.basis={basis!r}: one of 'estimated', 'realised'")
         self.basis = basis
+        self.prices = prices or {}  # model -> schemas.PriceSpec, for ``answered`` (AppArgs requires them all)
         self.recent = None  # EWMA of the counted cost
         self.n = self.unmetered = 0
 
@@ -43,6 +44,12 @@ class BudgetController:
         self.n += 1
         ratio = max(self.recent, 1e-3 * self.target) / self.target
         self.lam = min(max(self.lam * ratio ** self.gain, self.lam_min), self.lam_max)
+
+    def answered(self, model: str, usage, estimate: float) -> None:
+        """On realised cost, one complete answer: its ``usage`` tokens at ``model``'s price, or where it carries
+        no usage (``None``: a stream whose client did not ask for it) its ``estimate``, counted as unmetered."""
+        real = self.prices[model].cost(usage)
+        self.observe(estimate if real is None else real, metered=real is not None)
 
     def report(self) -> dict:
         out = {"cost_per_query": self.target, "basis": self.basis, "recent_mean_cost": self.recent, "requests": self.n}
