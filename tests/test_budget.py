@@ -62,8 +62,23 @@ def test_a_share_of_the_big_model_holds_on_held_out_queries(world):
     assert share <= 0.2 + 0.05, share
 
 
+def serve_stream(ctl, acc_hat, cost_hat, stream, counted):
+    """The ingress' loop without the transport: per request ``i`` of ``stream``, choose with the controller's λ (the
+    plan's rule) and observe ``counted[i, j]``, the chosen model's cost on the controller's basis. Returns the chosen
+    models (len(stream),) and the λ each was chosen with."""
+    from proxray.serve.plan import candidate_order
+
+    picks, lams = [], []
+    for i in stream:
+        j = candidate_order(acc_hat[i], cost_hat[i], ctl.lam, np.ones(acc_hat.shape[1], bool))[0]
+        lams.append(ctl.lam)
+        ctl.observe(counted[i, j])
+        picks.append(j)
+    return np.array(picks), np.array(lams)
+
+
 def test_the_served_budget_controller_keeps_recent_estimated_cost_on_target(world):
-    """The ingress' loop without the transport: estimate, choose with the controller's λ (the plan's rule),
+    """The ingress' loop without the transport (``serve_stream``): estimate, choose with the controller's λ,
     observe the chosen model's estimated cost. After a warm-up the recent mean stays within 10 % of target."""
     from proxray.serve.budget import BudgetController
     from proxray.serve.plan import candidate_order
@@ -77,13 +92,8 @@ def test_the_served_budget_controller_keeps_recent_estimated_cost_on_target(worl
         target = per_model.min() + frac * (per_model.max() - per_model.min())
         ctl = BudgetController(target, window=100, gain=0.05)
         stream = rng.choice(len(test), size=3000)
-        spent, right, lams = [], [], []
-        for i in stream:
-            j = candidate_order(acc_hat[i], cost_hat[i], ctl.lam, np.ones(len(t.models), bool))[0]
-            lams.append(ctl.lam)
-            ctl.observe(cost_hat[i, j])
-            spent.append(cost_hat[i, j])
-            right.append(acc[test][i, j])
+        picks, lams = serve_stream(ctl, acc_hat, cost_hat, stream, cost_hat)
+        spent, right = cost_hat[stream, picks], acc[test][stream, picks]
         late = np.mean(spent[1500:])
         assert abs(late - target) <= 0.10 * target, (frac, late, target)
         assert np.ptp(np.log(lams[2000:])) < np.log(4)  # λ has settled, not oscillating wildly
@@ -97,9 +107,8 @@ def test_a_budget_on_realised_cost_holds_where_the_estimates_do_not(world):
     """Traffic with tasks the router never saw (gsm8k and svamp, a fifth of it): the router's cost estimates are
     wrong there, so a controller holding the mean *estimated* cost on target spends more than the target for
     real; on the realised cost (``basis="realised"``, the answers' usage at their prices when served) the real
-    mean stays within 10 % of it. Same loop as above, 3,000 requests from held-out queries, two budgets."""
+    mean stays within 10 % of it. Same loop (``serve_stream``), 3,000 requests from held-out queries, two budgets."""
     from proxray.serve.budget import BudgetController
-    from proxray.serve.plan import candidate_order
 
     t, X, acc, cost, train, cal, test = world
     unseen = np.isin(np.asarray(t.tasks), ["gsm8k", "svamp"])
@@ -116,11 +125,8 @@ def test_a_budget_on_realised_cost_holds_where_the_estimates_do_not(world):
         late = {}
         for basis in ("estimated", "realised"):
             ctl = BudgetController(target, window=100, gain=0.05, basis=basis)
-            spent = []
-            for i in stream:
-                j = candidate_order(acc_hat[i], cost_hat[i], ctl.lam, np.ones(len(t.models), bool))[0]
-                ctl.observe(cost_hat[i, j] if basis == "estimated" else real_cost[i, j])
-                spent.append(real_cost[i, j])
+            picks, _ = serve_stream(ctl, acc_hat, cost_hat, stream, cost_hat if basis == "estimated" else real_cost)
+            spent = real_cost[stream, picks]
             late[basis] = np.mean(spent[1500:]) / target - 1
             assert ctl.report()["basis"] == basis and ctl.report()["requests"] == len(stream)
         assert abs(late["realised"]) <= 0.10, (frac, late)
