@@ -232,7 +232,7 @@ class RouterIngress:
         if on_budget:
             if self.budget.basis == "estimated":  # known now; a realised cost when the answer is complete
                 self.budget.observe(cost[0][router.models_.index(p.candidates[0])])
-            p.report["budget"] = self.budget.report()
+            p.on_budget, p.report["budget"] = True, self.budget.report()
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
         self.metrics.routed(p.report["route_ms"], p.report["outlier_score"])
         if self.monitor is not None:
@@ -294,6 +294,15 @@ class RouterIngress:
         p.report.setdefault("failures", []).append({"model": model, "error": reason})
         self.metrics.fallback(model)
 
+    def _meter(self, p: planning.Plan, model: str):
+        """How ``model``'s answer to plan ``p`` counts toward a budget on realised cost: a function of the answer's
+        usage, or None where nothing is counted at the end (no budget, λ given by the request, or a budget on
+        estimated cost, counted when routed). An answer without usage counts at its estimate."""
+        if not p.on_budget or self.budget.basis != "realised":
+            return None
+        estimate = p.report["estimates"][model]["cost"]
+        return lambda usage: self.budget.answered(model, usage, estimate)
+
     def _headers(self, report) -> dict:
         h = {"x-proxray-model": report["model"], "x-proxray-routed": str(report["routed"]).lower()}
         if report.get("routed"):
@@ -323,7 +332,7 @@ class RouterIngress:
         self.metrics.answered(model, p.report["routed"])
         p.report["latency_s"] = time.perf_counter() - t0
         p.report["timings"] = timings
-        metered = "budget" in p.report and self.budget.basis == "realised"
+        meter = self._meter(p, model)
         if req.stream:
             head[0] = {**head[0], "proxray": p.report}
             usage = {}  # a stream's usage: in its last chunk, where the client asked for it (include_usage)
@@ -335,13 +344,13 @@ class RouterIngress:
             def done(ok):
                 if not ok:  # a stream that ended in an error event
                     self.metrics.error(502)
-                if metered:
-                    self.budget.answered(model, usage.get("usage"), p.report["estimates"][model]["cost"])
+                if meter:
+                    meter(usage.get("usage"))
 
-            return StreamingResponse(relay(head, gen, done, seen if metered else None), media_type="text/event-stream",
+            return StreamingResponse(relay(head, gen, done, seen if meter else None), media_type="text/event-stream",
                                      headers=self._headers(p.report))
-        if metered:
-            self.budget.answered(model, head[0].get("usage"), p.report["estimates"][model]["cost"])
+        if meter:
+            meter(head[0].get("usage"))
         return JSONResponse({**head[0], "proxray": p.report}, headers=self._headers(p.report))
 
     # ---- routes ------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ class RequestError(Exception):
 class Plan:
     candidates: list  # model ids, best first; fallbacks follow in order
     report: dict = field(default_factory=dict)  # what the response's "proxray" object shows
+    on_budget: bool = False  # λ came from the served budget, so the answer counts toward it
 
 
 def pass_through(model: str, served) -> Plan:
