@@ -202,20 +202,31 @@ def check_bv_weight(weight, router: str = "km") -> float:
     return weight
 
 
-def bias_variance_stats(values, sizes, centers_distance) -> tuple[np.ndarray, float]:
+def bias_variance_stats(values, sizes, centers_distance, neighbours: int | None = None) -> tuple[np.ndarray, float]:
     """What the plug-in temperature ``bias_variance_inv_tau`` reads from a fitted KMeans router (paper appendix E's
     squared-error bound, variance + bias²): per cluster the variance of its estimate V_i (K,), the mean over models
     of V_im (1 − V_im) / n_i (binomial: exact for 0/1 correctness, an upper bound for graded scores); and L², the
     squared Lipschitz constant of the models' accuracy in the routing distance, by least squares through the origin
     over cluster pairs: mean_m (V_im − V_jm)² − var_i − var_j ≈ L² d_ij², d_ij the distance between centroids
     (``centers_distance``, (K, K)). L² is 0 where no pair says otherwise (fewer than 2 clusters, or differences
-    all within the noise)."""
+    all within the noise). ``neighbours`` m fits L² only over the pairs where j is among i's m nearest clusters or
+    i among j's (a *local* constant, where the weights fall; an ablation, README: local Lipschitz constant — the
+    routers use all pairs, None)."""
     V = np.clip(np.asarray(values, dtype=np.float64), 0.0, 1.0)
     var = (V * (1.0 - V)).mean(axis=1) / np.maximum(np.asarray(sizes, dtype=np.float64), 1.0)
-    iu = np.triu_indices(len(V), 1)
+    D = np.asarray(centers_distance, dtype=np.float64)
+    pairs = np.triu(np.ones((len(V), len(V)), dtype=bool), 1)
+    if neighbours is not None:
+        if not (isinstance(neighbours, (int, np.integer)) and neighbours >= 1):
+            raise ValueError(f"neighbours={neighbours!r}: a whole number of clusters >= 1, or None (all pairs)")
+        near = np.zeros_like(pairs)
+        order = np.argsort(D + np.diag(np.full(len(V), np.inf)), axis=1, kind="stable")[:, :neighbours]
+        near[np.repeat(np.arange(len(V)), order.shape[1]), order.ravel()] = True
+        pairs &= near | near.T
+    iu = np.nonzero(pairs)
     if not len(iu[0]):
         return var, 0.0
-    d2 = np.square(np.asarray(centers_distance, dtype=np.float64)[iu])
+    d2 = np.square(D[iu])
     y = np.square(V[:, None, :] - V[None, :, :]).mean(axis=2)[iu] - (var[:, None] + var[None, :])[iu]
     denom = float(np.square(d2).sum())
     return var, max(float((y * d2).sum()) / denom, 0.0) if denom > 0 else 0.0

@@ -148,6 +148,33 @@ def test_bias_variance_stats_is_its_formula(rng):
     assert bias_variance_stats(V[:1], n[:1], D[:1, :1])[1] == 0.0  # one cluster: no pair
 
 
+def test_bias_variance_stats_local_fits_the_near_pairs_only(rng):
+    """neighbours=m (the local-Lipschitz ablation): the same least squares over the pairs where one cluster is among
+    the other's m nearest; every cluster its neighbour is all pairs; a step between two groups of clusters, invisible
+    to the near pairs, gives L² 0 locally and > 0 over all pairs."""
+    from proxray.weights import bias_variance_stats
+
+    V, n = rng.uniform(size=(6, 4)), rng.integers(1, 50, size=6).astype(float)
+    D = rng.uniform(0.1, 1.0, size=(6, 6))
+    D = (D + D.T) / 2
+    np.fill_diagonal(D, 0.0)
+    (var_all, l2_all), (var5, l2_5) = bias_variance_stats(V, n, D), bias_variance_stats(V, n, D, neighbours=5)
+    assert l2_5 == l2_all and np.array_equal(var5, var_all)
+    var, l2 = bias_variance_stats(V, n, D, neighbours=1)
+    nearest = [int(np.argmin(np.where(np.arange(6) == i, np.inf, D[i]))) for i in range(6)]
+    pairs = {tuple(sorted((i, j))) for i, j in enumerate(nearest)}
+    num = sum((np.mean((V[i] - V[j]) ** 2) - var[i] - var[j]) * D[i, j] ** 2 for i, j in pairs)
+    assert l2 == pytest.approx(max(num / sum(D[i, j] ** 4 for i, j in pairs), 0.0), rel=1e-12)
+    x = np.array([0.0, 0.1, 0.2, 5.0, 5.1, 5.2])  # two tight groups far apart, the accuracy a step between them
+    step = np.repeat([[0.2], [0.8]], 3, axis=0) * np.ones((1, 4))
+    big = np.full(6, 1e9)  # no sampling noise
+    assert bias_variance_stats(step, big, np.abs(x[:, None] - x[None, :]), neighbours=2)[1] == 0.0
+    assert bias_variance_stats(step, big, np.abs(x[:, None] - x[None, :]))[1] > 0.0
+    for bad in (0, 1.5, -2):
+        with pytest.raises(ValueError, match=f"neighbours={bad!r}: a whole number"):
+            bias_variance_stats(V, n, D, neighbours=bad)
+
+
 def test_bias_variance_weights_are_proximity_weights_at_each_grid_point(rng, monkeypatch):
     """weights.bias_variance_weights evaluates the whole BV_GRID per block of queries: the weights it returns are
     bitwise proximity_weights at the chosen 1/tau, the choice the sequential scan's (strictly lower by 1e-15, ties
