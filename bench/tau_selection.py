@@ -246,6 +246,8 @@ def run_config(table, X, acc, cost, router, protocol, outliers, seed, cv=True, b
     for score, name in (("routing", "cv"), ("brier", "brier"))[:2 if brier else 1]:
         folds = cv_folds(X[tr], acc[tr], c(tr), table.tasks[tr], router, hp, protocol, 25, seed, settings_for(router),
                          score=score, repeats=repeats, fold_tasks=len(outliers) if fold_tasks == "outliers" else int(fold_tasks))
+        if folds is None:  # fewer than two training tasks (routerbench leave-task-out pairs): no CV, no CV rules
+            break
         o, i = folds.curves()
         curves.update({f"out_{name}": o.tolist(), f"in_{name}": i.tolist()})
         if name == "cv":  # the folds apart, for rules that need the CV's own spread (select_inv_tau rule="lcb")

@@ -380,6 +380,9 @@ class KNNRouter(_ProxRouter):
         self._build_index()
 
 
+SPREAD_RESOLUTION = 1e-2  # KMeansRouter.prior_: a spread this far below the median is rounding, not spread
+
+
 class KMeansRouter(_ProxRouter):
     """KMeans router: reference set = K clusters of the training queries.
 
@@ -463,8 +466,11 @@ class KMeansRouter(_ProxRouter):
     def prior_(self):
         """p_i over the K clusters, normalized; empty clusters get 0.
 
-        s_i = 0 happens for a one-member cluster (or identical members): its spread is floored at
-        the smallest positive spread, so the prior stays finite and still favours compact clusters.
+        s_i is 0 for a one-member cluster (or identical members) — or, computed in float32, a rounding
+        remainder of the member's distance to itself (~1e-7; which one depends on the BLAS threads): every
+        spread is floored at the smallest real one, a spread below ``SPREAD_RESOLUTION`` × the median
+        positive spread counting as none, so the prior stays finite and still favours compact clusters
+        (a remainder taken as a spread once gave one training query 99.6 % of the prior).
         """
         n = self.sizes_
         if self.prior == "uniform":
@@ -473,7 +479,9 @@ class KMeansRouter(_ProxRouter):
             p = n.copy()
         else:
             s = self.spreads_
-            positive = s[(n > 0) & (s > 0)]
+            live = (n > 0) & (s > 0)
+            resolution = SPREAD_RESOLUTION * float(np.median(s[live])) if live.any() else 0.0
+            positive = s[(n > 0) & (s > resolution)]
             floor = positive.min() if len(positive) else 1.0
             p = np.where(n > 0, n / np.maximum(s, floor), 0.0)
         return p / p.sum()

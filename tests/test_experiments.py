@@ -213,8 +213,8 @@ def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
     """run_once's auto with a CV rule uses CV_REPEATS passes; KMeans' "ess-or-capped" (its default before the
     plug-in): one CV over the fixed grid and ess:3, resolved by select_ess_or_shifted with cap=SHIFT_CAP (so a fixed
     choice is shifted's own, or the cap where shifted's step passed it); cv_repeats / cv_rule say otherwise
-    ("ess-or-shifted": the same CV, no cap); near-base and shifted never pick a sharper KMeans 1/tau than mean does
-    (they move toward inf)."""
+    ("ess-or-shifted": the same CV, no cap); near-base and shifted never pick a smoother KMeans 1/tau than mean does
+    here (they move toward inf; shifted from the smoothed curve's argmax, which can sit one step below mean's)."""
     import proxray.experiments as ex
     import proxray.tuning as tuning
 
@@ -233,7 +233,7 @@ def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
     lcb = ex.run_once(X, acc, cost, t.tasks, seed=42, cv_rule="lcb", **kw)["inv_tau"]  # reads the folds apart
     assert folds == [(3, len(GRID) + 1), (1, len(GRID) + 1)] + [(3, len(GRID))] * 4
     assert rules == ["shifted", "mean", "near-base", "lcb"]
-    assert near >= mean and shifted > mean and lcb in GRID
+    assert near >= mean and shifted >= mean and lcb in GRID
     assert auto["temperature"] == "ess" or auto["inv_tau"] in (shifted, tuning.SHIFT_CAP)
     sp = protocol_split(t.tasks, kw["outliers"], kw["protocol"], 42)
     got = tuning.auto_choice(X[sp.base_train], acc[sp.base_train], cost[sp.base_train], t.tasks[sp.base_train], "km",

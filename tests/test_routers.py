@@ -74,6 +74,25 @@ def test_kmeans_prior_is_size_over_spread(rng):
     np.testing.assert_allclose(r.prior_, p / p.sum())
 
 
+def test_kmeans_prior_floors_a_one_member_cluster_whatever_its_rounding(rng):
+    """A one-member cluster's spread is 0, or in float32 a rounding remainder of its member's distance to itself
+    (1.19e-7 on bbh19_dev at two BLAS threads, 0 at one): either way it is floored at the smallest real spread, so
+    one training query cannot take the prior (with the remainder taken as a spread it took 99.6 % there)."""
+    X, acc, cost, _ = blobs(rng, n_per=30, centers=3)
+    far = -X[:1]  # one query opposite the first blob: a cluster of its own
+    r = KMeansRouter(n_clusters=4, random_state=0).fit(np.vstack([X, far]), np.vstack([acc, acc[:1]]),
+                                                       np.vstack([cost, cost[:1]]))
+    single = int(np.flatnonzero(r.sizes_ == 1)[0])
+    others = np.arange(4) != single
+    floor = r.spreads_[others].min()
+    expected = np.where(others, r.sizes_ / np.maximum(r.spreads_, floor), 1.0 / floor)
+    for remainder in (0.0, 1.19e-7, 1e-4):  # the real spreads here are ~0.02
+        r.spreads_ = r.spreads_.copy()
+        r.spreads_[single] = remainder
+        np.testing.assert_allclose(r.prior_, expected / expected.sum(), rtol=1e-12)
+        assert r.prior_[single] < r.prior_[others].min()
+
+
 def test_prox_beats_base_on_far_queries_of_a_smooth_task(rng):
     """Values vary smoothly along a direction; outlier queries sit beyond the training range.
     Hard nearest-cluster routing extrapolates badly, the tilted average less so (the paper's claim)."""
