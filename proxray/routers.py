@@ -470,8 +470,12 @@ class KMeansRouter(_ProxRouter):
         remainder of the member's distance to itself (~1e-7; which one depends on the BLAS threads): every
         spread is floored at the smallest real one, a spread below ``SPREAD_RESOLUTION`` × the median
         positive spread counting as none, so the prior stays finite and still favours compact clusters
-        (a remainder taken as a spread once gave one training query 99.6 % of the prior).
+        (a remainder taken as a spread once gave one training query 99.6 % of the prior). Kept until n_i or
+        s_i change (``_kept``): every routed query reads it.
         """
+        return self._kept("_prior_memo", (self.prior, self.sizes_, self.spreads_), self._compute_prior)
+
+    def _compute_prior(self):
         n = self.sizes_
         if self.prior == "uniform":
             p = (n > 0).astype(np.float64)
@@ -481,10 +485,21 @@ class KMeansRouter(_ProxRouter):
             s = self.spreads_
             live = (n > 0) & (s > 0)
             resolution = SPREAD_RESOLUTION * float(np.median(s[live])) if live.any() else 0.0
-            positive = s[(n > 0) & (s > resolution)]
+            positive = s[live & (s > resolution)]
             floor = positive.min() if len(positive) else 1.0
             p = np.where(n > 0, n / np.maximum(s, floor), 0.0)
-        return p / p.sum()
+        p = p / p.sum()
+        p.setflags(write=False)  # shared by every call until the clusters change
+        return p
+
+    def _kept(self, name: str, key: tuple, compute):
+        """``compute()``, kept under attribute ``name`` until an entry of ``key`` changes: arrays by identity (fit,
+        load and ``add_queries`` assign new ones rather than writing into them), anything else by equality."""
+        memo = getattr(self, name, None)
+        if memo is None or any(a is not b and (isinstance(a, np.ndarray) or a != b) for a, b in zip(memo[0], key)):
+            memo = (key, compute())
+            setattr(self, name, memo)
+        return memo[1]
 
     def _phi(self, Xq):
         return pairwise_distance(Xq, self.centers_, self.metric), None, self.prior_
@@ -492,15 +507,10 @@ class KMeansRouter(_ProxRouter):
     def bias_variance_stats(self):
         """(var (K,), L²) of ``weights.bias_variance_stats`` for the fitted clusters — what ``temperature="bv"``
         reads; derived from n_i, V_i and the centroids, so it follows ``add_queries`` and needs nothing saved.
-        Kept until those arrays change (fit, load and ``add_queries`` assign new ones): routing pays the K × K pass
-        once, not per batch."""
+        Kept until those arrays change (``_kept``): routing pays the K × K pass once, not per batch."""
         self._check_fitted()
-        key = (self.acc_values_, self.sizes_, self.centers_)
-        memo = getattr(self, "_bv_memo", None)
-        if memo is None or any(a is not b for a, b in zip(memo[0], key)):
-            memo = self._bv_memo = (key, bias_variance_stats(
-                self.acc_values_, self.sizes_, pairwise_distance(self.centers_, self.centers_, self.metric)))
-        return memo[1]
+        return self._kept("_bv_memo", (self.acc_values_, self.sizes_, self.centers_), lambda: bias_variance_stats(
+            self.acc_values_, self.sizes_, pairwise_distance(self.centers_, self.centers_, self.metric)))
 
     def add_queries(self, X, acc, cost=None):
         """Add labeled queries without refitting: each joins its nearest cluster and updates n_i, s_i

@@ -221,7 +221,7 @@ def bias_variance_stats(values, sizes, centers_distance, neighbours: int | None 
             raise ValueError(f"neighbours={neighbours!r}: a whole number of clusters >= 1, or None (all pairs)")
         near = np.zeros_like(pairs)
         order = np.argsort(D + np.diag(np.full(len(V), np.inf)), axis=1, kind="stable")[:, :neighbours]
-        near[np.repeat(np.arange(len(V)), order.shape[1]), order.ravel()] = True
+        np.put_along_axis(near, order, True, axis=1)
         pairs &= near | near.T
     iu = np.nonzero(pairs)
     if not len(iu[0]):
