@@ -779,11 +779,14 @@ def main(argv=None):
         seeds = [run_config(table, X, acc, cost, router, protocol, outliers, s, cv=not a.no_cv, brier=a.brier,
                             repeats=a.cv_repeats, fold_tasks=a.cv_fold_tasks) for s in seed_values]
         rows.append({"table": name, "router": router, "protocol": protocol, "outliers": outliers, "seeds": seeds})
+    if a.json:  # saved before the report, atomically: a report that fails loses no run
+        out = Path(a.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(json.dumps({"settings": [str(g) for g in SETTINGS], "cv_repeats": a.cv_repeats,
+                                   "cv_fold_tasks": a.cv_fold_tasks, "seeds": seed_values, "rows": rows}))
+        tmp.replace(out)
     report(rows, a.per_config)
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({"settings": [str(g) for g in SETTINGS], "cv_repeats": a.cv_repeats,
-                                            "cv_fold_tasks": a.cv_fold_tasks, "seeds": seed_values, "rows": rows}))
 
 
 if __name__ == "__main__":

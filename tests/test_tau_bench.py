@@ -97,6 +97,31 @@ def test_from_json_prints_the_group_table(rows, tmp_path, capsys):
         ts.main(["--seeds", "1,x"])
 
 
+def test_a_run_is_saved_before_its_report(rows, tmp_path, monkeypatch):
+    """--json is written (atomically) before the report is printed: a report that fails loses no run."""
+    class Table:
+        prompts = ["q"]
+
+        def matrices(self):
+            return np.zeros((1, 1)), np.zeros((1, 1))
+
+    monkeypatch.setattr(ts, "SentenceEncoder", lambda progress: type("E", (), {"encode": lambda self, p: p})())
+    monkeypatch.setattr(ts.RoutingTable, "read", staticmethod(lambda path: Table()))
+    monkeypatch.setattr(ts, "run_config", lambda *a, **k: rows[0]["seeds"][0])
+
+    def report(*_):
+        raise RuntimeError("the report failed")
+
+    monkeypatch.setattr(ts, "report", report)
+    path = tmp_path / "out" / "run.json"
+    with pytest.raises(RuntimeError, match="the report failed"):
+        ts.main(["--configs", "fresh11", "--routers", "km", "--seeds", "1,2", "--no-cv", "--json", str(path)])
+    saved = json.loads(path.read_text())
+    assert saved["seeds"] == [1, 2] and len(saved["rows"]) == sum(c[1] == "km" for c in ts.SETS["fresh11"])
+    assert saved["rows"][0]["seeds"] == [rows[0]["seeds"][0]] * 2
+    assert [p.name for p in path.parent.iterdir()] == ["run.json"]  # no temporary file left
+
+
 def test_runs_without_cv_curves_pool_with_runs_that_have_them(rows, tmp_path, capsys):
     """fresh11 was run with --no-cv: kNN's auto (the fixed setting spr:0.2) is still read and compared per group,
     pooled with runs that hold CV curves; the CV rules are left out of a pool where any configuration lacks them;
