@@ -26,12 +26,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from km_plugin import saved_rows, table_loader  # noqa: E402
-from tau_selection import LOSS, SPLITS, fit_test_run, test_splits  # noqa: E402
+from km_plugin import BASE, saved_rows, table_loader  # noqa: E402
+from tau_selection import LOSS, SPLITS, fit_test_run, fixed_deltas, test_splits  # noqa: E402
 
 from proxray.tuning import GRID  # noqa: E402
-
-BASE = GRID.index(float("inf"))
 
 
 def config_scores(row, seeds, cache, neighbours, weights) -> dict:
@@ -60,8 +58,7 @@ def config_scores(row, seeds, cache, neighbours, weights) -> dict:
                 for cw, (_, w) in zip(weights, bias_variance_weights(phi, prior, var, l2, weights)):
                     score = routing_score(w @ r.acc_values_, w @ r.cost_values_, acc[idx], c)
                     out.setdefault(f"{name}:{cw:g}", {}).setdefault(split, []).append(score - base)
-    fixed = {k: np.mean([np.asarray(s["test"][k][:len(GRID)]) - s["test"][k][BASE] for s in row["seeds"]], axis=0)
-             for k in SPLITS}
+    fixed = {k: fixed_deltas(row, k).mean(axis=0) for k in SPLITS}
     return {"table": row["table"], "protocol": row["protocol"], "outliers": row["outliers"],
             "n_seeds": len(row["seeds"]), "scores": out, "fixed": {k: v.tolist() for k, v in fixed.items()},
             "base_check": check}

@@ -31,11 +31,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tau_selection import (BV, D, LOSS, SETTINGS, SPLITS, _auto_pick, _deltas, against_fixed,  # noqa: E402
-                           fit_test_run, group_axes, save_figure, test_splits)
+                           fit_test_run, fixed_deltas, group_axes, save_figure, test_splits)
 
 from proxray.tuning import GRID  # noqa: E402
 
-G = len(GRID)
 BASE = GRID.index(float("inf"))
 WEIGHTS = tuple(float(s[3:]) for s in BV)  # the bias weights c scored
 CANDIDATES = (0.125, 0.25)  # docs/prereg-km-plugin.md: the first that passes its four conditions is adopted
@@ -111,7 +110,7 @@ def config_result(row, seeds, cache) -> dict:
         seeds = {AUTO: (np.full(len(row["seeds"]), np.nan) if pick is None  # saved without CV curves (--no-cv)
                         else _deltas(row, [pick(s) for s in row["seeds"]], k))}
         seeds.update({_name(c): bv[k][:, j] for j, c in enumerate(WEIGHTS)})
-        seeds["fixed"] = np.array([np.asarray(s["test"][k][:G]) - s["test"][k][BASE] for s in row["seeds"]])
+        seeds["fixed"] = fixed_deltas(row, k)
         out[k] = {name: (v.mean(axis=0) if name == "fixed" else float(v.mean())) for name, v in seeds.items()}
         per_seed[k] = seeds
     return {"table": row["table"], "protocol": row["protocol"], "outliers": row["outliers"], "delta": out,

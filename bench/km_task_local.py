@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tau_selection import _GRID_ESS, D, LOSS, SPLITS, ess_pick, fit_test_run, test_splits  # noqa: E402
+from tau_selection import _GRID_ESS, D, LOSS, SPLITS, ess_pick, fit_test_run, fixed_deltas, test_splits  # noqa: E402
 
 from proxray.tuning import GRID, SHIFT_CAP, estimates_over  # noqa: E402
 
@@ -165,14 +165,14 @@ def per_config(results: list) -> str:
     return "\n".join(lines)
 
 
-def task_table(row, seeds: list) -> str:
+def task_table(row) -> str:
     """Each held-out task's CV outlier gain over Base on the grid (mean over seeds), beside the test outliers'."""
-    per = {}
+    seeds, per = row["seeds"], {}
     for s in seeds:
         tasks, out_t = task_curves(s["folds_cv"])
         for t, curve in zip(tasks, out_t):
             per.setdefault(t, []).append(curve[:G] - curve[BASE])
-    test = np.mean([np.asarray(s["test"]["outlier"][:G]) - s["test"]["outlier"][BASE] for s in seeds], axis=0)
+    test = fixed_deltas(row, "outlier").mean(axis=0)
     lines = [f"{row['table']} {row['protocol']} {'+'.join(row['outliers'])} ({len(seeds)} seeds): CV outlier gain "
              "over Base per held-out task", "| held-out task | " + " | ".join(f"{g:g}" for g in GRID) + " |",
              "|---" * (G + 1) + "|"]
@@ -209,11 +209,10 @@ def main(argv=None):
                             "changed": sum(any(abs(g[k][CANDIDATE] - g[k][AUTO_ROW]) > 1e-9 for k in SPLITS)
                                            for g in got), "seeds": len(got),
                             "delta": {k: {n: float(np.mean([g[k][n] for g in got])) for n in VARIANTS} for k in SPLITS},
-                            "fixed": np.mean([np.asarray(s["test"]["overall"][:G]) - s["test"]["overall"][BASE]
-                                              for s in row["seeds"]], axis=0)})
+                            "fixed": fixed_deltas(row, "overall").mean(axis=0)})
             # auto's outlier loss: its row of the refit, which run_seed checked against the saved scores
             if a.tasks == row["table"] and results[-1]["delta"]["outlier"][AUTO_ROW] < -LOSS["outlier"]:
-                print(task_table(row, row["seeds"]) + "\n")
+                print(task_table(row) + "\n")
     print(report(results))
     if a.per_config:
         print("\n" + per_config(results))

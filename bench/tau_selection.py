@@ -415,6 +415,12 @@ def _deltas(row, picked, split) -> np.ndarray:
     return np.array([s["test"][split][g] - s["test"][split][base] for s, g in zip(row["seeds"], picked)])
 
 
+def fixed_deltas(row, split) -> np.ndarray:
+    """Prox − Base on ``split`` at every fixed 1/tau of ``GRID``, per seed of ``row``: (seeds, len(GRID))."""
+    base = _base(row)
+    return np.array([np.asarray(s["test"][split][:len(GRID)]) - s["test"][split][base] for s in row["seeds"]])
+
+
 def effect(rows, pick) -> dict:
     """Per configuration, Prox − Base on each split (mean over its seeds) when ``pick(seed_result)`` chooses the
     setting; and the configurations losing more than 0.3 pp outlier / 0.5 pp inlier (``LOSS``)."""
