@@ -112,7 +112,9 @@ def main(argv=None):
         for row, seeds in saved_rows(a.from_json, "km", "local L²"):
             results.append(config_scores(row, seeds, cache, neighbours, weights))
         if a.json:
-            Path(a.json).write_text(json.dumps(results))
+            from proxray.storage import replace_atomically
+
+            replace_atomically(a.json, json.dumps(results).encode())
     print(report(results))
 
 

@@ -46,6 +46,7 @@ import numpy as np
 from proxray.embed import SentenceEncoder
 from proxray.experiments import protocol_split
 from proxray.metrics import routing_score
+from proxray.storage import replace_atomically
 from proxray.table import RoutingTable
 from proxray.tuning import (CV_REPEATS, ESS_MARGIN, ESS_TARGET, GRID, ROUTER_NAMES, SHIFT_CAP, SHIFT_CAP_GAIN, CVFolds,
                             cv_folds, estimates_over, make_router, select_ess_or_shifted, select_inv_tau, smooth_curve)
@@ -786,12 +787,10 @@ def main(argv=None):
                             repeats=a.cv_repeats, fold_tasks=a.cv_fold_tasks) for s in seed_values]
         rows.append({"table": name, "router": router, "protocol": protocol, "outliers": outliers, "seeds": seeds})
     if a.json:  # saved before the report, atomically: a report that fails loses no run
-        out = Path(a.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(json.dumps({"settings": [str(g) for g in SETTINGS], "cv_repeats": a.cv_repeats,
-                                   "cv_fold_tasks": a.cv_fold_tasks, "seeds": seed_values, "rows": rows}))
-        tmp.replace(out)
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        replace_atomically(a.json, json.dumps({"settings": [str(g) for g in SETTINGS], "cv_repeats": a.cv_repeats,
+                                               "cv_fold_tasks": a.cv_fold_tasks, "seeds": seed_values,
+                                               "rows": rows}).encode())
     report(rows, a.per_config)
 
 
