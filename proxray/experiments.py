@@ -251,12 +251,13 @@ def plot_curves(res: dict, path) -> None:
         log("no cost in this table: no accuracy–cost plot")
         return
     budgets = [b for b in res.get("budgets") or [] if b["prox"] is not None]
-    fig, axes = plt.subplots(1, 3 + bool(budgets), figsize=(15 + 5 * bool(budgets), 4.2))
+    fig, axes = plt.subplots(1, 3 + 2 * bool(budgets), figsize=(15 + 10 * bool(budgets), 4.2))
     style = {"base": ("tab:blue", "-o"), "prox": ("tab:green", "-s"), "allsee": ("tab:gray", "--^"),
              "oracle": ("black", ":")}
     name = {"km": "KM", "knn": "kNN"}[res["router"]]
     if budgets:
-        _plot_budget_spend(axes[3], budgets, f"{name}-Prox")
+        _plot_budget_accuracy(axes[3], budgets, name, style)
+        _plot_budget_spend(axes[4], budgets, f"{name}-Prox")
     for ax, sp in zip(axes, SPLITS):
         for key, pts in curves[sp].items():
             pts = np.asarray(pts)
@@ -279,20 +280,43 @@ def plot_curves(res: dict, path) -> None:
     plt.close(fig)
 
 
+def _plot_budget_accuracy(ax, budgets: list, name: str, style: dict) -> None:
+    """``--budgets``' first panel: the accuracy each router reaches on the test split at each budget (λ calibrated on
+    its training queries; mean over seeds; a budget a router cannot meet is left out), beside the best single model
+    that costs no more than Prox really spent."""
+    x = np.array([b["budget"] for b in budgets])
+    for key in ROUTER_KEYS:
+        color, fmt = style[key]
+        ax.plot(x, _budget_series(budgets, key, "accuracy"), fmt, color=color, ms=4, label=f"{name}-{LABELS[key]}")
+    ax.plot(x, _budget_series(budgets, "prox", "best_single"), "*:", color="tab:orange", ms=8,
+            label=f"best single model costing ≤ {name}-Prox's spend")
+    _finish_budget_panel(ax, "accuracy at a budget (test split)", "mean accuracy (%)")
+
+
 def _plot_budget_spend(ax, budgets: list, label: str) -> None:
-    """``--budgets``' panel: what Prox really spends per query on the test split (all, inlier, outlier queries;
-    mean over seeds) against the budget its λ was calibrated for on the training queries; on the diagonal the
-    budget holds."""
+    """``--budgets``' second panel: what Prox really spends per query on the test split (all, inlier, outlier
+    queries; mean over seeds) against the budget its λ was calibrated for on the training queries; on the diagonal
+    the budget holds."""
     x = np.array([b["budget"] for b in budgets])
     for key, fmt in (("cost", "-s"), ("cost_inlier", "--o"), ("cost_outlier", ":^")):
-        y = np.array([np.nan if b["prox"][key] is None else b["prox"][key] for b in budgets])
-        ax.plot(x, y, fmt, label=f"{label}, {key.partition('_')[2] or 'all'} queries")
+        part = key.partition("_")[2] or "all"
+        ax.plot(x, _budget_series(budgets, "prox", key), fmt, label=f"{label}, {part} queries")
     ax.plot(x, x, color="black", lw=0.8, label="spend = budget")
-    ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_title("spend at a budget (λ calibrated on training queries)")
+    _finish_budget_panel(ax, "spend at a budget (λ calibrated on training queries)",
+                         "really spent on the test split (USD per query)")
+
+
+def _budget_series(budgets: list, router: str, key: str) -> np.ndarray:
+    """One value of ``budget_scores``' entries per budget; NaN where the router could not meet it or it is None."""
+    return np.array([np.nan if b[router] is None or b[router][key] is None else b[router][key] for b in budgets])
+
+
+def _finish_budget_panel(ax, title: str, ylabel: str) -> None:
+    ax.set_xscale("log")
+    ax.set_title(title)
     ax.set_xlabel("budget (USD per query)")
-    ax.set_ylabel("really spent on the test split (USD per query)")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
 

@@ -170,8 +170,8 @@ def test_eval_command_json_and_plots(tmp_path, capsys):
     assert [b["budget"] for b in res["budgets"]] == [5e-6, 1e-5]
     assert set(res["budgets"][0]["prox"]) == {"lam", "accuracy", "cost", "cost_inlier", "cost_outlier", "best_single"}
     assert png.stat().st_size > 10_000
-    # with budgets, a fourth panel (spend against budget): 4 × 5 in at 120 dpi instead of 3
-    assert int.from_bytes(png.read_bytes()[16:20], "big") == 2400
+    # with budgets, two more panels (accuracy at each budget, spend against budget): 5 × 5 in at 120 dpi instead of 3
+    assert int.from_bytes(png.read_bytes()[16:20], "big") == 3000
     sweep_png = tmp_path / "s.png"
     assert main(["eval", "--n-per-task", "40", "--seeds", "42", "--clusters", "8", "--sweep", "inv-tau=0,20,inf",
                  "--plot", str(sweep_png), "--json", str(tmp_path / "s.json")]) == 0
