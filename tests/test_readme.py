@@ -23,3 +23,35 @@ def test_import_is_light():
             "print(sorted(m for m in ('torch', 'sentence_transformers', 'ray', 'vllm', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def _anchors(text):
+    """GitHub's anchors of a Markdown text: its headings' slugs (lower case, punctuation but - and _ dropped, spaces to
+    -, repeats numbered) and its explicit ``<a id="…">``."""
+    found, seen = set(re.findall(r'<a id="([^"]+)"></a>', text)), {}
+    for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_the_docs_links_resolve():
+    """Every relative link of README.md and docs/*.md names a file of the repository and, with a #fragment, a heading
+    or anchor of that file (README's sections cross-link a lot; a renamed heading must not leave a dead link)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    dead, checked = [], 0
+    for page in pages:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):  # http(s), mailto: not ours to check offline
+                continue
+            path, _, fragment = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            checked += 1
+            if not file.exists():
+                dead.append(f"{page.name}: {target} (no such file)")
+            elif fragment and file.suffix == ".md" and fragment not in _anchors(file.read_text()):
+                dead.append(f"{page.name}: {target} (no such heading or anchor)")
+    assert checked > 80
+    assert not dead, "dead links:\n" + "\n".join(dead)
