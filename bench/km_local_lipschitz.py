@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from km_plugin import BASE, saved_rows, table_loader  # noqa: E402
 from tau_selection import LOSS, SPLITS, fit_test_run, fixed_deltas, test_splits  # noqa: E402
 
+from proxray.storage import replace_atomically  # noqa: E402
 from proxray.tuning import GRID  # noqa: E402
 
 
@@ -112,8 +113,6 @@ def main(argv=None):
         for row, seeds in saved_rows(a.from_json, "km", "local L²"):
             results.append(config_scores(row, seeds, cache, neighbours, weights))
         if a.json:
-            from proxray.storage import replace_atomically
-
             replace_atomically(a.json, json.dumps(results).encode())
     print(report(results))
 

@@ -23,15 +23,15 @@ Base" is ``rule="shifted"``; ``ess:E`` is the adaptive bandwidth (per query the 
 effective sample size is E), and "shifted, or ess:E where its CV mean is m pp higher" is
 ``tuning.select_ess_or_shifted``, what KMeans' ``--inv-tau auto`` used at E = 3, m = 0.5 before the plug-in
 temperature (the rows "fixed bv:c"; ``bench/km_plugin.py`` reports it; kNN's auto is the row "fixed spr:0.2", rule
-"spread"); "lcb" and "one-se" read the CV folds apart (saved in
-the JSON as ``folds_cv``; runs saved before that skip them). The CV averages its folds over ``--cv-repeats`` random
+"spread"); "lcb" and "one-se" read the CV folds apart (saved in the JSON as ``folds_cv``; runs saved before that
+skip them). The CV averages its folds over ``--cv-repeats`` random
 splits (default: as ``--inv-tau auto``, ``tuning.CV_REPEATS``; 1 is the one-pass CV of the earlier saved runs).
 Besides the rule table, each router's report gives its auto rule (``AUTO``; for KMeans the CV rule it had before the
 plug-in) per table x protocol against the best fixed 1/tau in hindsight, with a bootstrap interval and the fixed
 1/tau chosen without the configuration (``by_group``), and how many losing configurations the seeds' own noise
-predicts (``noise``); with several saved runs, all of them pooled too. ``--recheck``: the configurations that lose under their router's auto rule in saved runs, run again on other
-``--seeds`` (README: how much of what is left is noise); ``--rerun``: every configuration of saved runs, run again
-(README: [seeds10](#seeds10)).
+predicts (``noise``); with several saved runs, all of them pooled too. ``--recheck``: the configurations that lose
+under their router's auto rule in saved runs, run again on other ``--seeds`` (README: how much of what is left is
+noise); ``--rerun``: every configuration of saved runs, run again (README: [seeds10](#seeds10)).
 ``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the twelve further sets, each
 defined before the rules it was used to check (README: How τ is chosen).
 """
