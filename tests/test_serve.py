@@ -104,6 +104,26 @@ def test_bypass_completions_models_and_health(client, server):
     assert httpx.get(f"{server}/health", timeout=10).json()["status"] == "ok"
 
 
+def test_models_retrieve_and_unknown_paths_answer_like_openai(client, server):
+    import openai
+
+    m = client.models.retrieve(WEAK)  # "/" in the id: the SDK sends %2F
+    assert (m.id, m.object, m.owned_by, m.model_extra["engine"]) == (WEAK, "model", "proxray", "sim")
+    assert m.created == client.models.list().data[1].created > 1.7e9
+    assert client.models.retrieve("proxray").model_extra["routes_to"]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-9")
+    assert e.value.body["param"] == "model" and "'gpt-9' is not served" in e.value.body["message"]
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{server}/v1/models/{WEAK}", timeout=10).status_code == 401  # the key is asked here too
+    r = httpx.get(f"{server}/v1/embeddings", headers=auth, timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
+    assert "/v1/embeddings" in r.json()["error"]["message"]
+    r = httpx.get(f"{server}/v1/chat/completions", headers=auth, timeout=10)
+    assert r.status_code == 405 and "GET is not allowed" in r.json()["error"]["message"], r.text
+    assert r.headers["allow"] == "POST"
+
+
 def test_streaming_matches_the_full_answer(client):
     kw = dict(model=STRONG, messages=[{"role": "user", "content": "Name a planet."}], seed=3)
     full = client.chat.completions.create(**kw).choices[0].message.content

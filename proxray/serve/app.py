@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import plan as planning
 from .client import ModelClient, ModelError, failure_reason
@@ -91,6 +92,21 @@ api = FastAPI(title="proxray", description="OpenAI-compatible endpoint routed by
               docs_url=None, redoc_url=None, openapi_url=None)  # served only with args.docs (below)
 
 
+@api.exception_handler(StarletteHTTPException)
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """A path or method the gateway does not serve (404, 405) answers in OpenAI's error shape, like every
+    other error, so clients report it as they report the API's own (405 keeps its ``Allow`` header)."""
+    path = request.url.path[:200]
+    if exc.status_code == 404:
+        e = RequestError(404, f"no such path {path}; served: POST /v1/chat/completions, POST /v1/completions, "
+                         "GET /v1/models, GET /v1/models/{model}, GET /health", kind="not_found_error")
+    elif exc.status_code == 405:
+        e = RequestError(405, f"{request.method} is not allowed on {path}", kind="invalid_request_error")
+    else:
+        e = RequestError(exc.status_code, str(exc.detail)[:200])
+    return JSONResponse(e.body(), status_code=e.status, headers=exc.headers)
+
+
 @serve.deployment
 @serve.ingress(api)
 class RouterIngress:
@@ -135,6 +151,7 @@ class RouterIngress:
             self.budget = BudgetController(b.cost_per_query, b.lam0, b.window, b.gain, basis=b.basis,
                                            prices={m.id: m.price for m in self.args.models if m.price is not None})
         self.requests = 0
+        self.created = int(time.time())  # the model objects' "created"
         self.router_path = self.args.router
         self.metrics = GatewayMetrics()
         self.monitor = None
@@ -362,16 +379,31 @@ class RouterIngress:
     async def completions(self, request: Request):
         return await self._handle(request, CompletionRequest, "completions")
 
+    def _model_objects(self) -> list:
+        """OpenAI model objects: the router first, then every served model."""
+        data = [{"id": ROUTER_MODEL, "object": "model", "created": self.created, "owned_by": "proxray",
+                 "routes_to": self.routable}]
+        return data + [{"id": m, "object": "model", "created": self.created, "owned_by": "proxray",
+                        "engine": self.kinds[m]} for m in sorted(self.client.handles)]
+
     @api.get("/v1/models")
     async def models(self, request: Request):
         try:
             self._check_auth(request)
         except RequestError as e:
             return error_response(e)
-        data = [{"id": ROUTER_MODEL, "object": "model", "owned_by": "proxray", "routes_to": self.routable}]
-        data += [{"id": m, "object": "model", "owned_by": "proxray", "engine": self.kinds[m]}
-                 for m in sorted(self.client.handles)]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": self._model_objects()}
+
+    @api.get("/v1/models/{model:path}")  # :path - ids hold "/" (the openai SDK sends it as %2F)
+    async def model(self, model: str, request: Request):
+        try:
+            self._check_auth(request)
+            found = [m for m in self._model_objects() if m["id"] == model]
+            if not found:
+                raise planning.not_served(model, self.client.handles)
+        except RequestError as e:
+            return error_response(e)
+        return found[0]
 
     @api.get("/health")
     async def health(self):

@@ -33,11 +33,15 @@ class Plan:
     on_budget: bool = False  # λ came from the served budget, so the answer counts toward it
 
 
+def not_served(model: str, served) -> RequestError:
+    return RequestError(404, f"model {model!r} is not served; use 'proxray' for routing or one of: "
+                        f"{', '.join(sorted(served))}", "model", "not_found_error")
+
+
 def pass_through(model: str, served) -> Plan:
     """A request that names a served model goes there and nowhere else (no fallback, no encoder)."""
     if model not in served:
-        raise RequestError(404, f"model {model!r} is not served; use 'proxray' for routing or one of: "
-                           f"{', '.join(sorted(served))}", "model", "not_found_error")
+        raise not_served(model, served)
     return Plan([model], {"routed": False})
 
 
