@@ -252,9 +252,14 @@ def test_a_declared_oversized_body_is_refused_before_it_is_read(server):
     assert head.startswith("HTTP/1.1 413"), head[:200]
 
 
-def test_docs_are_off_by_default(server):
+def test_docs_and_cors_are_off_by_default(server):
     assert httpx.get(f"{server}/docs", timeout=10).status_code == 404
     assert httpx.get(f"{server}/openapi.json", timeout=10).status_code == 404
+    r = post(server, {"model": WEAK, "messages": [{"role": "user", "content": "hi"}]}, headers={"Origin": "http://localhost:5173"})
+    assert r.status_code == 200 and not [h for h in r.headers if h.startswith("access-control-")]
+    pre = httpx.options(f"{server}/v1/chat/completions", timeout=10,
+                        headers={"Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST"})
+    assert pre.status_code == 405 and "access-control-allow-origin" not in pre.headers
 
 
 # ---- metrics ----------------------------------------------------------------------------------------

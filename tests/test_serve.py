@@ -11,6 +11,8 @@ pytestmark = pytest.mark.slow
 
 from serve_helpers import BROKEN, KEY, SLOW, STRONG, WEAK, start_app, stop_app
 
+ORIGIN = "http://localhost:5173"  # a web page allowed to call the endpoint (cors_origins)
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, encoder):
@@ -26,7 +28,7 @@ def server(tmp_path_factory, encoder):
               {"id": BROKEN, "engine": "sim", "engine_kwargs": {"fail_always": True}, "autoscaling": fast},
               {"id": STRONG, "engine": "sim", "autoscaling": fast}]
     yield start_app(tmp_path_factory.mktemp("serve"), encoder, models, api_key_env="PROXRAY_TEST_KEY",
-                    timeout_s=5, max_prompt_chars=2000)
+                    timeout_s=5, max_prompt_chars=2000, docs=True, cors_origins=[ORIGIN])
     stop_app()
 
 
@@ -37,8 +39,8 @@ def client(server):
     return OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=30)
 
 
-def post(server, path, body, key=KEY, raw=None):
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+def post(server, path, body, key=KEY, raw=None, headers=None):
+    headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})}
     return httpx.post(f"{server}{path}", content=raw if raw is not None else json.dumps(body), headers=headers, timeout=30)
 
 
@@ -122,6 +124,25 @@ def test_models_retrieve_and_unknown_paths_answer_like_openai(client, server):
     r = httpx.get(f"{server}/v1/chat/completions", headers=auth, timeout=10)
     assert r.status_code == 405 and "GET is not allowed" in r.json()["error"]["message"], r.text
     assert r.headers["allow"] == "POST"
+
+
+def test_docs_and_cors_as_configured(server):
+    """This app has docs: true and cors_origins: [ORIGIN] (tests/test_gateway.py checks both off by default)."""
+    spec = httpx.get(f"{server}/openapi.json", timeout=10).json()
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health"} <= set(spec["paths"])
+    assert "swagger" in httpx.get(f"{server}/docs", timeout=10).text.lower()
+    ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"}
+    pre = httpx.options(f"{server}/v1/chat/completions", headers={"Origin": ORIGIN, **ask}, timeout=10)
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == ORIGIN, pre.headers
+    assert "authorization" in pre.headers["access-control-allow-headers"].lower()
+    other = httpx.options(f"{server}/v1/chat/completions", headers={"Origin": "https://elsewhere.example", **ask},
+                          timeout=10)
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    body = {"model": "proxray", "messages": [{"role": "user", "content": "hi"}], "proxray": {"allowed_models": [WEAK]}}
+    r = post(server, "/v1/chat/completions", body, headers={"Origin": ORIGIN})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    assert "x-proxray-model" in r.headers["access-control-expose-headers"]
+    assert post(server, "/v1/chat/completions", body, key=None, headers={"Origin": ORIGIN}).status_code == 401  # key still asked
 
 
 def test_streaming_matches_the_full_answer(client):

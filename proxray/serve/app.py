@@ -9,7 +9,8 @@ The client's request goes to the chosen model as sent (only ``model`` is rewritt
 or chunk stream comes back unchanged, with a ``proxray`` object added (and ``x-proxray-*`` headers).
 ``build_app(args)`` is the ``import_path`` target (``proxray.serve.app:build_app``); ``args`` follow
 ``proxray.serve.schemas.AppArgs``. Handles are injected through ``.bind()``, so tests compose the same app
-from small real parts.
+from small real parts. Each ingress replica builds its FastAPI app from its own args (``gateway_api``, Serve's
+late-bound ``__serve_build_asgi_app__``, as ray.serve.llm's ``LLMServer`` does), so docs and CORS are per app.
 """
 
 import asyncio
@@ -88,11 +89,6 @@ def _has_content(obj: dict) -> bool:
     return False
 
 
-api = FastAPI(title="proxray", description="OpenAI-compatible endpoint routed by ProxRouter",
-              docs_url=None, redoc_url=None, openapi_url=None)  # served only with args.docs (below)
-
-
-@api.exception_handler(StarletteHTTPException)
 async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """A path or method the gateway does not serve (404, 405) answers in OpenAI's error shape, like every
     other error, so clients report it as they report the API's own (405 keeps its ``Allow`` header)."""
@@ -107,8 +103,35 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
     return JSONResponse(e.body(), status_code=e.status, headers=exc.headers)
 
 
+# what a browser page may read of a cross-origin answer besides the CORS-safelisted headers
+EXPOSED_HEADERS = ["x-request-id", "x-proxray-model", "x-proxray-routed", "x-proxray-outlier-score",
+                   "x-proxray-estimated-cost", "x-proxray-fallback-from"]
+
+
+def gateway_api(ingress: "RouterIngress", args: AppArgs) -> FastAPI:
+    """The ingress's HTTP surface, built in each replica from its app args (Ray Serve's late-bound
+    ``__serve_build_asgi_app__``): the routes are the ingress's own methods; ``/docs`` and ``/openapi.json``
+    exist with ``docs: true`` only, CORS headers with ``cors_origins`` only."""
+    on = args.docs
+    app = FastAPI(title="proxray", description="OpenAI-compatible endpoint routed by ProxRouter", redoc_url=None,
+                  docs_url="/docs" if on else None, openapi_url="/openapi.json" if on else None)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    if args.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        # the key travels in the Authorization header, not as a browser credential (cookies): no allow_credentials
+        app.add_middleware(CORSMiddleware, allow_origins=args.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["*"], expose_headers=EXPOSED_HEADERS, max_age=600)
+    app.post("/v1/chat/completions")(ingress.chat)
+    app.post("/v1/completions")(ingress.completions)
+    app.get("/v1/models")(ingress.models)
+    app.get("/v1/models/{model:path}")(ingress.model)  # :path - ids hold "/" (the openai SDK sends it as %2F)
+    app.get("/health")(ingress.health)
+    return app
+
+
 @serve.deployment
-@serve.ingress(api)
+@serve.ingress()
 class RouterIngress:
     """Composes the pieces per request: parse and bound the request, plan (route or pass through), call the
     chosen model through the model client with fallback, write the answer or the stream."""
@@ -370,12 +393,13 @@ class RouterIngress:
             meter(head[0].get("usage"))
         return JSONResponse({**head[0], "proxray": p.report}, headers=self._headers(p.report))
 
-    # ---- routes ------------------------------------------------------------------------------
-    @api.post("/v1/chat/completions")
+    # ---- routes (gateway_api binds them) ------------------------------------------------------
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return gateway_api(self, self.args)
+
     async def chat(self, request: Request):
         return await self._handle(request, ChatRequest, "chat")
 
-    @api.post("/v1/completions")
     async def completions(self, request: Request):
         return await self._handle(request, CompletionRequest, "completions")
 
@@ -386,7 +410,6 @@ class RouterIngress:
         return data + [{"id": m, "object": "model", "created": self.created, "owned_by": "proxray",
                         "engine": self.kinds[m]} for m in sorted(self.client.handles)]
 
-    @api.get("/v1/models")
     async def models(self, request: Request):
         try:
             self._check_auth(request)
@@ -394,7 +417,6 @@ class RouterIngress:
             return error_response(e)
         return {"object": "list", "data": self._model_objects()}
 
-    @api.get("/v1/models/{model:path}")  # :path - ids hold "/" (the openai SDK sends it as %2F)
     async def model(self, model: str, request: Request):
         try:
             self._check_auth(request)
@@ -405,24 +427,9 @@ class RouterIngress:
             return error_response(e)
         return found[0]
 
-    @api.get("/health")
     async def health(self):
         return {"status": "ok", "models": sorted(self.client.handles), "router_models": self.routable,
                 "requests": self.requests}
-
-    @api.get("/openapi.json")
-    async def openapi(self):
-        if not self.args.docs:
-            return error_response(RequestError(404, "not found (docs: true in the app args serves it)", kind="not_found_error"))
-        return JSONResponse(api.openapi())
-
-    @api.get("/docs")
-    async def docs(self):
-        from fastapi.openapi.docs import get_swagger_ui_html
-
-        if not self.args.docs:
-            return error_response(RequestError(404, "not found (docs: true in the app args serves it)", kind="not_found_error"))
-        return get_swagger_ui_html(openapi_url="/openapi.json", title="proxray")
 
 
 def _vllm_deployment(m: ServedModel, source: str):

@@ -259,12 +259,25 @@ class AppArgs(BaseModel):
     default_max_tokens: int = Field(256, ge=1, description="added when a request sets no token limit")
     routing_text: Literal[ROUTING_TEXT] = Field("system+last_user", description="what the router embeds")
     docs: bool = Field(False, description="serve /docs and /openapi.json")
+    cors_origins: list[str] = Field([], max_length=64, description=(
+        "origins whose web pages may call the endpoint from a browser (CORS), e.g. https://app.example.com, "
+        "or ['*'] for any; empty = no CORS headers (browsers refuse cross-origin calls)"))
     monitor: str | None = Field(None, description="name of a detached proxray.monitor actor (namespace proxray) to report to")
     reload_every_s: float = Field(2.0, gt=0, description="how often to ask the monitor for a newer router artifact")
     router_num_cpus: float = Field(0.5, gt=0)
     router_replicas: int = Field(1, ge=1)
     router_max_ongoing_requests: int = Field(64, ge=1)
     router_max_queued_requests: int = Field(512, ge=1, description="past it the proxy answers 503 at once")
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, v):
+        import re
+
+        bad = [o for o in v if o != "*" and not re.fullmatch(r"https?://[^/\s?#]+", o)]
+        if bad:
+            raise ValueError(f"{bad}: an origin is scheme://host[:port] (no path, no trailing /) or '*'")
+        return v
 
     @model_validator(mode="after")
     def _unique(self):
