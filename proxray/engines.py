@@ -56,7 +56,8 @@ class SimEngine:
     ``fail_always`` for every call; ``latency_s`` sleeps per call (a slow model, for autoscaling);
     ``crash_marker`` makes the worker process exit once, the first time it sees a batch after
     ``crash_after_rows`` rows, leaving the marker file so a restarted worker goes on;
-    ``fail_mid_stream`` (serving) fails a stream after its first word.
+    ``fail_mid_stream`` (serving) fails a stream after its first word; ``word_latency_s`` (serving) sleeps
+    before each streamed word (a long generation, for client-disconnect tests).
 
     Live traffic (rows without an answer key): the task is recognised from the text
     (``synthetic.recognize_task``), so a routed prompt is as hard for each model as in the table; the
@@ -68,7 +69,7 @@ class SimEngine:
 
     def __init__(self, model: str, seed: int = 0, fail_query_ids=(), crash_marker: str | None = None,
                  crash_after_rows: int = 0, latency_s: float = 0.0, fail_always: bool = False,
-                 fail_mid_stream: bool = False, judge_error: float = 0.05):
+                 fail_mid_stream: bool = False, judge_error: float = 0.05, word_latency_s: float = 0.0):
         from .synthetic import MODELS, SimulatedPool
 
         if model not in MODELS:
@@ -78,7 +79,7 @@ class SimEngine:
         self.fail_query_ids = set(fail_query_ids)
         self.crash_marker, self.crash_after_rows = crash_marker, crash_after_rows
         self.latency_s, self.fail_always = latency_s, fail_always  # serving: a slow or a broken model
-        self.fail_mid_stream = fail_mid_stream
+        self.fail_mid_stream, self.word_latency_s = fail_mid_stream, word_latency_s
         if not 0.0 <= judge_error <= 1.0:
             raise ValueError(f"sim engine: judge_error={judge_error!r}: must be in [0, 1]")
         self.judge_error = judge_error
@@ -149,6 +150,8 @@ class SimEngine:
             if i == 1 and self.fail_mid_stream:
                 raise RuntimeError(f"sim engine {self.model}: injected failure mid-stream (fail_mid_stream)")
             if w or i:
+                if self.word_latency_s:
+                    time.sleep(self.word_latency_s)
                 yield w if i == 0 else " " + w
         n_out = min(out["output_tokens"], sampling.max_tokens) if reason == "stop" else sampling.max_tokens
         yield Finish(out["input_tokens"], max(n_out, 1), reason)

@@ -16,10 +16,11 @@ from serve_helpers import BROKEN, KEY, SLOW, STRONG, WEAK, start_app, stop_app
 pytestmark = pytest.mark.slow
 TINY = "tiny-llama-b"
 MIDFAIL = SLOW  # a sim model that fails after its first word when streaming
+LONG = "Qwen/Qwen2-7B-Instruct"  # a sim model that streams a word every 0.5 s
 APP = "proxray-gw"
 FOLDERS = {}
 # the router's view: BROKEN best (so routed requests exercise fallback), TINY good and cheap
-PROFILE = {TINY: (0.8, 1e-6), BROKEN: (1.0, 2e-6)}
+PROFILE = {TINY: (0.8, 1e-6), BROKEN: (1.0, 2e-6), LONG: (0.1, 5e-5)}  # LONG: poor and dear, routed last
 CONVERSATION = [{"role": "system", "content": "You answer in one word."},
                 {"role": "user", "content": "Name a colour."},
                 {"role": "assistant", "content": "Blue."},
@@ -38,7 +39,8 @@ def server(tmp_path_factory, encoder):
               {"id": WEAK, "engine": "sim", "autoscaling": one},
               {"id": STRONG, "engine": "sim", "autoscaling": one},
               {"id": BROKEN, "engine": "sim", "engine_kwargs": {"fail_always": True}, "autoscaling": one},
-              {"id": MIDFAIL, "engine": "sim", "engine_kwargs": {"fail_mid_stream": True}, "autoscaling": one}]
+              {"id": MIDFAIL, "engine": "sim", "engine_kwargs": {"fail_mid_stream": True}, "autoscaling": one},
+              {"id": LONG, "engine": "sim", "engine_kwargs": {"word_latency_s": 0.5}, "autoscaling": one}]
     yield start_app(tmp, encoder, models, api_key_env="PROXRAY_TEST_KEY", timeout_s=60, max_body_bytes=64 * 1024,
                     default_max_tokens=16, app_name=APP, profile=PROFILE, router_num_cpus=0.2)
     stop_app()
@@ -170,6 +172,29 @@ def test_failure_mid_stream_ends_with_an_error_event(server):
 
 
 # ---- other clients --------------------------------------------------------------------------------
+def ends(model):
+    """How the model deployment's calls ended (``OpenAIModel.ends``), oldest first."""
+    from ray import serve
+
+    from proxray.serve.app import deployment_name
+
+    return serve.get_deployment_handle(deployment_name(model), APP).ends.remote().result()
+
+
+def test_a_client_that_goes_away_stops_the_generation(client):
+    """The client reads the first words of a long stream and hangs up: the model's generation is cancelled
+    there, not run on for nobody (its answer has 17 words, one every 0.5 s)."""
+    prompt = "Write a long story about a lighthouse keeper and the sea."
+    stream = client.chat.completions.create(model=LONG, messages=[{"role": "user", "content": prompt}], stream=True)
+    words = [c.choices[0].delta.content for c, _ in zip(stream, range(2))]
+    stream.close()  # the connection goes
+    assert words[0] == "[Qwen/Qwen2-7B-Instruct,"
+    deadline = time.time() + 60  # wait on the deployment's state
+    while (last := ends(LONG)[-1])["ended"] == "running" and time.time() < deadline:
+        time.sleep(0.2)
+    assert last["ended"] == "cancelled" and 2 <= last["objects"] < 10, last
+
+
 def test_langchain_chat_openai(server):
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
     from langchain_openai import ChatOpenAI

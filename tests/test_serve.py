@@ -142,6 +142,7 @@ def test_docs_and_cors_as_configured(server):
     r = post(server, "/v1/chat/completions", body, headers={"Origin": ORIGIN})
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
     assert "x-proxray-model" in r.headers["access-control-expose-headers"]
+    assert r.headers["x-request-id"] and r.headers["x-proxray-model"] == WEAK  # what the page may read
     assert post(server, "/v1/chat/completions", body, key=None, headers={"Origin": ORIGIN}).status_code == 401  # key still asked
 
 

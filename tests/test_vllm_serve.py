@@ -123,6 +123,27 @@ def test_pass_through_by_model_id_and_models_list(client):
     assert other.model in (CPU_MODEL, SIM_MODEL)
 
 
+def test_a_client_that_goes_away_aborts_the_vllm_request(client):
+    """The client reads the first tokens of a 400-token stream and hangs up: the vLLM generation is cancelled
+    there (the deployment's ``ends``: cancelled, far fewer than 400 chunks), not run on for nobody."""
+    import time
+
+    from ray import serve
+
+    from proxray.serve.app import deployment_name
+
+    handle = serve.get_deployment_handle(deployment_name(VLLM_MODEL), "proxray")
+    stream = client.chat.completions.create(model=VLLM_MODEL, messages=MESSAGES, max_tokens=400, temperature=0.0,
+                                            stream=True, extra_body={"ignore_eos": True})
+    head = [c for c, _ in zip(stream, range(3))]
+    stream.close()  # the connection goes
+    assert head[0].model == VLLM_MODEL
+    deadline = time.time() + 120  # wait on the deployment's state
+    while (last := handle.ends.remote().result()[-1])["ended"] == "running" and time.time() < deadline:
+        time.sleep(0.2)
+    assert last["ended"] == "cancelled" and 3 <= last["objects"] < 200, last
+
+
 def test_langchain_and_litellm_reach_vllm_with_tools_and_response_format(app):
     """The other clients users point at the gateway: what they send reaches vLLM as sent."""
     import os

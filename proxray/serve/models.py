@@ -5,6 +5,8 @@
 ``endpoint`` is ``"chat"`` or ``"completions"``, ``body`` the client's request as sent (only ``model``
 rewritten). Without ``stream`` it yields one response object; with it, the chunks as they are generated.
 A request the model refuses yields one ``{"error": {...}}`` object with the HTTP status as ``code``.
+``OpenAIModel.respond`` is that method for every engine: it runs the engine's ``_respond``, records what came in
+and how the call ended, and closes the engine's stream as soon as the caller goes away.
 
 * ``ModelServer`` (here): the CPU engines (sim, transformers), which implement the OpenAI semantics
   themselves: chat template over the whole conversation, ``n``, ``stop``, ``max_tokens`` /
@@ -28,17 +30,43 @@ from .schemas import ServedModel
 
 
 class OpenAIModel:
-    """What every model deployment shares: it remembers the last requests it received, so a test (or an
-    operator) can see exactly what the gateway passed through."""
+    """What every model deployment shares: ``respond`` over the engine's ``_respond``, remembering the last
+    requests received (what the gateway passed through) and how each ended (a caller that went away stops the
+    generation), so a test or an operator can see both."""
 
-    def _remember(self, endpoint: str, body: dict) -> None:
+    async def respond(self, endpoint: str, body: dict):
         if not hasattr(self, "_seen"):
-            self._seen = deque(maxlen=32)
+            self._seen, self._ends = deque(maxlen=32), deque(maxlen=32)
         self._seen.append({"endpoint": endpoint, "body": body})
+        end = {"endpoint": endpoint, "objects": 0, "ended": "running"}
+        self._ends.append(end)
+        gen = self._respond(endpoint, body)
+        try:
+            async for obj in gen:
+                end["objects"] += 1
+                yield obj
+            end["ended"] = "complete"
+        except (GeneratorExit, asyncio.CancelledError):
+            end["ended"] = "cancelled"  # the caller went away: the engine's generation stops here
+            raise
+        except BaseException:
+            end["ended"] = "failed"
+            raise
+        finally:
+            await gen.aclose()  # now, not when the collector finds it (vLLM aborts the request on close)
+
+    async def _respond(self, endpoint: str, body: dict):
+        raise NotImplementedError
+        yield  # an async generator
 
     async def seen(self) -> list:
         """The last (up to 32) requests this replica received, oldest first."""
         return list(getattr(self, "_seen", ()))
+
+    async def ends(self) -> list:
+        """How the last (up to 32) calls ended, oldest first: ``{"endpoint", "objects"`` (yielded), ``"ended"``:
+        running, complete, cancelled (the caller went away) or failed``}``."""
+        return list(getattr(self, "_ends", ()))
 
     async def capabilities(self) -> dict:
         """The request parameters this model honours, per endpoint: the routing plan leaves a model out
@@ -101,8 +129,7 @@ class ModelServer(OpenAIModel):
     async def capabilities(self) -> dict:
         return {"chat": sorted(CPU_HONOURED), "completions": sorted(CPU_HONOURED)}
 
-    async def respond(self, endpoint: str, body: dict):
-        self._remember(endpoint, body)
+    async def _respond(self, endpoint: str, body: dict):
         refused = refused_parameters(body)
         if refused:
             yield error(400, f"model {self.spec.id!r} ({self.spec.engine} engine) cannot honour: "

@@ -37,10 +37,9 @@ class VLLMModelServer(OpenAIModel, LLMServer):
 
         return {"chat": sorted(ChatCompletionRequest.model_fields), "completions": sorted(CompletionRequest.model_fields)}
 
-    async def respond(self, endpoint: str, body: dict):
+    async def _respond(self, endpoint: str, body: dict):
         from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
 
-        self._remember(endpoint, body)
         cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
         unknown = refused_parameters(body, cls.model_fields)
         if unknown:
@@ -53,11 +52,15 @@ class VLLMModelServer(OpenAIModel, LLMServer):
             yield error(400, *validation_message(e))
             return
         stream = await (self.chat(request) if endpoint == "chat" else self.completions(request))
-        async for item in stream:
-            for obj in _objects(item):
-                if isinstance(obj, dict) and "error" in obj and obj["error"] is not None:
-                    err = obj["error"]
-                    code = err.get("code")
-                    obj = error(int(code) if isinstance(code, int) or str(code).isdigit() else 500,
-                                err.get("message", ""), err.get("param"), err.get("type") or "server_error")
-                yield obj
+        try:
+            async for item in stream:
+                for obj in _objects(item):
+                    if isinstance(obj, dict) and "error" in obj and obj["error"] is not None:
+                        err = obj["error"]
+                        code = err.get("code")
+                        obj = error(int(code) if isinstance(code, int) or str(code).isdigit() else 500,
+                                    err.get("message", ""), err.get("param"), err.get("type") or "server_error")
+                    yield obj
+        finally:  # a caller that went away closes this generator: close vLLM's now, which aborts the request
+            if hasattr(stream, "aclose"):
+                await stream.aclose()
