@@ -64,8 +64,8 @@ class OpenAIModel:
         return list(getattr(self, "_seen", ()))
 
     async def ends(self) -> list:
-        """How the last (up to 32) calls ended, oldest first: ``{"endpoint", "objects"`` (yielded), ``"ended"``:
-        running, complete, cancelled (the caller went away) or failed``}``."""
+        """How the last (up to 32) calls ended, oldest first: dicts of ``endpoint``, ``objects`` (how many it
+        yielded) and ``ended`` (running, complete, cancelled — the caller went away — or failed)."""
         return list(getattr(self, "_ends", ()))
 
     async def capabilities(self) -> dict:
