@@ -63,6 +63,15 @@ def seen(model, app_name="proxray"):
     return serve.get_deployment_handle(deployment_name(model), app_name).seen.remote().result()[-1]
 
 
+def ends(model, app_name="proxray"):
+    """How the model deployment's calls ended (``OpenAIModel.ends``), oldest first."""
+    from ray import serve
+
+    from proxray.serve.app import deployment_name
+
+    return serve.get_deployment_handle(deployment_name(model), app_name).ends.remote().result()
+
+
 def stop_app():
     import ray
     from ray import serve

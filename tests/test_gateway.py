@@ -172,15 +172,6 @@ def test_failure_mid_stream_ends_with_an_error_event(server):
 
 
 # ---- other clients --------------------------------------------------------------------------------
-def ends(model):
-    """How the model deployment's calls ended (``OpenAIModel.ends``), oldest first."""
-    from ray import serve
-
-    from proxray.serve.app import deployment_name
-
-    return serve.get_deployment_handle(deployment_name(model), APP).ends.remote().result()
-
-
 def test_a_client_that_goes_away_stops_the_generation(client):
     """The client reads the first words of a long stream and hangs up: the model's generation is cancelled
     there, not run on for nobody (its answer has 17 words, one every 0.5 s)."""
@@ -190,7 +181,7 @@ def test_a_client_that_goes_away_stops_the_generation(client):
     stream.close()  # the connection goes
     assert words[0] == "[Qwen/Qwen2-7B-Instruct,"
     deadline = time.time() + 60  # wait on the deployment's state
-    while (last := ends(LONG)[-1])["ended"] == "running" and time.time() < deadline:
+    while (last := serve_helpers.ends(LONG, APP)[-1])["ended"] == "running" and time.time() < deadline:
         time.sleep(0.2)
     assert last["ended"] == "cancelled" and 2 <= last["objects"] < 10, last
 

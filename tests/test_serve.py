@@ -121,6 +121,7 @@ def test_models_retrieve_and_unknown_paths_answer_like_openai(client, server):
     r = httpx.get(f"{server}/v1/embeddings", headers=auth, timeout=10)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
     assert "/v1/embeddings" in r.json()["error"]["message"]
+    assert "GET /v1/models/{model}, GET /health" in r.json()["error"]["message"]  # the app's own routes, listed
     r = httpx.get(f"{server}/v1/chat/completions", headers=auth, timeout=10)
     assert r.status_code == 405 and "GET is not allowed" in r.json()["error"]["message"], r.text
     assert r.headers["allow"] == "POST"

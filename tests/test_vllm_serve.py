@@ -128,18 +128,15 @@ def test_a_client_that_goes_away_aborts_the_vllm_request(client):
     there (the deployment's ``ends``: cancelled, far fewer than 400 chunks), not run on for nobody."""
     import time
 
-    from ray import serve
+    from serve_helpers import ends
 
-    from proxray.serve.app import deployment_name
-
-    handle = serve.get_deployment_handle(deployment_name(VLLM_MODEL), "proxray")
     stream = client.chat.completions.create(model=VLLM_MODEL, messages=MESSAGES, max_tokens=400, temperature=0.0,
                                             stream=True, extra_body={"ignore_eos": True})
     head = [c for c, _ in zip(stream, range(3))]
     stream.close()  # the connection goes
     assert head[0].model == VLLM_MODEL
     deadline = time.time() + 120  # wait on the deployment's state
-    while (last := handle.ends.remote().result()[-1])["ended"] == "running" and time.time() < deadline:
+    while (last := ends(VLLM_MODEL)[-1])["ended"] == "running" and time.time() < deadline:
         time.sleep(0.2)
     assert last["ended"] == "cancelled" and 3 <= last["objects"] < 200, last
 

@@ -93,9 +93,10 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
     """A path or method the gateway does not serve (404, 405) answers in OpenAI's error shape, like every
     other error, so clients report it as they report the API's own (405 keeps its ``Allow`` header)."""
     path = request.url.path[:200]
-    if exc.status_code == 404:
-        e = RequestError(404, f"no such path {path}; served: POST /v1/chat/completions, POST /v1/completions, "
-                         "GET /v1/models, GET /v1/models/{model}, GET /health", kind="not_found_error")
+    if exc.status_code == 404:  # the routes as the app has them (gateway_api), not a second list to keep in step
+        served = ", ".join(f"{m} {r.path_format}" for r in request.app.routes for m in sorted(getattr(r, "methods", ()))
+                           if m != "HEAD")
+        e = RequestError(404, f"no such path {path}; served: {served}", kind="not_found_error")
     elif exc.status_code == 405:
         e = RequestError(405, f"{request.method} is not allowed on {path}", kind="invalid_request_error")
     else:
