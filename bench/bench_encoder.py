@@ -24,11 +24,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tau_selection import CONFIGS, D, SEEDS  # noqa: E402  (the same configurations as the tau study)
 
-from proxray.embed import BACKENDS, SentenceEncoder  # noqa: E402
-from proxray.experiments import protocol_split  # noqa: E402
-from proxray.metrics import routing_score  # noqa: E402
-from proxray.table import RoutingTable  # noqa: E402
-from proxray.tuning import make_router  # noqa: E402
+from proxray.embeddings.encoder import BACKENDS, SentenceEncoder  # noqa: E402
+from proxray.experiments.protocols import protocol_split  # noqa: E402
+from proxray.experiments.metrics import routing_score  # noqa: E402
+from proxray.data.table import RoutingTable  # noqa: E402
+from proxray.routing.tuning import make_router  # noqa: E402
 
 
 def embed_all(tables, backends):

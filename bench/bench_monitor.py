@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv=None):
     from proxray import KNNRouter
-    from proxray.drift_demo import POOL, job_template
-    from proxray.embed import SentenceEncoder
+    from proxray.demos.drift import POOL, job_template
+    from proxray.embeddings.encoder import SentenceEncoder
     from proxray.monitor import DriftMonitor
-    from proxray.synthetic import make_table
+    from proxray.data.synthetic import make_table
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--queue", type=int, default=4000)

@@ -28,8 +28,8 @@ import faiss  # noqa: E402
 import numpy as np  # noqa: E402
 
 from proxray import KMeansRouter, KNNRouter  # noqa: E402
-from proxray.index import NeighborIndex, normalize, recall_at_k  # noqa: E402
-from proxray.tuning import BV_WEIGHT  # noqa: E402
+from proxray.routing.index import NeighborIndex, normalize, recall_at_k  # noqa: E402
+from proxray.routing.tuning import BV_WEIGHT  # noqa: E402
 
 M = 14
 
@@ -85,8 +85,8 @@ def bench(n, d, rng, n_single=300, n_batch=2048):
 def real_recall(k=100):
     """Recall of the approximate indexes on real MiniLM embeddings of the shared tables' prompts
     (from the embedding cache, or encoded once): 2,000 held-out queries against the rest."""
-    from proxray.embed import SentenceEncoder
-    from proxray.table import RoutingTable
+    from proxray.embeddings.encoder import SentenceEncoder
+    from proxray.data.table import RoutingTable
 
     data = Path(__file__).resolve().parents[1].parent / "shared" / "data"
     prompts = []

@@ -72,7 +72,7 @@ def start_demo_app(**app_args):
 
     from proxray import KNNRouter, SentenceEncoder
     from proxray.serve.app import build_app
-    from proxray.synthetic import generate_queries, make_table
+    from proxray.data.synthetic import generate_queries, make_table
 
     tmp = tempfile.mkdtemp()
     table = make_table(100)
@@ -101,7 +101,7 @@ def main(argv=None):
     p.add_argument("--batch-wait-s", type=float, default=0.0)
     p.add_argument("--threads", type=int, default=None, help="the encoder's threads (default min(2, CPUs))")
     a = p.parse_args(argv)
-    from proxray.synthetic import generate_queries
+    from proxray.data.synthetic import generate_queries
 
     url, prompts, stop = start_demo_app(encoder_backend=a.backend, embedding_cache_entries=a.cache_entries,
                                         embed_batch_wait_s=a.batch_wait_s,

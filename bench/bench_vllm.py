@@ -60,7 +60,7 @@ def job(model, tmp, n_per_task, max_tokens):
     """proxray's job through ray.data.llm: (wall s without Ray start, generated tokens, rows)."""
     import ray
 
-    from proxray.evaljob import JobConfig, read_parts, run_job
+    from proxray.evaljob.job import JobConfig, read_parts, run_job
 
     cfg = JobConfig.model_validate({
         "output": "x", "sampling": {"max_tokens": max_tokens, "temperature": 0.0},
@@ -79,8 +79,8 @@ def job(model, tmp, n_per_task, max_tokens):
 
 
 def bench_job(a):
-    from proxray.engines import build_tiny_model
-    from proxray.querysets import synthetic_queries
+    from proxray.pool.engines import build_tiny_model
+    from proxray.data.querysets import synthetic_queries
 
     tmp = tempfile.mkdtemp()
     per_task = max(1, a.queries // 10)
@@ -111,9 +111,9 @@ def bench_serve(a):
     from ray import serve
 
     from proxray import KNNRouter, RoutingTable, SentenceEncoder
-    from proxray.engines import build_tiny_model
+    from proxray.pool.engines import build_tiny_model
     from proxray.serve.app import build_app
-    from proxray.synthetic import generate_queries
+    from proxray.data.synthetic import generate_queries
 
     tmp = tempfile.mkdtemp()
     raw = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "..", "serve_configs", "cpu_vllm.yaml")))

@@ -4,7 +4,7 @@ import sys
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-from proxray.drift_demo import main  # noqa: E402
+from proxray.demos.drift import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,7 +19,7 @@ import numpy as np
 def variants(names, threads):
     import torch
 
-    from proxray.embed import SentenceEncoder
+    from proxray.embeddings.encoder import SentenceEncoder
 
     torch.set_num_threads(threads)
     out = {}
@@ -41,7 +41,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     import torch
 
-    from proxray.synthetic import generate_queries
+    from proxray.data.synthetic import generate_queries
 
     texts = list(dict.fromkeys(q for s in range(1000, 1100) for q in generate_queries(40, seed=s).prompt))[:a.n]
     encs = variants(["torch"] + [v for v in a.variants.split(",") if v != "torch"], a.threads)

@@ -8,13 +8,13 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "RoutingTable": "proxray.table", "TableValidationError": "proxray.table",
-    "SentenceEncoder": "proxray.embed", "EmbeddingCache": "proxray.embed",
-    "KNNRouter": "proxray.routers", "KMeansRouter": "proxray.routers", "choose": "proxray.routers",
-    "proximity_weights": "proxray.weights",
-    "RandomRouter": "proxray.baselines", "LargestRouter": "proxray.baselines", "MLPRouter": "proxray.baselines",
-    "oracle_choice": "proxray.baselines",
-    "ArtifactError": "proxray.artifact",
+    "RoutingTable": "proxray.data.table", "TableValidationError": "proxray.data.table",
+    "SentenceEncoder": "proxray.embeddings.encoder", "EmbeddingCache": "proxray.embeddings.cache",
+    "KNNRouter": "proxray.routing.routers", "KMeansRouter": "proxray.routing.routers", "choose": "proxray.routing.objective",
+    "proximity_weights": "proxray.routing.weights",
+    "RandomRouter": "proxray.routing.baselines", "LargestRouter": "proxray.routing.baselines", "MLPRouter": "proxray.routing.baselines",
+    "oracle_choice": "proxray.routing.baselines",
+    "ArtifactError": "proxray.routing.artifact",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

@@ -6,7 +6,7 @@ import sys
 
 
 def _cmd_import(a):
-    from . import importers
+    from proxray.data import importers
 
     if a.format == "routerbench":
         table = importers.read_routerbench(a.paths, split=a.split, missing=a.missing, trust_pickle=a.trust_pickle)
@@ -22,7 +22,7 @@ def _cmd_import(a):
 def _cmd_info(a):
     import pandas as pd
 
-    from .table import RoutingTable
+    from proxray.data.table import RoutingTable
 
     table = RoutingTable.read(a.table, missing=a.missing)
     print(table)
@@ -32,22 +32,13 @@ def _cmd_info(a):
 
 
 def _cmd_fit(a):
-    from .embed import SentenceEncoder
-    from .experiments import parse_inv_tau
-    from .routers import KMeansRouter, KNNRouter
-    from .synthetic import make_table
-    from .table import RoutingTable
-    from .tuning import NO_CV_RULES, auto_choice, default_rule
-    from .weights import check_bv_weight, check_ess_target
+    from proxray.data.synthetic import make_table
+    from proxray.data.table import RoutingTable
+    from proxray.embeddings.encoder import SentenceEncoder
+    from proxray.experiments.protocols import temperature_option
+    from proxray.routing.registry import make_router
 
-    inv_tau, temperature = parse_inv_tau(a.inv_tau), a.temperature or "fixed"
-    if inv_tau == "auto" and a.temperature:
-        raise ValueError(f"--temperature {a.temperature} needs a number for --inv-tau (auto chooses the temperature "
-                         "itself)")
-    if temperature == "ess" and a.weighting == "prox":
-        check_ess_target(inv_tau)  # before the table is read and encoded
-    if temperature == "bv" and a.weighting == "prox":
-        check_bv_weight(inv_tau, a.router)
+    temperature = temperature_option(a, a.router)  # before the table is read and encoded
     table = RoutingTable.read(a.table) if a.table else make_table()
     if a.table is None:
         print("no --table: fitting on the embedded SYNTHETIC routing table", file=sys.stderr)
@@ -55,19 +46,7 @@ def _cmd_fit(a):
     acc, cost = table.matrices(models=models)
     enc = SentenceEncoder(a.encoder)
     X = enc.encode(table.prompts)
-    if inv_tau == "auto" and a.weighting == "prox":  # as proxray eval's auto, on the table's own tasks
-        if default_rule(a.router) not in NO_CV_RULES:
-            print(f"--inv-tau auto: choosing 1/tau by cross-validation over the table's {len(set(table.tasks))} tasks",
-                  file=sys.stderr)
-        got = auto_choice(X, acc, cost, table.tasks, a.router, {"n_clusters": a.clusters, "k": a.k})
-        inv_tau, temperature = got.inv_tau, got.temperature
-        print(f"--inv-tau auto ({got.rule}): 1/tau = {inv_tau:g}, temperature {temperature}", file=sys.stderr)
-    elif inv_tau == "auto":
-        inv_tau = 20.0  # Base weighting has no temperature
-    if a.router == "knn":
-        r = KNNRouter(k=a.k, weighting=a.weighting, inv_tau=inv_tau, temperature=temperature)
-    else:
-        r = KMeansRouter(n_clusters=a.clusters, weighting=a.weighting, inv_tau=inv_tau, temperature=temperature)
+    r = make_router(a.router, a.weighting, {"n_clusters": a.clusters, "k": a.k}, temperature)
     r.fit(X, acc, cost, models=models, encoder_id=enc.id).save(a.out)
     print(f"fitted {r!r} on {table} -> {a.out}")
 
@@ -82,7 +61,7 @@ def _cmd_serve(a):
 
 
 def _cmd_demo(a):
-    from .drift_demo import main as drift_main
+    from proxray.demos.drift import main as drift_main
 
     raise SystemExit(drift_main(a.rest))
 
@@ -95,7 +74,7 @@ def _cmd_monitor(a):
 
     import ray
 
-    from .monitor import get_monitor, load_monitor_config, start_monitor, stop_monitor
+    from proxray.monitor import get_monitor, load_monitor_config, start_monitor, stop_monitor
 
     name = a.name
     cfg = None
@@ -132,7 +111,7 @@ def _cmd_monitor(a):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .weights import TEMPERATURES  # numpy only
+    from proxray.experiments.protocols import add_eval_parser, add_temperature_options  # numpy only at import
 
     p = argparse.ArgumentParser(prog="proxray", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -159,15 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--weighting", choices=["base", "prox"], default="prox")
     fit.add_argument("--k", type=int, default=100)
     fit.add_argument("--clusters", type=int, default=32)
-    fit.add_argument("--inv-tau", default="auto",
-                     help="1/tau: a number, inf, or auto (default; README: How τ is chosen): kNN the spread temperature "
-                     "at 0.2, KMeans the plug-in temperature bv at 0.125 (per query the 1/tau minimizing the bias–variance "
-                     "bound over its clusters); neither runs a CV")
-    fit.add_argument("--temperature", choices=list(TEMPERATURES), default=None,
-                     help="with a number --inv-tau: fixed (default); spread, 1/tau(x) = inv-tau / std of the query's "
-                     "distances; ess, per query the 1/tau at which the weights' effective sample size is inv-tau; bv "
-                     "(KMeans), per query the 1/tau minimizing the bias–variance bound, inv-tau its bias weight "
-                     "(README: How τ is chosen)")
+    add_temperature_options(fit)
     fit.add_argument("--encoder", default=None, help="sentence-transformers name or path (default: shipped MiniLM)")
     fit.add_argument("--out", required=True, help="artifact folder")
     fit.set_defaults(func=_cmd_fit)
@@ -190,8 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     mon.set_defaults(func=_cmd_monitor)
 
     # light modules: their heavy imports happen inside the commands
-    from .evaljob import add_parsers as add_job_parsers
-    from .experiments import add_eval_parser
+    from proxray.evaljob.job import add_parsers as add_job_parsers
 
     add_eval_parser(sub)
     add_job_parsers(sub)

@@ -5,7 +5,7 @@ import socket
 import numpy as np
 
 from proxray import KNNRouter, RoutingTable
-from proxray.synthetic import generate_queries
+from proxray.data.synthetic import generate_queries
 
 WEAK, STRONG = "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"
 SLOW, BROKEN = "google/gemma-7b-it", "microsoft/Phi-3-small-8k-instruct"

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from proxray import KNNRouter
-from proxray.routers import choose, lambda_for_target
-from proxray.synthetic import make_table
+from proxray.routing.objective import choose, lambda_for_target
+from proxray.data.synthetic import make_table
 
 
 def test_lambda_for_target_is_the_smallest_that_meets_it(rng):

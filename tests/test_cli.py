@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 
 from proxray import KMeansRouter, KNNRouter, RoutingTable
-from proxray.artifact import current_version
+from proxray.routing.artifact import current_version
 from proxray.cli import main
 
 
@@ -25,7 +25,9 @@ def test_import_error_is_reported_not_raised(tmp_path, capsys):
     assert "column 'correct': outside [0, 1] at row 0 (3.0)" in capsys.readouterr().err
 
 
-def test_fit_writes_a_loadable_artifact(tmp_path, shared_data):
+def test_fit_writes_a_loadable_artifact(tmp_path, shared_data, capsys):
+    from proxray.routing.temperature import PlugIn, Spread
+
     t = RoutingTable.read(shared_data / "routerbench_slice.parquet")
     small = t.subset(t.query_ids[::40])
     small.write(tmp_path / "small.parquet")
@@ -36,30 +38,30 @@ def test_fit_writes_a_loadable_artifact(tmp_path, shared_data):
     manifest = json.loads((current_version(tmp_path / "art") / "manifest.json").read_text())
     assert manifest["dim"] == 384 and manifest["params"]["k"] == 10
     assert np.isfinite(r.estimate(np.ones((1, 384), np.float32))[0]).all()
-    # --inv-tau auto is the default: kNN's is the spread temperature, KMeans' the plug-in temperature (neither a CV)
-    assert (r.inv_tau, r.temperature) == (0.2, "spread")
+    # --temperature auto is the default: kNN's is the spread temperature, KMeans' the plug-in temperature (no CV)
+    assert r.temperature_ == Spread(0.2)
     assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "km", "--clusters", "4",
                  "--out", str(tmp_path / "km")]) == 0
     km = KMeansRouter.load(tmp_path / "km", encoder_id="sentence-transformers/all-MiniLM-L6-v2")
-    assert (km.temperature, km.inv_tau) == ("bv", 0.125)
-    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "knn", "--inv-tau", "0.125",
-                 "--temperature", "bv", "--out", str(tmp_path / "bad")]) == 2  # KMeans only, refused before fitting
+    assert km.temperature_ == PlugIn(0.125)
+    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "knn", "--temperature",
+                 "plug-in:0.125", "--out", str(tmp_path / "bad")]) == 2  # KMeans only, refused before fitting
     assert not (tmp_path / "bad").exists()
+    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--temperature", "spread:5",
+                 "--out", str(tmp_path / "spread")]) == 0
+    assert KNNRouter.load(tmp_path / "spread").temperature_ == Spread(5.0)
+    # the deprecated spelling still works and says what to write instead
     assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--inv-tau", "5", "--temperature", "spread",
-                 "--out", str(tmp_path / "fixed")]) == 0
-    fixed = KNNRouter.load(tmp_path / "fixed")
-    assert (fixed.inv_tau, fixed.temperature) == (5.0, "spread")
-    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "km", "--clusters", "4", "--inv-tau", "2",
-                 "--temperature", "ess", "--out", str(tmp_path / "ess")]) == 0
-    ess = KMeansRouter.load(tmp_path / "ess")
-    assert (ess.inv_tau, ess.temperature) == (2.0, "ess")
+                 "--out", str(tmp_path / "old")]) == 0
+    assert KNNRouter.load(tmp_path / "old").temperature_ == Spread(5.0)
+    assert "--inv-tau 5 --temperature spread is deprecated: say --temperature spread:5" in capsys.readouterr().err
 
 
-def test_fit_refuses_a_temperature_with_auto(tmp_path, capsys):
-    assert main(["fit", "--temperature", "spread", "--out", str(tmp_path / "art")]) == 2
-    assert "--temperature spread needs a number for --inv-tau" in capsys.readouterr().err
+def test_fit_refuses_a_bad_temperature_before_reading_the_table(tmp_path, capsys):
+    assert main(["fit", "--temperature", "ess:3", "--out", str(tmp_path / "art")]) == 2
+    assert "--temperature ess:3: temperature='ess:3': expected a number >= 0 or inf" in capsys.readouterr().err
     assert main(["fit", "--inv-tau", "0.5", "--temperature", "ess", "--out", str(tmp_path / "art")]) == 2
-    assert "inv_tau=0.5 with temperature='ess'" in capsys.readouterr().err
-    assert main(["fit", "--inv-tau", "-1", "--out", str(tmp_path / "art")]) == 2
-    assert "--inv-tau '-1': expected a number >= 0, inf, or auto" in capsys.readouterr().err
+    assert "temperature 'ess' (the adaptive bandwidth of the τ study) is not part of proxray" in capsys.readouterr().err
+    assert main(["fit", "--temperature", "-1", "--out", str(tmp_path / "art")]) == 2
+    assert "temperature fixed:-1.0: must be a number >= 0 or inf" in capsys.readouterr().err
     assert not (tmp_path / "art").exists()

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from proxray.engines import Sampling, SimEngine, TransformersEngine, build_tiny_model, vllm_config, vllm_rows
-from proxray.evaljob import ModelSpec
-from proxray.synthetic import SimulatedPool, generate_queries
+from proxray.pool.engines import Sampling, SimEngine, TransformersEngine, build_tiny_model, vllm_config, vllm_rows
+from proxray.evaljob.job import ModelSpec
+from proxray.data.synthetic import SimulatedPool, generate_queries
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +30,7 @@ def test_transformers_engine_really_generates(tiny_model):
 def test_sim_engine_follows_the_simulated_skill():
     q = generate_queries(150, tasks=["gsm8k", "sciq"])
     rows = q.to_dict("records")
-    from proxray.grading import grade
+    from proxray.evaljob.grading import grade
 
     for model in ("deepseek-ai/deepseek-math-7b-instruct", "google/gemma-2b-it"):
         eng = SimEngine(model)
@@ -75,7 +75,7 @@ def test_vllm_path_config_and_rows():
 
 
 def test_live_prompts_are_recognised_and_a_sim_judge_reads_the_verdict():
-    from proxray.synthetic import recognize_task
+    from proxray.data.synthetic import recognize_task
 
     for seed in (0, 3):
         q = generate_queries(40, seed=seed)

@@ -7,7 +7,7 @@ import yaml
 
 from conftest import ROOT
 from proxray import KNNRouter, RoutingTable
-from proxray.evaljob import ConfigError, JobConfig, load_config, read_parts, run_job
+from proxray.evaljob.job import ConfigError, JobConfig, load_config, read_parts, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def pairs(out):
 
 
 def test_cpu_job_builds_a_table_routers_fit_on(tmp_path, encoder):
-    from proxray.engines import build_tiny_model
+    from proxray.pool.engines import build_tiny_model
 
     tiny = build_tiny_model(tmp_path / "tiny", seed=1)
     cfg = config([{"id": "tiny", "source": tiny, "engine": "transformers", "price_in": 1.0, "price_out": 2.0,
@@ -200,7 +200,7 @@ def test_resume_is_keyed_on_content_not_on_folders(tmp_path):
 
 
 def test_model_ids_whose_plain_slugs_collide_both_run(tmp_path):
-    from proxray.evaljob import slug
+    from proxray.common.naming import slug
 
     ids = ["a:fp16", "a@fp16"]
     assert slug(ids[0]) != slug(ids[1])
@@ -212,7 +212,7 @@ def test_model_ids_whose_plain_slugs_collide_both_run(tmp_path):
 
 
 def test_every_config_problem_is_reported_before_ray_starts(tmp_path):
-    from proxray.evaljob import check_config
+    from proxray.evaljob.job import check_config
 
     cfg = JobConfig.model_validate({
         "output": str(tmp_path / "o"),
@@ -231,7 +231,7 @@ def test_every_config_problem_is_reported_before_ray_starts(tmp_path):
 
 def live_queries(path, n_per_task=2, seed=11):
     """Live traffic: prompts only, no reference answers (what the monitor sends to the job)."""
-    from proxray.synthetic import generate_queries
+    from proxray.data.synthetic import generate_queries
 
     q = generate_queries(n_per_task, seed=seed)
     q[["query_id", "prompt"]].assign(task="live", query_id=lambda d: "live-" + d.query_id).to_json(
@@ -266,7 +266,7 @@ def test_judge_grades_queries_without_answers(tmp_path):
 
 
 def test_a_judge_without_a_score_leaves_error_rows(tmp_path):
-    from proxray.engines import build_tiny_model
+    from proxray.pool.engines import build_tiny_model
 
     tiny = build_tiny_model(tmp_path / "tiny", seed=0)  # a real (random) causal LM: its replies carry no score
     live_queries(tmp_path / "live.jsonl", n_per_task=1)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from proxray.evaljob import ConfigError, JobConfig, run_job
+from proxray.evaljob.job import ConfigError, JobConfig, run_job
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from proxray.routers import choose
+from proxray.routing.objective import choose
 from proxray.serve.app import MAX_DEPTH, parse_json
 from proxray.serve.client import ModelError, scrub
 from proxray.serve.models import refused_parameters

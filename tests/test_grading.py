@@ -1,6 +1,6 @@
 import pytest
 
-from proxray.grading import extract_choice, extract_number, grade
+from proxray.evaljob.grading import extract_choice, extract_number, grade
 
 
 @pytest.mark.parametrize("text,value", [
@@ -37,6 +37,6 @@ def test_grade():
     ("Score: 1\nActually, Score: 0", 0.0),
 ])
 def test_parse_judge_score(text, score):
-    from proxray.evaljob import parse_score
+    from proxray.evaljob.job import parse_score
 
     assert parse_score(text) == score

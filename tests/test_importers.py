@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from proxray import RoutingTable
-from proxray.importers import load_routerbench_hf, read_routerbench, read_routerdc, split_from_name, strip_few_shot
+from proxray.data.importers import load_routerbench_hf, read_routerbench, read_routerdc, split_from_name, strip_few_shot
 
 
 def canonical(shared_data, name):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from proxray.metrics import (apgr, baseline_points, cpt, lambda_grid, ndch_auc, operating_points, pgr_curve,
+from proxray.experiments.metrics import (apgr, baseline_points, cpt, lambda_grid, ndch_auc, operating_points, pgr_curve,
                              routing_match, sweep, topz_jaccard, topz_sets, upper_hull)
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from proxray import KNNRouter
-from proxray.drift_demo import POOL, job_template
+from proxray.demos.drift import POOL, job_template
 from proxray.monitor import DriftMonitor, text_key
-from proxray.synthetic import generate_queries, make_table
+from proxray.data.synthetic import generate_queries, make_table
 
 pytestmark = pytest.mark.slow
 TASK = "gsm8k"
@@ -59,9 +59,9 @@ def traffic(world, encoder):
 
 
 def test_detects_labels_with_the_judge_and_absorbs(world, encoder, local_ray):
-    from proxray.artifact import load_router
-    from proxray.metrics import routing_score
-    from proxray.table import RoutingTable
+    from proxray.routing.registry import load_router
+    from proxray.experiments.metrics import routing_score
+    from proxray.data.table import RoutingTable
 
     tmp, full, X, acc, cost, Xtr = world
     mon = DriftMonitor(config(tmp, "main"), encoder=encoder)
@@ -106,7 +106,7 @@ def test_detects_labels_with_the_judge_and_absorbs(world, encoder, local_ray):
 
 
 def test_shadow_overlap_separates_a_new_task_from_inliers(world, encoder, local_ray):
-    from proxray.artifact import load_router
+    from proxray.routing.registry import load_router
 
     tmp, full, X, acc, cost, Xtr = world
     mon = DriftMonitor(config(tmp, "shadow", shadow_rate=1.0, min_batch=1000), encoder=encoder)
@@ -198,7 +198,7 @@ def test_exactly_once_submission_and_failures(world, encoder):
 
 
 def test_a_model_added_to_the_pool_is_added_to_the_router(world, encoder, local_ray):
-    from proxray.artifact import load_router
+    from proxray.routing.registry import load_router
 
     tmp, *_ = world
     new = "Qwen/Qwen2-7B-Instruct"
@@ -219,7 +219,7 @@ def test_drift_demo_end_to_end(tmp_path):
     """The operator's path: Serve with `monitor:` naming a monitor started later by `proxray monitor start
     --config`; inlier then new-task traffic through the openai client; the monitor detects, submits one
     judged job through the Jobs API, is killed while it runs, restarts, absorbs; the replicas switch."""
-    from proxray.drift_demo import run
+    from proxray.demos.drift import run
 
     res = run(task=TASK, n_per_task=30, min_batch=10, n_inliers=60, state_dir=tmp_path, timeout_s=240,
               kill_mid_evaluation=True)

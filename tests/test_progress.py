@@ -2,7 +2,7 @@
 terminal, plain rate-limited log lines otherwise."""
 import io
 
-from proxray.progress import Progress
+from proxray.common.progress import Progress
 
 
 def test_plain_lines_per_model_and_for_the_whole_job(capsys):

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxray import RoutingTable, TableValidationError
-from proxray.importers import read_routerdc
+from proxray.data.importers import read_routerdc
 
 cells = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 3), st.text(max_size=4), st.none())
 

@@ -1,8 +1,8 @@
 import pandas as pd
 import pytest
 
-from proxray.grading import grade
-from proxray.querysets import HF_TASKS, hf_queries, read_queries, validate_queries
+from proxray.evaljob.grading import grade
+from proxray.data.querysets import HF_TASKS, hf_queries, read_queries, validate_queries
 
 # One row per task in the layout its Hugging Face data set has.
 HF_ROWS = {

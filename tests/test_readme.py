@@ -19,7 +19,7 @@ def test_import_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, proxray, proxray.routers, proxray.table, proxray.metrics, proxray.cli; "
+    code = ("import sys, proxray, proxray.routing.routers, proxray.data.table, proxray.experiments.metrics, proxray.cli; "
             "print(sorted(m for m in ('torch', 'sentence_transformers', 'ray', 'vllm', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
@@ -37,9 +37,10 @@ def _anchors(text):
 
 
 def test_the_docs_links_resolve():
-    """Every relative link of README.md and docs/*.md names a file of the repository and, with a #fragment, a heading
-    or anchor of that file (README's sections cross-link a lot; a renamed heading must not leave a dead link)."""
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """Every relative link of README.md, docs/ and research/ pages names a file of the repository and, with a
+    #fragment, a heading or anchor of that file (the pages cross-link a lot; a renamed heading must not leave a dead
+    link)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "research").rglob("*.md"))]
     dead, checked, anchors = [], 0, {}  # anchors: per linked .md file, read once
     for page in pages:
         text = page.read_text()

@@ -64,7 +64,7 @@ def test_routed_chat_with_the_openai_client(client):
 def test_the_fast_encoder_routes_as_the_fitted_one_and_repeats_skip_it(client, encoder):
     """The ingress embeds with ONNX Runtime (the default backend) against a router fitted on torch
     embeddings: its estimates are the torch ones; a repeated routing text comes from the LRU."""
-    from proxray.artifact import load_router
+    from proxray.routing.registry import load_router
 
     text = "A train leaves at 3 pm going 60 km/h; when has it covered 150 km?"
     reports = [client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": text}],

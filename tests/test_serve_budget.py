@@ -23,7 +23,7 @@ def client(tmp_path_factory, encoder):
 
 
 def test_lambda_follows_the_budget_and_the_response_shows_it(client):
-    from proxray.synthetic import generate_queries
+    from proxray.data.synthetic import generate_queries
 
     prompts = list(generate_queries(20, seed=9).prompt)[:160]
     reports = []

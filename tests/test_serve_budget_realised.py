@@ -31,7 +31,7 @@ def client(tmp_path_factory, encoder):
 
 
 def test_lambda_follows_the_realised_cost_and_streams_without_usage_are_unmetered(client):
-    from proxray.synthetic import generate_queries
+    from proxray.data.synthetic import generate_queries
 
     prompts = list(generate_queries(20, seed=9).prompt)[:160]
     reports, real, estimated = [], [], []

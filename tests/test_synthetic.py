@@ -1,6 +1,6 @@
 import numpy as np
 
-from proxray.synthetic import MODELS, TASKS, SimulatedPool, generate_queries, make_table, table2
+from proxray.data.synthetic import MODELS, TASKS, SimulatedPool, generate_queries, make_table, table2
 
 
 def test_deterministic_and_real_text():

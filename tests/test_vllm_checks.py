@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from proxray.engines import build_tiny_model
-from proxray.evaljob import ConfigError, JobConfig, check_config, run_job
+from proxray.pool.engines import build_tiny_model
+from proxray.evaljob.job import ConfigError, JobConfig, check_config, run_job
 
 CPU = {"placement_group_config": {"bundles": [{"CPU": 1}]}, "gpus_per_replica": 0}
 
@@ -98,7 +98,7 @@ def test_engine_args_and_head_sizes_read_from_source_match_vllm_itself():
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from proxray.engines import _cpu_head_sizes, _vllm_engine_fields
+    from proxray.pool.engines import _cpu_head_sizes, _vllm_engine_fields
 
     assert _vllm_engine_fields() == {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     assert _cpu_head_sizes() == list(CPUAttentionBackend.get_supported_head_sizes())

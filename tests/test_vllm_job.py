@@ -10,7 +10,7 @@ import yaml
 
 from conftest import ROOT
 from proxray import RoutingTable
-from proxray.evaljob import JobConfig, read_parts, run_job
+from proxray.evaljob.job import JobConfig, read_parts, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def ray_local():
 @pytest.fixture(scope="module")
 def shipped(tmp_path_factory):
     """jobs/configs/cpu_vllm.yaml with its model folders built by make-tiny-model (seed 0 and 1)."""
-    from proxray.engines import build_tiny_model
+    from proxray.pool.engines import build_tiny_model
 
     tmp = tmp_path_factory.mktemp("vllm-job")
     raw = yaml.safe_load((ROOT / "jobs" / "configs" / "cpu_vllm.yaml").read_text())

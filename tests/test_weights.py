@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from proxray.weights import effective_sample_size, proximity_weights, resolve_inv_tau
+from proxray.routing.weights import effective_sample_size, proximity_weights
 
 
 def test_rows_sum_to_one_and_match_formula(rng):
@@ -70,66 +70,15 @@ def test_bad_inputs_are_named():
         proximity_weights(np.array([0.1, 0.2]), 1.0)
 
 
-def test_resolve_inv_tau():
-    assert resolve_inv_tau(20.0) == 20.0
-    assert resolve_inv_tau(tau=0.05) == pytest.approx(20.0)
-    assert resolve_inv_tau(tau=0) == np.inf
-    assert resolve_inv_tau(tau=np.inf) == 0.0
-    with pytest.raises(ValueError, match="tau"):
-        resolve_inv_tau(tau=-1)
-    with pytest.raises(ValueError, match="auto"):
-        resolve_inv_tau("auto")
-
-
 def test_effective_sample_size():
     np.testing.assert_allclose(effective_sample_size(np.full((1, 10), 0.1)), [10.0])
     np.testing.assert_allclose(effective_sample_size(np.array([[1.0, 0, 0]])), [1.0])
 
 
-def test_ess_inv_tau_gives_each_query_the_target_effective_sample_size(rng):
-    """weights.ess_inv_tau: per query the 1/tau at which the formula's weights have Kish ESS = target; a larger
-    target is a smaller 1/tau; a per-row shift of the distances changes nothing; absent elements stay at 0."""
-    from proxray.weights import ESS_LOG_RANGE, ess_inv_tau
-
-    phi = rng.uniform(0.2, 1.4, size=(40, 16))
-    phi[3, [2, 9]] = np.inf
-    prior = rng.uniform(0.2, 3.0, size=16)
-    taus = {}
-    for target in (1.5, 3.0, 7.0):
-        t = taus[target] = ess_inv_tau(phi, prior, target)
-        w = proximity_weights(phi * t[:, None], 1.0, prior)
-        np.testing.assert_allclose(effective_sample_size(w), target, rtol=1e-6)
-        assert (w[3, [2, 9]] == 0).all()
-        np.testing.assert_allclose(ess_inv_tau(phi + rng.uniform(0, 5, size=(40, 1)), prior, target), t, rtol=1e-9)
-    assert (taus[1.5] > taus[3.0]).all() and (taus[3.0] > taus[7.0]).all()
-    # a prior whose own ESS is below the target: as flat as the range allows (the low end, nearly the prior)
-    skewed = np.array([100.0, 1.0, 1.0, 1.0])
-    low = ess_inv_tau(np.array([[0.1, 0.2, 0.3, 0.4]]), skewed, 3.0)
-    assert low[0] == pytest.approx(np.exp(ESS_LOG_RANGE[0]), rel=1e-6)
-    with pytest.raises(ValueError, match="target=0.5: an effective sample size must be >= 1"):
-        ess_inv_tau(phi, prior, 0.5)
-
-
-def test_tilted_weights_is_the_formula_at_each_temperature(rng):
-    """tilted_weights: "fixed" is proximity_weights as given; "spread" tilts phi / std(phi(x)) (so a row's weights do
-    not change when its distances are scaled); "ess" gives every row the target effective sample size; anything
-    else is refused by name."""
-    from proxray.weights import tilted_weights
-
-    phi, prior = rng.random((5, 12)), rng.random(12) + 0.1
-    np.testing.assert_allclose(tilted_weights(phi, 7.0, prior), proximity_weights(phi, 7.0, prior))
-    std = phi.std(axis=1, keepdims=True)
-    np.testing.assert_allclose(tilted_weights(phi, 2.0, prior, "spread"), proximity_weights(phi / std, 2.0, prior))
-    np.testing.assert_allclose(tilted_weights(3 * phi, 2.0, prior, "spread"), tilted_weights(phi, 2.0, prior, "spread"))
-    np.testing.assert_allclose(effective_sample_size(tilted_weights(phi, 3.0, prior, "ess")), 3.0, rtol=1e-6)
-    with pytest.raises(ValueError, match="temperature='cold': allowed values are fixed, spread, ess"):
-        tilted_weights(phi, 1.0, prior, "cold")
-
-
 def test_bias_variance_stats_is_its_formula(rng):
     """weights.bias_variance_stats: var_i = mean_m V_im (1 − V_im) / n_i; L² by least squares through the origin
     of mean_m (V_im − V_jm)² − var_i − var_j on d_ij² over the pairs i < j, floored at 0."""
-    from proxray.weights import bias_variance_stats
+    from proxray.routing.weights import bias_variance_stats
 
     V, n = rng.uniform(size=(6, 4)), rng.integers(1, 50, size=6).astype(float)
     D = rng.uniform(0.1, 1.0, size=(6, 6))
@@ -152,7 +101,7 @@ def test_bias_variance_stats_local_fits_the_near_pairs_only(rng):
     """neighbours=m (the local-Lipschitz ablation): the same least squares over the pairs where one cluster is among
     the other's m nearest; every cluster its neighbour is all pairs; a step between two groups of clusters, invisible
     to the near pairs, gives L² 0 locally and > 0 over all pairs."""
-    from proxray.weights import bias_variance_stats
+    from proxray.routing.weights import bias_variance_stats
 
     V, n = rng.uniform(size=(6, 4)), rng.integers(1, 50, size=6).astype(float)
     D = rng.uniform(0.1, 1.0, size=(6, 6))
@@ -179,8 +128,8 @@ def test_bias_variance_weights_are_proximity_weights_at_each_grid_point(rng, mon
     """weights.bias_variance_weights evaluates the whole BV_GRID per block of queries: the weights it returns are
     bitwise proximity_weights at the chosen 1/tau, the choice the sequential scan's (strictly lower by 1e-15, ties
     to the smoother), for several c at once, with absent elements (phi = inf, prior 0) and across block edges."""
-    from proxray import weights
-    from proxray.weights import BV_GRID, bias_variance_weights
+    from proxray.routing import weights
+    from proxray.routing.weights import BV_GRID, bias_variance_weights
 
     phi, prior = rng.uniform(0.2, 1.2, size=(23, 7)), rng.uniform(0.2, 3.0, size=7)
     phi[3, 2] = phi[10, :6] = np.inf
@@ -214,8 +163,13 @@ def test_bias_variance_weights_are_proximity_weights_at_each_grid_point(rng, mon
 def test_bias_variance_inv_tau_minimizes_the_bound_and_sharpens_with_the_bias_weight(rng):
     """weights.bias_variance_inv_tau: per query the 1/tau of BV_GRID minimizing Σ w² var + c·L²·(Σ w φ)² (brute
     force); a larger bias weight never smooths (Σ w φ falls as 1/tau grows); no bias (L² = 0) with the least-variance
-    prior gives the prior, no variance the nearest cluster; tilted_weights "bv" is the formula at the chosen 1/tau."""
-    from proxray.weights import BV_GRID, bias_variance_inv_tau, tilted_weights
+    prior gives the prior, no variance the nearest cluster; the PlugIn temperature's weights are the formula at the
+    chosen 1/tau."""
+    from proxray.routing.temperature import PlugIn
+    from proxray.routing.weights import BV_GRID, bias_variance_inv_tau
+
+    def plug_in(c, stats):
+        return PlugIn(c).weights(phi, prior, type("Clusters", (), {"bias_variance_stats": lambda self: stats})())
 
     phi, prior = rng.uniform(0.2, 1.2, size=(30, 12)), rng.uniform(0.2, 3.0, size=12)
     var, l2 = rng.uniform(1e-4, 5e-3, size=12), 0.1
@@ -229,13 +183,11 @@ def test_bias_variance_inv_tau_minimizes_the_bound_and_sharpens_with_the_bias_we
     assert (high >= low).all() and (high > low).any()
     # no bias and the least-variance prior (p_i ∝ 1 / var_i): the prior itself
     assert (bias_variance_inv_tau(phi, prior, 1e-3 / prior, 0.0, 1.0) == 0.0).all()
-    nearest = tilted_weights(phi, 1.0, prior, "bv", (np.zeros(12), l2))  # no variance: the nearest cluster, to rounding
+    nearest = plug_in(1.0, (np.zeros(12), l2))  # no variance: the nearest cluster, to rounding
     np.testing.assert_allclose(nearest, proximity_weights(phi, np.inf, prior), atol=1e-9)
-    w = tilted_weights(phi, 0.125, prior, "bv", (var, l2))
+    w = plug_in(0.125, (var, l2))
     t = bias_variance_inv_tau(phi, prior, var, l2, 0.125)
     np.testing.assert_allclose(w, np.vstack([proximity_weights(phi[q:q + 1], t[q], prior) for q in range(30)]))
-    with pytest.raises(ValueError, match="temperature='bv' needs bv_stats"):
-        tilted_weights(phi, 0.125, prior, "bv")
     with pytest.raises(ValueError, match="one variance per reference element"):
         bias_variance_inv_tau(phi, prior, var[:5], l2, 1.0)
     with pytest.raises(ValueError, match="must be finite numbers >= 0"):

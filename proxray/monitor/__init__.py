@@ -7,9 +7,9 @@ a judge, measures true J_z on shadow-evaluated traffic, and grows the router liv
 * ``jobs``: the evaluation job through the Ray Jobs API (exactly-once submission ids) or inline
 * ``actor``: the detached actor (``start_monitor`` / ``get_monitor`` / ``stop_monitor``)
 """
-from .actor import get_monitor, start_monitor, stop_monitor
-from .config import MonitorConfig, load_monitor_config
-from .core import DriftMonitor, text_key
+from proxray.monitor.actor import get_monitor, start_monitor, stop_monitor
+from proxray.monitor.config import MonitorConfig, load_monitor_config
+from proxray.monitor.core import DriftMonitor, text_key
 
 __all__ = ["DriftMonitor", "MonitorConfig", "load_monitor_config", "start_monitor", "get_monitor", "stop_monitor",
            "text_key"]

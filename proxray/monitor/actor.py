@@ -11,8 +11,8 @@ def start_monitor(config, name: str | None = None, **ray_options):
     that already runs is returned as it is."""
     import ray
 
-    from .config import MonitorConfig
-    from .core import DriftMonitor
+    from proxray.monitor.config import MonitorConfig
+    from proxray.monitor.core import DriftMonitor
 
     cfg = config if isinstance(config, MonitorConfig) else MonitorConfig.model_validate(config)
     opts = {"num_cpus": 0.5, **ray_options}

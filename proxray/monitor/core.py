@@ -33,11 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engines import _unit
-from ..metrics import jaccard
-from .config import MonitorConfig
-from .jobs import InlineRunner, JobsApiRunner
-from .state import StateStore
+from proxray.pool.engines import _unit
+from proxray.experiments.metrics import jaccard, top_z
+from proxray.routing.objective import objective
+from proxray.monitor.config import MonitorConfig
+from proxray.monitor.jobs import InlineRunner, JobsApiRunner
+from proxray.monitor.state import StateStore
 
 logger = logging.getLogger("proxray.monitor")
 
@@ -47,10 +48,6 @@ def text_key(prompt: str) -> str:
     return hashlib.sha256(str(prompt).encode()).hexdigest()[:20]
 
 
-def top_z(objective, z: int) -> frozenset:
-    return frozenset(np.argsort(-np.asarray(objective), kind="stable")[:z].tolist())
-
-
 class DriftMonitor:
     """One monitor: ``MonitorConfig`` (or a dict of it); ``encoder`` injected by tests; ``start=True``
     runs the scheduler thread (what the actor does). Tests may call ``tick()`` instead."""
@@ -58,10 +55,10 @@ class DriftMonitor:
     def __init__(self, config, encoder=None, start: bool = False, runner=None):
         from sklearn.cluster import KMeans
 
-        from ..artifact import load_router
-        from ..embed import SentenceEncoder
-        from ..index import normalize
-        from ..table import RoutingTable
+        from proxray.routing.registry import load_router
+        from proxray.embeddings.encoder import SentenceEncoder
+        from proxray.routing.index import normalize
+        from proxray.data.table import RoutingTable
 
         self.config = cfg = config if isinstance(config, MonitorConfig) else MonitorConfig.model_validate(config)
         self.state_dir = Path(cfg.state_dir)
@@ -71,7 +68,7 @@ class DriftMonitor:
         self.router_path = cfg.router
         self.router = load_router(cfg.router)
         if cfg.table == "embedded":
-            from ..synthetic import make_table
+            from proxray.data.synthetic import make_table
 
             table = make_table()
         else:
@@ -81,7 +78,7 @@ class DriftMonitor:
         acc, cost = table.matrices(models=self.router.models_)
         cost = np.zeros_like(acc) if cost is None else cost
         # training tasks' top-z sets S_z(t, λ), from observed objectives
-        self.task_sets = {str(t): sorted(top_z(acc[table.tasks == t].mean(0) - cfg.lam * cost[table.tasks == t].mean(0), cfg.z))
+        self.task_sets = {str(t): sorted(top_z(objective(acc, cost, cfg.lam)[table.tasks == t].mean(0), cfg.z))
                           for t in sorted(set(table.tasks))}
         self.models = list(self.router.models_)
         # traffic groups: clusters of the training embeddings
@@ -341,7 +338,7 @@ class DriftMonitor:
             self.est_cost = 0.5 * self.est_cost + 0.5 * actual / e["n"]
 
     def _fail(self, e: dict, now: float, why: str) -> None:
-        from ..evaljob import read_parts
+        from proxray.evaljob.job import read_parts
 
         try:
             self._charge(e, read_parts(Path(e["out"]) / "table"))  # what was evaluated before it ended
@@ -367,8 +364,8 @@ class DriftMonitor:
         return {r["query_id"]: r["prompt"] for r in rows}
 
     def _finish(self, e: dict) -> None:
-        from ..evaljob import read_parts
-        from ..table import RoutingTable
+        from proxray.evaljob.job import read_parts
+        from proxray.data.table import RoutingTable
 
         parts = read_parts(Path(e["out"]) / "table")
         self._charge(e, parts)
@@ -383,7 +380,7 @@ class DriftMonitor:
             cost = np.zeros_like(acc) if cost is None else cost
             if e["kind"] == "shadow":
                 for i, k in enumerate(table.query_ids):
-                    self.shadow_obs[k] = {**e["meta"][k], "objective": (acc[i] - self.config.lam * cost[i]).tolist()}
+                    self.shadow_obs[k] = {**e["meta"][k], "objective": objective(acc[i], cost[i], self.config.lam).tolist()}
                 while len(self.shadow_obs) > 20 * self.config.window:
                     self.shadow_obs.popitem(last=False)
             else:
@@ -393,13 +390,13 @@ class DriftMonitor:
 
     def _absorb_queries(self, e, table, acc, cost) -> None:
         """Add the labelled queries to the router (no refit) and publish a new version."""
-        from ..artifact import load_router
+        from proxray.routing.registry import load_router
 
         router = load_router(self.router_path)
         router.add_queries(self.encoder.encode(table.prompts), acc, cost if router.has_cost_ else None)
         self.train_prompts.extend(table.prompts)
         # the absorbed traffic is a training "task" now: its top-z joins the reference sets of J_z
-        self.task_sets[e["id"]] = sorted(top_z(acc.mean(0) - self.config.lam * cost.mean(0), self.config.z))
+        self.task_sets[e["id"]] = sorted(top_z(objective(acc, cost, self.config.lam).mean(0), self.config.z))
         self._publish(router, absorbed=e["id"], n=len(table.prompts))
 
     def _publish(self, router, **event) -> None:
@@ -435,7 +432,7 @@ class DriftMonitor:
 
     def _absorb_models(self, e, parts) -> None:
         """``add_model`` for each new model, its column over the training queries in the router's order."""
-        from ..artifact import load_router
+        from proxray.routing.registry import load_router
 
         router = load_router(self.router_path)
         parts = parts.drop_duplicates(["model", "query_id"], keep="last")
@@ -463,7 +460,7 @@ class DriftMonitor:
         self._dirty = 0
 
     def _restore(self) -> None:
-        from ..artifact import load_router
+        from proxray.routing.registry import load_router
 
         self._n_table = len(self.train_prompts)
         snap, entries = self.store.load()

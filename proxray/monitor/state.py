@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from ..storage import replace_atomically
+from proxray.common.storage import replace_atomically
 
 
 class StateStore:

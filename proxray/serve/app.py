@@ -25,14 +25,15 @@ from pydantic import ValidationError
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import plan as planning
-from .client import ModelClient, ModelError, failure_reason
-from .encoding import EncoderBatcher
-from .models import ModelServer, refused_parameters
-from .plan import RequestError
-from .schemas import (ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, ServedModel, load_api_key,
+from proxray.routing.objective import objective
+from proxray.serve import plan as planning
+from proxray.serve.client import ModelClient, ModelError, failure_reason
+from proxray.serve.encoding import EncoderBatcher
+from proxray.serve.models import ModelServer, refused_parameters
+from proxray.serve.plan import RequestError
+from proxray.serve.schemas import (ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, ServedModel, load_api_key,
                       routing_text, validation_message)
-from .sse import relay
+from proxray.serve.sse import relay
 
 logger = logging.getLogger("ray.serve")
 MAX_DEPTH = 32  # JSON nesting a request may have
@@ -40,7 +41,7 @@ PARSE_INLINE_BYTES = 64 * 1024  # bigger bodies are parsed in a worker thread, o
 
 
 def deployment_name(model_id: str) -> str:
-    from ..evaljob import slug
+    from proxray.common.naming import slug
 
     return slug(model_id)
 
@@ -138,9 +139,10 @@ class RouterIngress:
     chosen model through the model client with fallback, write the answer or the stream."""
 
     def __init__(self, args: dict, handles: dict):
-        from ..artifact import load_router
-        from ..embed import LRUEmbeddings, SentenceEncoder
-        from .metrics import GatewayMetrics
+        from proxray.routing.registry import load_router
+        from proxray.embeddings.cache import LRUEmbeddings
+        from proxray.embeddings.encoder import SentenceEncoder
+        from proxray.serve.metrics import GatewayMetrics
 
         self.args = AppArgs(**args)
         self.encoder = SentenceEncoder(self.args.encoder, cache=False, progress=False,
@@ -169,7 +171,7 @@ class RouterIngress:
         self.api_key = load_api_key(self.args)
         self.budget = None
         if self.args.budget is not None:
-            from .budget import BudgetController
+            from proxray.serve.budget import BudgetController
 
             b = self.args.budget
             self.budget = BudgetController(b.cost_per_query, b.lam0, b.window, b.gain, basis=b.basis,
@@ -180,7 +182,7 @@ class RouterIngress:
         self.metrics = GatewayMetrics()
         self.monitor = None
         if self.args.monitor:
-            from .monitor_client import MonitorClient
+            from proxray.serve.monitor_client import MonitorClient
 
             self.monitor = MonitorClient(self.args.monitor, self.args.reload_every_s, self.router_path,
                                          self.encoder.id, self._use_router)
@@ -278,7 +280,7 @@ class RouterIngress:
         self.metrics.routed(p.report["route_ms"], p.report["outlier_score"])
         if self.monitor is not None:
             chosen = router.models_.index(p.candidates[0])
-            self.monitor.report(text, X[0], acc[0] - lam * cost[0], chosen, p.report["outlier_score"])
+            self.monitor.report(text, X[0], objective(acc[0], cost[0], lam), chosen, p.report["outlier_score"])
         return p
 
     # ---- answering -----------------------------------------------------------------------------
@@ -440,8 +442,8 @@ def _vllm_deployment(m: ServedModel, source: str):
     ``engine_kwargs``, ``runtime_env``)."""
     from ray.serve.llm import LLMConfig, build_llm_deployment
 
-    from ..engines import vllm_engine_kwargs, vllm_placement
-    from .vllm_server import VLLMModelServer
+    from proxray.pool.engines import vllm_engine_kwargs, vllm_placement
+    from proxray.serve.vllm_server import VLLMModelServer
 
     cfg = LLMConfig(model_loading_config={"model_id": m.id, "model_source": source},
                     engine_kwargs=vllm_engine_kwargs(m), accelerator_type=m.accelerator_type,
@@ -457,7 +459,7 @@ def _vllm_deployment(m: ServedModel, source: str):
 def check_models(a: AppArgs) -> dict:
     """What would fail inside a replica, checked when the app is built (before any replica starts):
     every problem at once. Returns ``{model id: source}`` with local folders made absolute."""
-    from ..engines import check_models as check
+    from proxray.pool.engines import check_models as check
 
     sources, problems = check(a.models, a.default_max_tokens)
     if problems:

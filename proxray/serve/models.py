@@ -24,9 +24,9 @@ from collections import deque
 
 from ray import serve
 
-from ..engines import Finish, Sampling, make_engine
-from .plan import error
-from .schemas import ServedModel
+from proxray.pool.engines import Finish, Sampling, make_engine
+from proxray.serve.plan import error
+from proxray.serve.schemas import ServedModel
 
 
 class OpenAIModel:

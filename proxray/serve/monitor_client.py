@@ -56,7 +56,7 @@ class MonitorClient:
     async def _watch(self):
         """Switch to the monitor's newest router artifact: load it off the event loop, then hand it over in
         one call, so requests in flight finish on the old router and none is dropped."""
-        from ..artifact import load_router
+        from proxray.routing.registry import load_router
 
         while True:
             await asyncio.sleep(self.reload_every_s)

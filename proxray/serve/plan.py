@@ -1,13 +1,13 @@
 """The routing plan: which models, in which order, for one request. Transport-free (no HTTP, no Ray):
 the ingress gives it the request's options and the router's estimates, it gives back the candidates.
-The choice itself is ``routers.choose`` — the same decision rule as evaluation and tuning."""
+The choice itself is ``objective.choose`` — the same decision rule as evaluation."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..routers import choose
+from proxray.routing.objective import choose
 
 
 def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:

@@ -203,7 +203,9 @@ class PriceSpec(BaseModel):
         p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in (p, c)):
             return None
-        return (p * self.input_per_mtok + c * self.output_per_mtok) / 1e6
+        from proxray.common.pricing import token_cost
+
+        return float(token_cost(p, c, self.input_per_mtok, self.output_per_mtok))
 
 
 class ServedModel(BaseModel):

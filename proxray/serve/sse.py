@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from .client import ModelError, failure_reason
+from proxray.serve.client import ModelError, failure_reason
 
 logger = logging.getLogger("ray.serve")
 DONE = "data: [DONE]\n\n"

@@ -8,9 +8,9 @@ import json
 from pydantic import ValidationError
 from ray.serve.llm import LLMServer
 
-from .models import OpenAIModel, refused_parameters
-from .plan import error
-from .schemas import validation_message
+from proxray.serve.models import OpenAIModel, refused_parameters
+from proxray.serve.plan import error
+from proxray.serve.schemas import validation_message
 
 
 def _objects(item):

@@ -1,0 +1,238 @@
+"""End-to-end drift scenario on CPU, through the production path: ``proxray demo drift`` (or
+``python bench/drift_demo.py``).
+
+1. Fit a kNN router on the synthetic table *without* task T (default gsm8k, whose best models differ
+   most from the other tasks') and serve it (Ray Serve, simulated pool) with ``monitor:`` naming a
+   monitor that does not exist yet (serving does not need it).
+2. Start the monitor as an operator does: ``proxray monitor start --config monitor.yaml`` (a subprocess,
+   against this cluster). From then on nothing here calls the monitor's decision methods: it runs by
+   itself (its scheduler), labels with a judge model of the pool, submits evaluation jobs through the
+   Ray Jobs API, absorbs them, and the router replicas switch.
+3. Send inlier traffic, then T's queries, to the endpoint on 127.0.0.1 (the openai client). Wait, by
+   reading ``status`` only, until a re-evaluation has been absorbed. Optionally (``kill_mid_evaluation``)
+   kill the monitor actor while its first evaluation job runs: Ray restarts it, it restores its
+   checkpoint and the job is not submitted twice.
+4. Measure routing on T's held-out queries (never sent) with the first and the final router, and the
+   shadow J_z of each kind of traffic.
+
+The last line printed is one JSON object: {"task", "before", "after", "evaluations", "judge",
+"overlap_inlier", "overlap_new_task", "driver", ...} (AUC % on T).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from proxray.common.logs import log as _log
+
+# Qwen2-1.5B is poor at most tasks and good at gsm8k; Llama-3.2-1B is the cheapest and poor at gsm8k. The new
+# task wants models the training tasks do not: its top-3 shares 0.23 with theirs (Jaccard, averaged over the
+# training tasks), which share ~0.9 among themselves.
+POOL = ["meta-llama/Llama-3.2-1B-Instruct", "Qwen/Qwen2-1.5B-Instruct", "microsoft/Phi-3-small-8k-instruct",
+        "deepseek-ai/deepseek-math-7b-instruct", "mistralai/Mixtral-8x7B-Instruct-v0.1", "meta-llama/Llama-3.3-70B-Instruct"]
+PRICES = {m: v for m, v in __import__("proxray.data.synthetic", fromlist=["MODELS"]).MODELS.items()}
+JUDGE = "meta-llama/Llama-3.3-70B-Instruct"
+
+
+def log(msg):
+    _log(msg, "drift-demo")
+
+
+def auc_on(router, X, acc, cost):
+    from proxray.experiments.metrics import routing_score
+
+    a, c = router.estimate(X)
+    return routing_score(a, c, acc, cost)
+
+
+def job_template(pool=POOL, judge=JUDGE) -> dict:
+    """The evaluation job the monitor submits: the simulated pool, a judge of the pool grading."""
+    return {"sampling": {"max_tokens": 64},
+            "models": [{"id": m, "engine": "sim", "price_in": PRICES[m][1], "price_out": PRICES[m][2],
+                        "num_cpus": 0.25, "batch_size": 16} for m in pool],
+            "grader": {"model": judge}}
+
+
+def monitor_config(state: Path, name: str, min_batch: int, **overrides) -> dict:
+    return {"name": name, "router": str(state / "router_v0"), "table": str(state / "train_table.parquet"),
+            "state_dir": str(state / "monitor"), "job": job_template(), "z": 3, "window": 300, "n_groups": 4,
+            "min_batch": min_batch, "shadow_rate": 0.5, "shadow_batch": 10, "shadow_max_wait_s": 3.0, "min_group": 8,
+            "max_evals_per_hour": 6, "cost_budget": 1.0, "tick_s": 1.0, **overrides}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _drift_jobs(jobs_address: str, prefix: str) -> list:
+    from ray.job_submission import JobSubmissionClient
+
+    return sorted(j.submission_id for j in JobSubmissionClient(jobs_address).list_jobs()
+                  if (j.submission_id or "").startswith(prefix))
+
+
+def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None, timeout_s=300,
+        kill_mid_evaluation=False, name="proxray-monitor"):
+    import openai
+    import ray
+    from ray import serve
+
+    from proxray.routing.registry import load_router
+    from proxray.embeddings.encoder import SentenceEncoder
+    from proxray.monitor import get_monitor
+    from proxray.routing.routers import KNNRouter
+    from proxray.serve.app import build_app
+    from proxray.data.synthetic import make_table
+
+    state = Path(state_dir or tempfile.mkdtemp(prefix="proxray-drift-"))
+    state.mkdir(parents=True, exist_ok=True)
+    full = make_table(n_per_task)
+    enc = SentenceEncoder(progress=False)
+    X = enc.encode(full.prompts)
+    acc, cost = full.matrices(models=POOL)
+    is_t = full.tasks == task
+    rng = np.random.default_rng(0)
+    t_idx = rng.permutation(np.flatnonzero(is_t))
+    t_live, t_test = t_idx[: len(t_idx) // 2], t_idx[len(t_idx) // 2:]
+    train = np.flatnonzero(~is_t)
+    train_table = full.subset([full.query_ids[i] for i in train])
+    train_table.write(state / "train_table.parquet")
+    Xtr = enc.encode(train_table.prompts)  # the router in the table's own order (what the monitor assumes)
+    a_tr, c_tr = train_table.matrices(models=POOL)
+    router0 = KNNRouter(k=50, temperature=20.0).fit(Xtr, a_tr, c_tr, models=POOL, encoder_id=enc.id)
+    router0.save(state / "router_v0")
+    before = auc_on(router0, X[t_test], acc[t_test], cost[t_test])
+    log(f"router v0 fitted without {task}: AUC on held-out {task} queries = {before:.2f}%")
+
+    ctx = ray.init(include_dashboard=True, log_to_driver=False, num_cpus=max(4, os.cpu_count() or 1))
+    jobs_address = f"http://{ctx.dashboard_url}"  # the Ray Jobs API is served by the dashboard
+    port = _free_port()  # after Ray's own processes took theirs
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    auto = {"min_replicas": 1, "max_replicas": 1}
+    serve.run(build_app({"router": str(state / "router_v0"), "monitor": name, "reload_every_s": 1.0,
+                         "models": [{"id": m, "engine": "sim", "autoscaling": auto} for m in POOL]}),
+              name="proxray", route_prefix="/")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
+    # the app names a monitor that does not exist yet: serving does not need it
+    early = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "What is 2 + 2?"}])
+    cfg_path = state / "monitor.yaml"
+    import yaml
+
+    cfg_path.write_text(yaml.safe_dump(monitor_config(state, name, min_batch)))
+    # the operator's command, against this cluster
+    started = subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "start", "--config", str(cfg_path),
+                              "--address", ctx.address_info["gcs_address"]], capture_output=True, text=True, timeout=600)
+    if started.returncode != 0:
+        raise RuntimeError(f"proxray monitor start failed:\n{started.stdout}\n{started.stderr}")
+    monitor = get_monitor(name)
+    inliers = [full.prompts[i] for i in rng.choice(train, n_inliers, replace=False)]
+    live = [full.prompts[i] for i in t_live]
+
+    def send(prompts):
+        for p in prompts:
+            client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": p}])
+
+    def status():
+        return ray.get(monitor.status.remote(), timeout=60)
+
+    log(f"sending {len(inliers)} inlier queries, then {len(live)} {task} queries")
+    send(inliers)
+    for _ in range(60):  # reports are fire-and-forget: wait until the monitor has them all
+        st = status()
+        if st["reported"] >= len(inliers):
+            break
+        time.sleep(0.5)
+    inlier_flags = st["drifted"]
+    send(live)
+    t_sent = time.time()
+    deadline = t_sent + timeout_s
+    killed = False
+    final = None
+    st = {}
+    while time.time() < deadline:
+        try:
+            st = status()
+        except Exception as e:  # noqa: BLE001 - restarting after the kill
+            log(f"monitor not answering yet ({type(e).__name__})")
+            time.sleep(1)
+            continue
+        running = [j for j in st["jobs"] if j["kind"] == "drift" and j["status"] == "RUNNING"]
+        if kill_mid_evaluation and not killed and running:
+            log(f"killing the monitor actor while {running[0]['id']} runs")
+            ray.kill(monitor, no_restart=False)  # Ray restarts it (max_restarts=-1)
+            killed = True
+            time.sleep(1)
+            continue
+        absorbed = [e for e in st["events"] if e["event"] == "router" and e.get("absorbed")]
+        if absorbed:
+            final = st["router_path"]
+            log(f"monitor absorbed {absorbed[-1]['absorbed']}: {final}")
+            break
+        log(f"monitor: {st['drifted']} drifted of {st['reported']}, queue {st['drift_queue']}, "
+            f"shadow {st['shadow_labelled']}, jobs {[(j['kind'], j['status']) for j in st['jobs']]}")
+        time.sleep(2)
+    absorbed_s = time.time() - t_sent
+    served = None
+    for _ in range(30):  # the served router switches without a restart
+        served = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": live[0]}])
+        if final and served.model_extra["proxray"]["router_path"] == final:
+            break
+        time.sleep(1)
+    # shadow J_z of each kind of traffic: let the shadow queue drain (a few more seconds) first
+    for _ in range(90):
+        st = status()
+        if st["shadow_queue"] == 0 and not any(j["kind"] == "shadow" and j["status"] in ("SUBMITTING", "RUNNING")
+                                               for j in st["jobs"]):
+            break
+        time.sleep(1)
+    cli_status = subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "status", "--name", name,
+                                 "--address", ctx.address_info["gcs_address"]], capture_output=True, text=True, timeout=120)
+    st = json.loads(cli_status.stdout)  # the operator's view
+    over_in = ray.get(monitor.overlap_of.remote(inliers))
+    over_new = ray.get(monitor.overlap_of.remote(live))
+    drift_jobs = _drift_jobs(jobs_address, f"{name}-drift-")
+    after = auc_on(load_router(final), X[t_test], acc[t_test], cost[t_test]) if final else before
+    first = next((e for e in st["events"] if e["event"] == "first_drift"), None)
+    result = {"task": task, "before": round(before, 2), "after": round(after, 2), "evaluations": st["evaluations"],
+              "drifted": st["drifted"], "reported": st["reported"], "outlier_threshold": round(st["outlier_threshold"], 4),
+              "inliers_flagged": inlier_flags, "new_task_sent": len(live),
+              "detected_after_new_task_queries": (first["reported"] - len(inliers)) if first else None,
+              "absorbed_after_s": round(absorbed_s, 1) if final else None,
+              "served_router_switched": bool(final and served.model_extra["proxray"]["router_path"] == final),
+              "judge": st["judge"], "overlap_threshold": round(st["overlap_threshold"], 4),
+              "overlap_inlier": over_in["j"], "overlap_inlier_n": over_in["n"],
+              "overlap_new_task": over_new["j"], "overlap_new_task_n": over_new["n"],
+              "spent_usd": st["spent_usd"], "drift_jobs": drift_jobs, "killed_mid_evaluation": killed,
+              "served_before_monitor": bool(early.choices[0].message.content), "driver": "monitor"}  # nothing here called report/tick/evaluate: the ingress and the scheduler did
+    subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "stop", "--name", name,
+                    "--address", ctx.address_info["gcs_address"]], capture_output=True, timeout=120)
+    serve.shutdown()
+    ray.shutdown()
+    return result
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="proxray demo drift", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="gsm8k")
+    p.add_argument("--n-per-task", type=int, default=60)
+    p.add_argument("--min-batch", type=int, default=20)
+    p.add_argument("--kill-mid-evaluation", action="store_true", help="kill the monitor actor while its job runs")
+    a = p.parse_args(argv)
+    print(json.dumps(run(a.task, a.n_per_task, a.min_batch, kill_mid_evaluation=a.kill_mid_evaluation)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Where embeddings are kept: ``EmbeddingCache`` on disk (SQLite, one row per (encoder id, sha256 of text)), so
+experiments encode every text once across runs, and ``LRUEmbeddings``, the bounded in-memory cache of a serving
+replica. ``default_cache_dir`` is proxray's cache folder (``PROXRAY_CACHE``), which also holds exported encoders."""
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("PROXRAY_CACHE", Path.home() / ".cache" / "proxray"))
+
+
+class EmbeddingCache:
+    """Embeddings on disk keyed by (encoder id, sha256(text)). Safe to share between processes."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS emb (encoder TEXT, key TEXT, dim INTEGER, vec BLOB, "
+                       "PRIMARY KEY (encoder, key))")
+
+    def _connect(self):
+        return sqlite3.connect(self.path, timeout=60)
+
+    @staticmethod
+    def key(text: str) -> str:
+        return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+    def get(self, encoder: str, texts: list[str]) -> dict[int, np.ndarray]:
+        """Cached vectors by position in ``texts`` (missing positions are absent)."""
+        keys = [self.key(t) for t in texts]
+        found: dict[str, np.ndarray] = {}
+        with self._connect() as db:
+            uniq = list(set(keys))
+            for s in range(0, len(uniq), 900):  # SQLite caps the number of bound parameters
+                chunk = uniq[s:s + 900]
+                q = f"SELECT key, vec FROM emb WHERE encoder = ? AND key IN ({','.join('?' * len(chunk))})"
+                for k, blob in db.execute(q, [encoder, *chunk]):
+                    found[k] = np.frombuffer(blob, dtype=np.float32)
+        return {i: found[k] for i, k in enumerate(keys) if k in found}
+
+    def put(self, encoder: str, texts: list[str], vectors: np.ndarray) -> None:
+        with self._connect() as db:
+            db.executemany("INSERT OR REPLACE INTO emb VALUES (?, ?, ?, ?)",
+                           [(encoder, self.key(t), int(v.shape[0]), np.asarray(v, np.float32).tobytes())
+                            for t, v in zip(texts, vectors)])
+
+
+class LRUEmbeddings:
+    """At most ``capacity`` vectors keyed by sha256 of their text, least recently used evicted first
+    (a 384-d float32 vector and its key take ~1.7 KB: 10,000 entries ~17 MB)."""
+
+    def __init__(self, capacity: int):
+        if capacity < 0:
+            raise ValueError(f"capacity={capacity}: must be >= 0 (0 = no cache)")
+        self.capacity = capacity
+        self._d: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.hits = self.misses = 0
+
+    key = staticmethod(EmbeddingCache.key)  # the on-disk cache's text key
+
+    def get(self, key: str):
+        v = self._d.get(key)
+        if v is None:
+            self.misses += 1
+        else:
+            self._d.move_to_end(key)
+            self.hits += 1
+        return v
+
+    def put(self, key: str, vec: np.ndarray) -> None:
+        if not self.capacity:
+            return
+        self._d[key] = vec
+        self._d.move_to_end(key)
+        while len(self._d) > self.capacity:
+            self._d.popitem(last=False)
+
+    def __len__(self):
+        return len(self._d)
