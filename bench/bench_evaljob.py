@@ -45,7 +45,7 @@ def main(argv=None):
             ("sim", None, {}, lambda: SimEngine("google/gemma-7b-it")),
             ("transformers", tiny, {"batch_size": 16}, lambda: TransformersEngine(tiny, batch_size=16))):
         model = {"id": "google/gemma-7b-it" if engine == "sim" else "tiny", "source": source, "engine": engine,
-                 "price_in": 0.03, "price_out": 0.05, "batch_size": 32, "replicas": 2, "num_cpus": 1,
+                 "price": {"input_per_mtok": 0.03, "output_per_mtok": 0.05}, "batch_size": 32, "replicas": 2, "num_cpus": 1,
                  "engine_kwargs": kw}
         cfg = JobConfig.model_validate({"output": "x", "sampling": {"max_tokens": 16},
                                         "query_sets": [{"synthetic": {"n_per_task": per_task, "seed": 11}}],
@@ -72,7 +72,7 @@ def fanout(per_task: int, latency: float, tmp: str) -> None:
         cfg = JobConfig.model_validate({
             "output": "x", "sampling": {"max_tokens": 16},
             "query_sets": [{"synthetic": {"n_per_task": per_task, "seed": 11}}],
-            "models": [{"id": m, "engine": "sim", "price_in": 0.1, "price_out": 0.2, "batch_size": 5, "num_cpus": 0.25,
+            "models": [{"id": m, "engine": "sim", "price": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}, "batch_size": 5, "num_cpus": 0.25,
                         "engine_kwargs": {"latency_s": latency}} for m in models]})
         t0 = time.time()
         run_job(cfg, os.path.join(tmp, name))

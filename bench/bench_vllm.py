@@ -65,8 +65,8 @@ def job(model, tmp, n_per_task, max_tokens):
     cfg = JobConfig.model_validate({
         "output": "x", "sampling": {"max_tokens": max_tokens, "temperature": 0.0},
         "query_sets": [{"synthetic": {"n_per_task": n_per_task, "seed": 11}}],
-        "models": [{"id": "m", "source": model, "engine": "vllm", "price_in": 1, "price_out": 1, "batch_size": 64,
-                    "replicas": 1, "gpus_per_replica": 0, "num_cpus": 0.1, "placement_group_config": CPU_BUNDLE,
+        "models": [{"id": "m", "source": model, "engine": "vllm", "price": {"input_per_mtok": 1, "output_per_mtok": 1}, "batch_size": 64,
+                    "replicas": 1, "num_gpus": 0, "num_cpus": 0.1, "placement_group_config": CPU_BUNDLE,
                     "runtime_env": {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}}, "engine_kwargs": ENGINE}]})
     if not ray.is_initialized():
         ray.init(num_cpus=os.cpu_count() + 1, include_dashboard=False, log_to_driver=False)

@@ -32,6 +32,32 @@ def encoder():
     return SentenceEncoder()
 
 
+def _start_local_ray():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray (4 CPUs, no dashboard) for a whole test module; Ray's token auth is off for it (above)."""
+    import ray
+
+    _start_local_ray()
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def fresh_ray():
+    """A local Ray for one test, shut down after it."""
+    import ray
+
+    _start_local_ray()
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(42)

@@ -44,8 +44,8 @@ def test_sim_engine_follows_the_simulated_skill():
 
 
 def test_vllm_path_config_and_rows():
-    spec = ModelSpec(id="meta-llama/Llama-3.3-70B-Instruct", engine="vllm", price_in=0.15, price_out=0.3,
-                     accelerator_type="H100", gpus_per_replica=4, replicas=2, batch_size=32,
+    spec = ModelSpec(id="meta-llama/Llama-3.3-70B-Instruct", engine="vllm",
+                     price={"input_per_mtok": 0.15, "output_per_mtok": 0.3}, accelerator_type="H100", num_gpus=4, replicas=2, batch_size=32,
                      engine_kwargs={"max_model_len": 4096})
     cfg = vllm_config(spec)
     assert cfg.model_source == spec.id and cfg.batch_size == 32
@@ -53,7 +53,8 @@ def test_vllm_path_config_and_rows():
     assert cfg.accelerator_type == "H100" and cfg.should_continue_on_error and cfg.placement_group_config is None
     assert cfg.engine_kwargs["tensor_parallel_size"] == 4 and cfg.engine_kwargs["max_model_len"] == 4096
     assert cfg.engine_kwargs["disable_log_stats"] is True and cfg.log_engine_metrics is False  # ray#61656
-    cpu = ModelSpec(id="t", source="/m", engine="vllm", price_in=0, price_out=0, gpus_per_replica=0, num_cpus=0.1,
+    cpu = ModelSpec(id="t", source="/m", engine="vllm", price={"input_per_mtok": 0, "output_per_mtok": 0}, num_gpus=0,
+                    num_cpus=0.1,
                     placement_group_config={"bundles": [{"CPU": 1}]}, runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
     cfg = vllm_config(cpu, source="/abs/m")
     b = cfg.placement_group_config["bundles"]

@@ -7,7 +7,7 @@ import yaml
 
 from conftest import ROOT
 from proxray import KNNRouter, RoutingTable
-from proxray.evaljob.job import ConfigError, JobConfig, load_config, read_parts, run_job
+from proxray.evaljob.job import ConfigError, JobConfig, ModelSpec, load_config, read_parts, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -15,12 +15,8 @@ SIM = ["meta-llama/Llama-3.2-1B-Instruct", "microsoft/Phi-3-small-8k-instruct", 
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def ray_local(local_ray):
+    """Every test of this module runs on one local Ray (conftest's ``local_ray``)."""
 
 
 def config(models, n_per_task=3, sampling=None, **extra):
@@ -31,7 +27,7 @@ def config(models, n_per_task=3, sampling=None, **extra):
 
 
 def sim(model_id, **kw):
-    return {"id": model_id, "engine": "sim", "price_in": 0.1, "price_out": 0.2, "batch_size": 5, "num_cpus": 0.25, **kw}
+    return {"id": model_id, "engine": "sim", "price": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}, "batch_size": 5, "num_cpus": 0.25, **kw}
 
 
 def pairs(out):
@@ -43,7 +39,7 @@ def test_cpu_job_builds_a_table_routers_fit_on(tmp_path, encoder):
     from proxray.pool.engines import build_tiny_model
 
     tiny = build_tiny_model(tmp_path / "tiny", seed=1)
-    cfg = config([{"id": "tiny", "source": tiny, "engine": "transformers", "price_in": 1.0, "price_out": 2.0,
+    cfg = config([{"id": "tiny", "source": tiny, "engine": "transformers", "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
                    "batch_size": 8, "num_cpus": 0.5}] + [sim(m) for m in SIM])
     res = run_job(cfg, tmp_path / "out")
     out = tmp_path / "out"
@@ -112,16 +108,17 @@ def test_adding_a_model_runs_only_that_model(tmp_path):
 
 
 @pytest.mark.parametrize("patch,message", [
-    ({"models": [{"id": "a", "engine": "sim", "price_in": -1, "price_out": 0}]}, "models.0.price_in"),
-    ({"models": [{"id": "a", "engine": "tgi", "price_in": 1, "price_out": 0}]}, "models.0.engine"),
+    ({"models": [{"id": "a", "engine": "sim", "price": {"input_per_mtok": -1, "output_per_mtok": 0}}]}, "models.0.price.input_per_mtok"),
+    ({"models": [{"id": "a", "engine": "sim"}]}, "the evaluation job prices every answer"),
+    ({"models": [{"id": "a", "engine": "tgi", "price": {"input_per_mtok": 1, "output_per_mtok": 0}}]}, "models.0.engine"),
     ({"query_sets": [{"path": "a.jsonl", "hf": "gsm8k"}]}, "exactly one of path, hf, synthetic"),
-    ({"models": [{"id": "a", "engine": "sim", "price_in": 1, "price_out": 1}] * 2}, "repeated: a"),
+    ({"models": [{"id": "a", "engine": "sim", "price": {"input_per_mtok": 1, "output_per_mtok": 1}}] * 2}, "repeated: a"),
     ({"sampling": {"max_tokens": 0}}, "sampling.max_tokens"),
     ({"modles": []}, "modles"),
 ])
 def test_config_errors_name_the_field(tmp_path, patch, message):
     raw = {"output": "o", "query_sets": [{"synthetic": {"n_per_task": 1}}],
-           "models": [{"id": "a", "engine": "sim", "price_in": 1, "price_out": 1}], **patch}
+           "models": [{"id": "a", "engine": "sim", "price": {"input_per_mtok": 1, "output_per_mtok": 1}}], **patch}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         load_config(tmp_path / "c.yaml")
@@ -186,7 +183,7 @@ def test_resume_is_keyed_on_content_not_on_folders(tmp_path):
     assert [(r["model"], r["todo"]) for r in res["runs"]] == [(SIM[0], 30), (SIM[1], 30)]
     assert res["stale_rows"] == 60 and res["rows"] == 60 and res["duplicates"] == 0
     # one model's price changes: only that model runs, and the table carries the new price
-    repriced = [sim(SIM[0]), sim(SIM[1], price_out=2.0)]
+    repriced = [sim(SIM[0]), sim(SIM[1], price={"input_per_mtok": 0.1, "output_per_mtok": 2.0})]
     res = run_job(config(repriced, sampling={"max_tokens": 4}), out)
     assert [(r["model"], r["todo"]) for r in res["runs"]] == [(SIM[1], 30)]
     df = RoutingTable.read(out / "routing_table.parquet").df
@@ -218,8 +215,8 @@ def test_every_config_problem_is_reported_before_ray_starts(tmp_path):
         "output": str(tmp_path / "o"),
         "query_sets": [{"path": str(tmp_path / "nowhere.jsonl")}],
         "models": [sim(SIM[0], engine_kwargs={"latency": 1}), sim(SIM[1], accelerator_type="H10O"),
-                   {"id": "t", "engine": "transformers", "source": str(tmp_path / "no-model"), "price_in": 1,
-                    "price_out": 1}]})
+                   {"id": "t", "engine": "transformers", "source": str(tmp_path / "no-model"),
+                    "price": {"input_per_mtok": 1, "output_per_mtok": 1}}]})
     with pytest.raises(ConfigError) as e:
         check_config(cfg)
     msg = str(e.value)
@@ -270,7 +267,7 @@ def test_a_judge_without_a_score_leaves_error_rows(tmp_path):
 
     tiny = build_tiny_model(tmp_path / "tiny", seed=0)  # a real (random) causal LM: its replies carry no score
     live_queries(tmp_path / "live.jsonl", n_per_task=1)
-    judge = {"id": "tiny-judge", "engine": "transformers", "source": str(tiny), "price_in": 0.1, "price_out": 0.1,
+    judge = {"id": "tiny-judge", "engine": "transformers", "source": str(tiny), "price": {"input_per_mtok": 0.1, "output_per_mtok": 0.1},
              "batch_size": 5, "num_cpus": 0.5}
     cfg = JobConfig.model_validate({"output": "unused", "sampling": {"max_tokens": 4},
                                     "query_sets": [{"name": "live", "path": str(tmp_path / "live.jsonl")}],
@@ -291,7 +288,7 @@ def test_grader_config_errors(grader, message):
 
     with pytest.raises(ValidationError, match=message.replace("{question} and {response}", r"\{question\} and \{response\}")):
         JobConfig.model_validate({"query_sets": [{"synthetic": {"n_per_task": 1}}], "grader": grader,
-                                  "models": [{"id": "a", "engine": "sim", "price_in": 1, "price_out": 1}]})
+                                  "models": [{"id": "a", "engine": "sim", "price": {"input_per_mtok": 1, "output_per_mtok": 1}}]})
 
 
 def test_queries_without_answers_need_a_grader(tmp_path):
@@ -299,3 +296,18 @@ def test_queries_without_answers_need_a_grader(tmp_path):
     cfg = JobConfig.model_validate({"query_sets": [{"path": str(tmp_path / "live.jsonl")}], "models": [sim(SIM[0])]})
     with pytest.raises(ConfigError, match="10 of 10 queries have no reference answer: add a grader"):
         run_job(cfg, tmp_path / "out")
+
+
+def test_earlier_model_spellings_load_with_a_warning_naming_the_new_field():
+    """price_in / price_out and gpus_per_replica (job configs before the one pool-model spec) mean price and
+    num_gpus; each says what to write instead; giving both spellings is an error."""
+    old = {"id": "m", "engine": "vllm", "price_in": 0.15, "price_out": 0.3, "gpus_per_replica": 4}
+    with pytest.warns(FutureWarning) as said:
+        spec = ModelSpec.model_validate(old)
+    assert [str(w.message) for w in said] == [
+        "model 'm': price_in / price_out are deprecated: write price: {input_per_mtok: ..., output_per_mtok: ...}",
+        "model 'm': gpus_per_replica is deprecated: write num_gpus"]
+    assert (spec.price.input_per_mtok, spec.price.output_per_mtok, spec.num_gpus, spec.gpus) == (0.15, 0.3, 4, 4)
+    assert spec.cost(1000, 500) == pytest.approx((1000 * 0.15 + 500 * 0.3) / 1e6)
+    with pytest.raises(ValueError, match="give num_gpus, or the earlier gpus_per_replica, not both"):
+        ModelSpec.model_validate({"id": "m", "engine": "vllm", "num_gpus": 1, "gpus_per_replica": 2})

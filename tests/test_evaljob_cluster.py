@@ -35,9 +35,9 @@ def config(models, n_per_task=3):
 
 
 def slow_sim(model_id, accelerator=None, latency_s=1.0):
-    spec = {"id": model_id, "engine": "sim", "price_in": 0.1, "price_out": 0.2, "batch_size": 5, "num_cpus": 0.25,
+    spec = {"id": model_id, "engine": "sim", "price": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}, "batch_size": 5, "num_cpus": 0.25,
             "engine_kwargs": {"latency_s": latency_s}}
-    return {**spec, "accelerator_type": accelerator, "gpus_per_replica": 1} if accelerator else spec
+    return {**spec, "accelerator_type": accelerator, "num_gpus": 1} if accelerator else spec
 
 
 def test_models_land_where_their_config_asks_and_run_at_once(cluster, tmp_path):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from proxray.routing.objective import choose
-from proxray.serve.app import MAX_DEPTH, parse_json
+from proxray.serve.http import MAX_DEPTH, parse_json
 from proxray.serve.client import ModelError, scrub
 from proxray.serve.models import refused_parameters
 from proxray.serve.plan import RequestError, candidate_order, pass_through, routed

@@ -30,15 +30,6 @@ def world(tmp_path_factory, encoder):
     return tmp, full, X, acc, cost, Xtr
 
 
-@pytest.fixture
-def local_ray():
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def config(tmp, state, **kw):
     return {"router": str(tmp / "r0"), "table": str(tmp / "train.parquet"), "state_dir": str(tmp / state),
             "job": job_template(), "z": 3, "window": 200, "n_groups": 4, "min_batch": 10, "shadow_rate": 0.0,
@@ -46,8 +37,7 @@ def config(tmp, state, **kw):
 
 
 def send(mon, router, X, prompts):
-    acc, cost, out = router.estimate_with_outlier_score(X)
-    return [mon.report(f"q{i}", p, x, a, int(np.argmax(a)), float(s)) for i, (p, x, a, s) in enumerate(zip(prompts, X, acc, out))]
+    return [mon.report(p, x, float(s)) for p, x, s in zip(prompts, X, router.outlier_score(X))]
 
 
 def traffic(world, encoder):
@@ -58,7 +48,7 @@ def traffic(world, encoder):
     return inl, encoder.encode(inl), t_rows
 
 
-def test_detects_labels_with_the_judge_and_absorbs(world, encoder, local_ray):
+def test_detects_labels_with_the_judge_and_absorbs(world, encoder, fresh_ray):
     from proxray.routing.registry import load_router
     from proxray.experiments.metrics import routing_score
     from proxray.data.table import RoutingTable
@@ -67,7 +57,7 @@ def test_detects_labels_with_the_judge_and_absorbs(world, encoder, local_ray):
     mon = DriftMonitor(config(tmp, "main"), encoder=encoder)
     router = load_router(tmp / "r0")
     # the threshold is the router's own outlier score on its training queries, left out of the reference
-    assert mon.outlier_threshold == pytest.approx(float(np.quantile(router.training_outlier_scores(Xtr), 0.99)))
+    assert mon.detector.threshold == pytest.approx(float(np.quantile(router.training_outlier_scores(Xtr), 0.99)))
     inl, Xi, t_rows = traffic(world, encoder)
     inlier_flags = send(mon, router, Xi, inl)
     assert np.mean(inlier_flags) <= 0.2
@@ -98,14 +88,14 @@ def test_detects_labels_with_the_judge_and_absorbs(world, encoder, local_ray):
     assert n_jobs == 1 + (drifted - 10) // 10 and st["drift_queue"] == drifted % 10 and st["router_version"] == n_jobs
     r1 = load_router(st["router_path"])
     assert r1.n_train_ == router.n_train_ + 10 * n_jobs
-    rest = t_rows[~np.isin([text_key(full.prompts[i]) for i in t_rows], list(again.seen))]
+    rest = t_rows[~np.isin([text_key(full.prompts[i]) for i in t_rows], list(again.book.seen))]
     before = routing_score(*router.estimate(X[t_rows]), acc[t_rows], cost[t_rows])
     after = routing_score(*r1.estimate(X[t_rows]), acc[t_rows], cost[t_rows])
     print(f"AUC on {TASK}: {before:.2f} -> {after:.2f} after {n_jobs} judged evaluations ({len(rest)} never evaluated)")
     assert after > before + 2.0, (before, after)
 
 
-def test_shadow_overlap_separates_a_new_task_from_inliers(world, encoder, local_ray):
+def test_shadow_overlap_separates_a_new_task_from_inliers(world, encoder, fresh_ray):
     from proxray.routing.registry import load_router
 
     tmp, full, X, acc, cost, Xtr = world
@@ -117,16 +107,16 @@ def test_shadow_overlap_separates_a_new_task_from_inliers(world, encoder, local_
     send(mon, router, X[t_rows], t_prompts)
     for _ in range(12):
         mon.tick()
-        if not mon.shadow_queue:
+        if not mon.book.shadow_queue:
             break
-    assert not mon.shadow_queue and len(mon.shadow_obs) == len(inl) + len(t_rows)
+    assert not mon.book.shadow_queue and len(mon.overlap.observed) == len(inl) + len(t_rows)
     j_in, j_new = mon.overlap_of(inl)["j"], mon.overlap_of(t_prompts)["j"]
-    assert j_new < mon.overlap_threshold <= j_in, (j_new, mon.overlap_threshold, j_in)
+    assert j_new < mon.overlap.threshold <= j_in, (j_new, mon.overlap.threshold, j_in)
     st = mon.status()
-    assert st["overlap"]["outlier"]["j"] < mon.overlap_threshold
+    assert st["overlap"]["outlier"]["j"] < mon.overlap.threshold
     # the J_z trigger queued the low-overlap group's recent traffic for re-evaluation
     trig = [e for e in st["events"] if e["event"] == "overlap_trigger"]
-    assert trig and all(e["j"] < mon.overlap_threshold for e in trig)
+    assert trig and all(e["j"] < mon.overlap.threshold for e in trig)
     assert 'proxray_monitor_topz_overlap{traffic="outlier"}' in mon.prometheus()
 
 
@@ -135,8 +125,8 @@ def test_budget_caps_and_dedup(world, encoder):
     mon = DriftMonitor(config(tmp, "budget", cost_budget=1e-9, max_buffer=5), encoder=encoder)
     x = np.ones(384, np.float32)
     for i in range(8):
-        mon.report(f"a{i}", f"prompt {i}", x, np.zeros(len(POOL)), 0, 10.0)
-    mon.report("again", "prompt 0", x, np.zeros(len(POOL)), 0, 10.0)  # the same text again
+        mon.report(f"prompt {i}", x, 10.0)
+    mon.report("prompt 0", x, 10.0)  # the same text again
     st = mon.status()
     assert st["drift_queue"] == 5 and st["dropped_full"] == 3 and st["repeats"] == 1
     mon.config = mon.config.model_copy(update={"min_batch": 5})
@@ -173,31 +163,31 @@ def test_exactly_once_submission_and_failures(world, encoder):
     cfg = config(tmp, "once", submit="jobs_api", job_timeout_s=100.0, retry_after_s=50.0)
     mon = DriftMonitor(cfg, encoder=encoder, runner=FakeJobs(down=True))
     for i in range(10):
-        mon.report(f"a{i}", f"prompt {i}", x, np.zeros(len(POOL)), 0, 10.0)
+        mon.report(f"prompt {i}", x, 10.0)
     mon.tick(now=1000.0)  # recorded with its id, the submission failed (API down)
-    (e,) = mon.evaluations
+    (e,) = mon.evaluations.items
     assert e["status"] == "SUBMITTING" and not FakeJobs.submitted
     # a restarted monitor finds it and submits that id; a second restart does not submit again
     for _ in range(2):
         mon = DriftMonitor(cfg, encoder=encoder, runner=FakeJobs())
         mon.tick(now=1001.0)
-    assert list(FakeJobs.submitted) == [e["id"]] and mon.evaluations[0]["status"] == "RUNNING"
-    assert len(mon.evaluations) == 1
+    assert list(FakeJobs.submitted) == [e["id"]] and mon.evaluations.items[0]["status"] == "RUNNING"
+    assert len(mon.evaluations.items) == 1
     # a job that outlives the timeout is stopped, failed, its queries queued again, retried after the wait
-    mon.tick(now=mon.evaluations[0]["submitted"] + 101.0)
-    assert mon.evaluations[0]["status"] == "FAILED" and mon.runner.stopped == [e["id"]]
+    mon.tick(now=mon.evaluations.items[0]["submitted"] + 101.0)
+    assert mon.evaluations.items[0]["status"] == "FAILED" and mon.evaluations.runner.stopped == [e["id"]]
     assert mon.status()["drift_queue"] == 10 and mon.status()["spent_usd"] == pytest.approx(0.0, abs=1e-12)
     mon.tick(now=mon.not_before - 1)
-    assert len(mon.evaluations) == 1
+    assert len(mon.evaluations.items) == 1
     mon.tick(now=mon.not_before + 1)
-    assert len(mon.evaluations) == 2 and mon.evaluations[1]["id"] != e["id"]
+    assert len(mon.evaluations.items) == 2 and mon.evaluations.items[1]["id"] != e["id"]
     # a job the Jobs API forgot is failed too
     FakeJobs.submitted.clear()
     mon.tick(now=mon.not_before + 2)
-    assert mon.evaluations[1]["status"] == "FAILED" and "missing" in mon.evaluations[1]["error"]
+    assert mon.evaluations.items[1]["status"] == "FAILED" and "missing" in mon.evaluations.items[1]["error"]
 
 
-def test_a_model_added_to_the_pool_is_added_to_the_router(world, encoder, local_ray):
+def test_a_model_added_to_the_pool_is_added_to_the_router(world, encoder, fresh_ray):
     from proxray.routing.registry import load_router
 
     tmp, *_ = world
@@ -242,7 +232,7 @@ def test_monitor_config_errors_name_the_field(tmp_path):
     shipped = load_monitor_config(ROOT / "monitor_configs" / "cpu_demo.yaml")
     assert shipped.table == "embedded" and shipped.job["grader"]["model"] == "meta-llama/Llama-3.3-70B-Instruct"
     bad = {"router": "r", "table": "t.parquet", "state_dir": "s", "shadow_rate": 1.5,
-           "job": {"models": [{"id": "a", "engine": "sim", "price_in": 1, "price_out": 1}]}}
+           "job": {"models": [{"id": "a", "engine": "sim", "price": {"input_per_mtok": 1, "output_per_mtok": 1}}]}}
     (tmp_path / "m.yaml").write_text(__import__("yaml").safe_dump(bad))
     r = subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "start", "--config", str(tmp_path / "m.yaml")],
                        capture_output=True, text=True, timeout=120)

@@ -10,7 +10,7 @@ from conftest import ROOT
 from proxray.pool.engines import build_tiny_model
 from proxray.evaljob.job import ConfigError, JobConfig, check_config, run_job
 
-CPU = {"placement_group_config": {"bundles": [{"CPU": 1}]}, "gpus_per_replica": 0}
+CPU = {"placement_group_config": {"bundles": [{"CPU": 1}]}, "num_gpus": 0}
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def tiny(tmp_path_factory):
 def cfg(model, max_tokens=16):
     return JobConfig.model_validate({"output": "unused", "sampling": {"max_tokens": max_tokens},
                                      "query_sets": [{"synthetic": {"n_per_task": 1}}],
-                                     "models": [{"id": "m", "engine": "vllm", "price_in": 1, "price_out": 1, **model}]})
+                                     "models": [{"id": "m", "engine": "vllm", "price": {"input_per_mtok": 1, "output_per_mtok": 1}, **model}]})
 
 
 def test_the_ci_venv_has_the_cpu_build_of_vllm_with_rays_llm_apis():
@@ -64,10 +64,10 @@ def test_a_head_size_cpu_attention_cannot_run_is_named(tmp_path):
 def test_every_problem_is_reported_at_once_and_hub_ids_offline(tiny, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     raw = {"output": "o", "sampling": {"max_tokens": 16}, "query_sets": [{"synthetic": {"n_per_task": 1}}],
-           "models": [{"id": "a", "engine": "vllm", "price_in": 1, "price_out": 1, "source": "./gone", **CPU},
-                      {"id": "b", "engine": "vllm", "price_in": 1, "price_out": 1, "source": "some-org/not-cached-model"},
-                      {"id": "c", "engine": "transformers", "price_in": 1, "price_out": 1, "source": "./also/gone"},
-                      {"id": "d", "engine": "vllm", "price_in": 1, "price_out": 1, "source": tiny, **CPU}]}
+           "models": [{"id": "a", "engine": "vllm", "price": {"input_per_mtok": 1, "output_per_mtok": 1}, "source": "./gone", **CPU},
+                      {"id": "b", "engine": "vllm", "price": {"input_per_mtok": 1, "output_per_mtok": 1}, "source": "some-org/not-cached-model"},
+                      {"id": "c", "engine": "transformers", "price": {"input_per_mtok": 1, "output_per_mtok": 1}, "source": "./also/gone"},
+                      {"id": "d", "engine": "vllm", "price": {"input_per_mtok": 1, "output_per_mtok": 1}, "source": tiny, **CPU}]}
     with pytest.raises(ConfigError) as e:
         check_config(JobConfig.model_validate(raw))
     msg = str(e.value)

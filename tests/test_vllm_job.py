@@ -16,12 +16,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def ray_local(local_ray):
+    """Every test of this module runs on one local Ray (conftest's ``local_ray``)."""
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +53,7 @@ def test_cpu_vllm_config_builds_a_complete_table_with_vllms_token_counts(shipped
         # vLLM's own counts: the prompt it ran is the chat template over the query, as the tokenizer makes it
         assert [prompt_tokens(m.source, p) for p in rows.prompt] == rows.input_tokens.tolist()
         assert ((rows.output_tokens >= 1) & (rows.output_tokens <= config.sampling.max_tokens)).all()
-        np.testing.assert_allclose(rows.cost, (rows.input_tokens * m.price_in + rows.output_tokens * m.price_out) / 1e6)
+        np.testing.assert_allclose(rows.cost, (rows.input_tokens * m.price.input_per_mtok + rows.output_tokens * m.price.output_per_mtok) / 1e6)
         assert rows.response.map(type).eq(str).all()
     assert run_job(config, tmp / "out")["runs"] == []  # resumable: nothing left to do
 

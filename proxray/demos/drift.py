@@ -57,7 +57,7 @@ def auc_on(router, X, acc, cost):
 def job_template(pool=POOL, judge=JUDGE) -> dict:
     """The evaluation job the monitor submits: the simulated pool, a judge of the pool grading."""
     return {"sampling": {"max_tokens": 64},
-            "models": [{"id": m, "engine": "sim", "price_in": PRICES[m][1], "price_out": PRICES[m][2],
+            "models": [{"id": m, "engine": "sim", "price": {"input_per_mtok": PRICES[m][1], "output_per_mtok": PRICES[m][2]},
                         "num_cpus": 0.25, "batch_size": 16} for m in pool],
             "grader": {"model": judge}}
 

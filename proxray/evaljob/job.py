@@ -46,35 +46,12 @@ from proxray.evaljob.grading import grade
 from proxray.common.logs import log
 from proxray.common.progress import Progress
 from proxray.common.naming import slug
-from proxray.common.pricing import token_cost
 from proxray.common.storage import Store
+from proxray.pool.spec import PoolModel
 
 
 # ---- configuration (validated at the boundary) --------------------------------------------------
-class ModelSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: str = Field(min_length=1, description="model name in the table")
-    source: str | None = Field(None, description="weights: Hub id or local folder (default: id)")
-    price_in: float = Field(ge=0, description="USD per million input tokens")
-    price_out: float = Field(ge=0, description="USD per million output tokens")
-    engine: Literal["vllm", "transformers", "sim"]
-    engine_kwargs: dict = Field(default_factory=dict)
-    accelerator_type: str | None = Field(None, description="node accelerator each replica needs, e.g. H100, A100 "
-                                         "(Ray's names; checked against the cluster before the job starts)")
-    gpus_per_replica: int | None = Field(None, ge=0, description="GPUs per replica; vllm: default 1, tensor "
-                                         "parallel when > 1; sim and transformers: default 0")
-    placement_group_config: dict | None = Field(
-        None, description="vllm: Ray placement bundles per engine, e.g. {bundles: [{CPU: 1}]} on a CPU cluster")
-    runtime_env: dict | None = Field(None, description="vllm: Ray runtime_env of the engine workers (env_vars, ...)")
-    replicas: int = Field(1, ge=1)
-    batch_size: int = Field(16, ge=1)
-    num_cpus: float = Field(1.0, gt=0, description="CPUs per replica (sim, transformers); vllm: CPUs per actor "
-                            "of the processor's chat-template, tokenize and detokenize stages")
-
-    @property
-    def gpus(self) -> int:
-        """GPUs each replica asks Ray for."""
-        return self.gpus_per_replica if self.gpus_per_replica is not None else int(self.engine == "vllm")
+ModelSpec = PoolModel  # the job's name for the one pool-model spec (proxray.pool.spec)
 
 
 class SyntheticSet(BaseModel):
@@ -144,6 +121,14 @@ class JobConfig(BaseModel):
     query_sets: list[QuerySetSpec] = Field(min_length=1)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     grader: GraderSpec | None = Field(None, description="judge grading (for queries without reference answers)")
+
+    @model_validator(mode="after")
+    def _priced(self):
+        unpriced = [m.id for m in self.models if m.price is None]
+        if unpriced:
+            raise ValueError(f"models {unpriced}: the evaluation job prices every answer; give each model "
+                             "price: {input_per_mtok: ..., output_per_mtok: ...}")
+        return self
 
     @model_validator(mode="after")
     def _judge_in_pool(self):
@@ -268,8 +253,8 @@ def fingerprints(spec: ModelSpec, queries: pd.DataFrame, sampling: Sampling) -> 
     """What produced a (model, query) row, one hash per query: the prompt, the answer it is graded
     against, the sampling, the model's source and its prices. A stored row counts as done only while
     its fingerprint is still the one the config gives."""
-    head = json.dumps({"model": spec.id, "source": spec.source or spec.id, "price_in": spec.price_in,
-                       "price_out": spec.price_out, "sampling": vars(sampling)}, sort_keys=True)
+    head = json.dumps({"model": spec.id, "source": spec.source or spec.id, "price_in": spec.price.input_per_mtok,
+                       "price_out": spec.price.output_per_mtok, "sampling": vars(sampling)}, sort_keys=True)
     answers = queries["answer"] if "answer" in queries else pd.Series([""] * len(queries))
     types = queries["answer_type"] if "answer_type" in queries else pd.Series([""] * len(queries))
     return np.array([hashlib.sha256("\x1f".join((head, p, str(a), str(t))).encode()).hexdigest()[:20]
@@ -309,7 +294,8 @@ def grader_fingerprint(grader: GraderSpec | None, specs, sampling: Sampling) -> 
     judge = next((s for s in specs if s.id == grader.model), None)
     head = {"grader": grader.model_dump(), "seed": sampling.seed}
     if judge is not None:
-        head.update(source=judge.source or judge.id, price_in=judge.price_in, price_out=judge.price_out)
+        head.update(source=judge.source or judge.id, price_in=judge.price.input_per_mtok,
+                    price_out=judge.price.output_per_mtok)
     return hashlib.sha256(json.dumps(head, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -374,7 +360,7 @@ def _dataset(spec: ModelSpec, todo: pd.DataFrame, sampling: Sampling, source: st
         from proxray.pool.engines import vllm_output_row, vllm_processor
 
         # failed rows skip the processor's postprocess: map every row to the output columns after it
-        return vllm_processor(spec, sampling, source)(ds).map(vllm_output_row, num_cpus=spec.num_cpus)
+        return vllm_processor(spec, sampling, source)(ds).map(vllm_output_row, num_cpus=spec.cpus(1.0))
     if source:
         spec = spec.model_copy(update={"source": source})
     where = {"num_gpus": spec.gpus} if spec.gpus else {}
@@ -383,7 +369,7 @@ def _dataset(spec: ModelSpec, todo: pd.DataFrame, sampling: Sampling, source: st
     return ds.map_batches(
         EngineWorker, fn_constructor_kwargs={"spec": spec.model_dump(), "sampling": vars(sampling)},
         batch_size=spec.batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=spec.replicas),
-        num_cpus=spec.num_cpus, **where)  # Ray Data restarts a dead actor and retries its batch (max_restarts=-1)
+        num_cpus=spec.cpus(1.0), **where)  # Ray Data restarts a dead actor and retries its batch (max_restarts=-1)
 
 
 def graded_rows(spec: ModelSpec, out: pd.DataFrame, queries: pd.DataFrame, fingerprint: pd.Series,
@@ -398,7 +384,7 @@ def graded_rows(spec: ModelSpec, out: pd.DataFrame, queries: pd.DataFrame, finge
     return pd.DataFrame({
         "query_id": out["query_id"].to_numpy(), "task": q["task"].to_numpy(), "prompt": q["prompt"].to_numpy(),
         "model": spec.id, "correct": np.asarray(correct, dtype=np.float64),
-        "cost": token_cost(n_in, n_out, spec.price_in, spec.price_out),  # USD from the engine's own token counts
+        "cost": spec.cost(n_in, n_out),  # USD from the engine's own token counts
         "split": q["split"].to_numpy(), "response": out["response"].astype(str).to_numpy(),
         "input_tokens": n_in, "output_tokens": n_out, "grader": grader,
         "judge_cost": np.broadcast_to(np.asarray(judge_cost, dtype=np.float64), len(out)).copy(),
@@ -576,8 +562,7 @@ def run_judge(config: JobConfig, model_ids, queries: pd.DataFrame, keys: pd.Data
         batch = batch.reset_index(drop=True)
         err = batch["error"].fillna("").astype(str).to_numpy() if "error" in batch else np.full(len(batch), "")
         scores = [parse_score(r) if not e else None for r, e in zip(batch["response"], err)]
-        jcost = token_cost(batch["input_tokens"].to_numpy(), batch["output_tokens"].to_numpy(), judge.price_in,
-                           judge.price_out)
+        jcost = judge.cost(batch["input_tokens"].to_numpy(), batch["output_tokens"].to_numpy())
         src = by_jid.loc[batch["query_id"]].reset_index()
         ok = np.array([v is not None for v in scores])
         name = f"part-{run_id}-judge-{i:05d}.parquet"

@@ -341,7 +341,7 @@ def _unknown_kwargs(name: str, cls, kwargs: dict) -> list:
 
 
 def make_engine(spec) -> object:
-    """The CPU engine for a model spec (``proxray.evaljob.job.ModelSpec``); vLLM is not built here."""
+    """The CPU engine for a model spec (``proxray.pool.spec.PoolModel``); vLLM is not built here."""
     if spec.engine in CPU_ENGINES:
         return CPU_ENGINES[spec.engine](spec.source or spec.id, **spec.engine_kwargs)
     raise ValueError(f"engine {spec.engine!r} has no in-process engine (vllm runs through ray.data.llm)")
@@ -353,11 +353,11 @@ def make_engine(spec) -> object:
 # VLLM_CPU_KVCACHE_SPACE), never in a code branch here.
 
 def vllm_engine_kwargs(spec) -> dict:
-    """Engine kwargs for vLLM: tensor parallel size from ``gpus_per_replica`` (job specs), then the
+    """Engine kwargs for vLLM: tensor parallel size from ``num_gpus`` when it is more than one, then the
     config's own kwargs, which win."""
     base = {}
-    if (getattr(spec, "gpus_per_replica", 0) or 0) > 1:
-        base["tensor_parallel_size"] = spec.gpus_per_replica
+    if (spec.num_gpus or 0) > 1:
+        base["tensor_parallel_size"] = int(spec.num_gpus)
     return {**base, **spec.engine_kwargs}
 
 
@@ -374,14 +374,14 @@ def vllm_config(spec, source: str | None = None):
     """The ``ray.data.llm.vLLMEngineProcessorConfig`` of a job model spec: exactly ``replicas`` engines
     (a fixed pool: ``concurrency=(n, n)``; an int would be an autoscaling pool 1..n) on the resources its
     ``placement_group_config`` names (CPU bundles on a CPU cluster; without it the stage asks for a GPU)
-    or ``gpus_per_replica`` GPUs on ``accelerator_type`` nodes. A row the engine fails on lands in
+    or ``num_gpus`` GPUs on ``accelerator_type`` nodes. A row the engine fails on lands in
     ``__inference_error__`` instead of failing the job."""
     from ray.data.llm import vLLMEngineProcessorConfig
 
     extra = vllm_placement(spec)
     # the processor's CPU stages (chat template, tokenize, detokenize) each take num_cpus per actor;
     # Ray's default of a whole CPU each starves a small CPU cluster before the engine even starts
-    cpu_stage = {"num_cpus": spec.num_cpus}
+    cpu_stage = {"num_cpus": spec.cpus(1.0)}
     extra.update(chat_template_stage=cpu_stage, tokenize_stage=cpu_stage, detokenize_stage=cpu_stage)
     # engine stats off in batch jobs (Ray 2.60, ray-project/ray#61656): a batch whose every row failed has a
     # null ``metrics`` column that cannot be joined with a successful batch's struct
@@ -438,7 +438,7 @@ def vllm_processor(spec, sampling: Sampling, source: str | None = None):
     from ray.data.llm import build_processor
 
     preprocess, postprocess = vllm_rows(sampling)
-    light = {"num_cpus": spec.num_cpus}  # the row maps are light; Ray's default (1 CPU a task) starves small clusters
+    light = {"num_cpus": spec.cpus(1.0)}  # the row maps are light; Ray's default (1 CPU a task) starves small clusters
     return build_processor(vllm_config(spec, source), preprocess=preprocess, postprocess=postprocess,
                            preprocess_map_kwargs=light, postprocess_map_kwargs=light)
 

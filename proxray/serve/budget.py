@@ -31,7 +31,7 @@ class BudgetController:
         if basis not in ("estimated", "realised"):
             raise ValueError(f"budget.basis={basis!r}: one of 'estimated', 'realised'")
         self.basis = basis
-        self.prices = prices or {}  # model -> schemas.PriceSpec, for ``answered`` (AppArgs requires them all)
+        self.prices = prices or {}  # model -> pool.spec.PriceSpec, for ``answered`` (AppArgs requires them all)
         self.recent = None  # EWMA of the counted cost
         self.n = self.unmetered = 0
 

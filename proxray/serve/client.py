@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 RETRYABLE = {408, 429, 500, 502, 503, 504}  # the model's trouble, not the request's
 _PATH = re.compile(r"(?<![\w.])/(?:[\w.\-]+/)+[\w.\-]*")
@@ -35,8 +36,12 @@ class ModelError(Exception):
 
 
 class ModelClient:
+    ASK_AGAIN_S = 30.0  # a model that did not say its capabilities (not up yet) is asked again after this
+
     def __init__(self, handles: dict):
         self.handles = handles  # model id -> DeploymentHandle (every one with ``respond``)
+        self.caps: dict = {}  # model id -> {endpoint: frozenset of parameters it honours}, asked lazily
+        self.caps_retry: dict = {}  # model id -> when to ask again a model that did not answer
 
     def stream(self, model: str, endpoint: str, body: dict):
         """The deployment's stream of OpenAI objects (a DeploymentResponseGenerator: ``cancel()`` stops it)."""
@@ -53,3 +58,15 @@ class ModelClient:
                 return m, None
 
         return {m: c for m, c in await asyncio.gather(*(one(m) for m in models)) if c is not None}
+
+    async def refusals(self, models, body: dict, endpoint: str) -> dict:
+        """``{model: [parameters of ``body`` it cannot honour]}`` from each model's ``capabilities()``, asked once
+        per model, the first time a routed request needs it (a model that does not answer counts as capable)."""
+        from proxray.serve.models import refused_parameters
+
+        now = time.monotonic()
+        missing = [m for m in models if m not in self.caps and self.caps_retry.get(m, 0) <= now]
+        if missing:
+            self.caps.update(await self.capabilities(missing, timeout_s=2.0))
+            self.caps_retry.update({m: now + self.ASK_AGAIN_S for m in missing if m not in self.caps})
+        return {m: refused_parameters(body, c[endpoint]) for m, c in self.caps.items()}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 
 logger = logging.getLogger("ray.serve")
 
@@ -39,7 +38,7 @@ class MonitorClient:
         logger.warning("proxray: monitor %r unavailable (%s); serving goes on, looking it up again", self.name, e)
         self.actor, self._next_lookup = None, time.monotonic() + self.retry_s
 
-    def report(self, text: str, x, utility, chosen: int, outlier: float) -> None:
+    def report(self, text: str, x, outlier: float) -> None:
         """Fire and forget: the request never waits for the monitor."""
         if self._watcher is None:
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
@@ -48,7 +47,7 @@ class MonitorClient:
             self.dropped += 1
             return
         try:
-            actor.report.remote(uuid.uuid4().hex, text, x, list(map(float, utility)), chosen, outlier)
+            actor.report.remote(text, x, outlier)
         except Exception as e:  # noqa: BLE001 - a dead handle: drop this report, look it up again later
             self.dropped += 1
             self._lost(e)

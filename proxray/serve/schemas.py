@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from proxray.pool.spec import PoolModel
+
 ROUTER_MODEL = "proxray"  # the model name that asks for routing
 INT64 = 2**63  # integers in a request must fit a signed 64-bit int (seed, logit_bias, ...)
 MAX_MESSAGES = 512
@@ -175,58 +177,7 @@ def routing_text(req: ChatRequest | CompletionRequest, policy: str = "system+las
     return "\n".join(parts)
 
 
-class AutoscalingSpec(BaseModel):
-    """Ray Serve ``autoscaling_config`` keys, checked (Serve itself lets a misspelt key pass)."""
-
-    model_config = ConfigDict(extra="forbid")
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(2, ge=1)
-    initial_replicas: int | None = Field(None, ge=0)
-    target_ongoing_requests: float = Field(2.0, gt=0)
-    upscale_delay_s: float = Field(2.0, ge=0)
-    downscale_delay_s: float = Field(10.0, ge=0)
-    metrics_interval_s: float | None = Field(None, gt=0)
-    look_back_period_s: float | None = Field(None, gt=0)
-
-
-class PriceSpec(BaseModel):
-    """A model's token prices, USD per million tokens (as providers list them)."""
-
-    model_config = ConfigDict(extra="forbid")
-    input_per_mtok: float = Field(ge=0, allow_inf_nan=False, description="USD per million prompt tokens")
-    output_per_mtok: float = Field(ge=0, allow_inf_nan=False, description="USD per million completion tokens")
-
-    def cost(self, usage) -> float | None:
-        """USD of one answer from its OpenAI ``usage`` object; None without usable token counts."""
-        if not isinstance(usage, dict):
-            return None
-        p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in (p, c)):
-            return None
-        from proxray.common.pricing import token_cost
-
-        return float(token_cost(p, c, self.input_per_mtok, self.output_per_mtok))
-
-
-class ServedModel(BaseModel):
-    """One model deployment of the app."""
-
-    model_config = ConfigDict(extra="forbid")
-    id: str = Field(min_length=1, description="the name in the router artifact and in responses")
-    engine: Literal["sim", "transformers", "vllm"]
-    source: str | None = None
-    engine_kwargs: dict = Field(default_factory=dict)
-    num_cpus: float = Field(0.1, gt=0)
-    num_gpus: float = Field(0, ge=0)
-    accelerator_type: str | None = None
-    placement_group_config: dict | None = Field(
-        None, description="vllm: LLMConfig bundles, e.g. a half GPU, or {bundles: [{CPU: 0.1}]} on a CPU machine")
-    runtime_env: dict | None = Field(None, description="vllm: runtime_env of the engine (env_vars, ...)")
-    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
-    max_ongoing_requests: int | None = Field(
-        None, ge=1, description="per replica; default 8 for the CPU engines, ray.serve.llm's own for vllm")
-    max_queued_requests: int = Field(256, ge=1, description="per deployment; past it a call fails fast (next model)")
-    price: PriceSpec | None = Field(None, description="token prices; needed by budget.basis: realised")
+ServedModel = PoolModel  # one model deployment of the app: the one pool-model spec (proxray.pool.spec)
 
 
 class AppArgs(BaseModel):

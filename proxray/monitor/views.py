@@ -1,0 +1,40 @@
+"""What the monitor shows: its status (``proxray monitor status``) and the same as Prometheus text
+(``proxray monitor metrics``; the Grafana dashboard reads it)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def status_of(m) -> dict:
+    """A ``DriftMonitor``'s status, read under its lock by the caller."""
+    book, ev, recent = m.book, m.evaluations, list(m.book.window)
+    return {
+        "name": m.config.name, "reported": book.stats["reported"], "drifted": book.stats["drifted"],
+        "outlier_rate": float(np.mean([r["drifted"] for r in recent])) if recent else 0.0,
+        "outlier_threshold": m.detector.threshold, "overlap_threshold": m.overlap.threshold,
+        "overlap": m.overlap.by_kind(), "groups": m.overlap.by_group(),
+        "drift_queue": len(book.drift_queue), "shadow_queue": len(book.shadow_queue),
+        "shadow_labelled": len(m.overlap.observed), "dropped_full": book.stats["dropped_full"],
+        "repeats": book.stats["repeats"], "spent_usd": round(ev.spent, 8), "budget_usd": m.config.cost_budget,
+        "est_cost_per_query": ev.est_cost, "blocked": m.blocked,
+        "evaluations": len([e for e in ev.items if e["kind"] == "drift"]),
+        "jobs": [{k: e.get(k) for k in ("id", "kind", "n", "status", "charged", "error")} for e in ev.items[-8:]],
+        "router_version": m.publisher.version, "router_path": m.publisher.path,
+        "models": m.publisher.models, "judge": (m.config.job.get("grader") or {}).get("model"),
+        "scheduler": m.scheduler.alive, "events": book.events[-10:]}
+
+
+def prometheus_text(s: dict) -> str:
+    """Prometheus exposition lines from ``DriftMonitor.status()``."""
+    lines = [f"proxray_monitor_reported_total {s['reported']}", f"proxray_monitor_drifted_total {s['drifted']}",
+             f"proxray_monitor_outlier_rate {s['outlier_rate']}", f"proxray_monitor_drift_queue {s['drift_queue']}",
+             f"proxray_monitor_shadow_labelled {s['shadow_labelled']}",
+             f"proxray_monitor_evaluations_total {s['evaluations']}", f"proxray_monitor_spent_usd {s['spent_usd']}",
+             f"proxray_monitor_router_version {s['router_version']}",
+             f"proxray_monitor_topz_overlap_threshold {s['overlap_threshold']}"]
+    for kind, o in s["overlap"].items():
+        if o["j"] is not None:
+            lines.append(f'proxray_monitor_topz_overlap{{traffic="{kind}"}} {o["j"]}')
+    for g, o in s["groups"].items():
+        lines.append(f'proxray_monitor_group_topz_overlap{{group="{g}"}} {o["j"]}')
+    return "\n".join(lines) + "\n"

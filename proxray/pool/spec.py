@@ -1,0 +1,118 @@
+"""The one spec of a pool model, used by the evaluation job (``models:`` of a job config), the served app
+(``models:`` of the Serve app args) and the monitor's job template: its id, engine and engine arguments, its price
+per million input and output tokens (with the one cost function), where it runs, and how it scales.
+
+Earlier spellings still load, with a warning that names the field to write instead: ``price_in`` / ``price_out``
+(now ``price: {input_per_mtok, output_per_mtok}``) and ``gpus_per_replica`` (now ``num_gpus``)."""
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from proxray.common.pricing import token_cost
+
+ENGINES = ("vllm", "transformers", "sim")
+
+
+class PriceSpec(BaseModel):
+    """A model's token prices, USD per million tokens (as providers list them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    input_per_mtok: float = Field(ge=0, allow_inf_nan=False, description="USD per million prompt tokens")
+    output_per_mtok: float = Field(ge=0, allow_inf_nan=False, description="USD per million completion tokens")
+
+    def tokens(self, input_tokens, output_tokens):
+        """USD for these token counts (numbers or arrays): ``common.pricing.token_cost``."""
+        return token_cost(input_tokens, output_tokens, self.input_per_mtok, self.output_per_mtok)
+
+    def cost(self, usage) -> float | None:
+        """USD of one answer from its OpenAI ``usage`` object; None without usable token counts."""
+        if not isinstance(usage, dict):
+            return None
+        p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in (p, c)):
+            return None
+        return float(self.tokens(p, c))
+
+
+class AutoscalingSpec(BaseModel):
+    """Ray Serve ``autoscaling_config`` keys, checked (Serve itself lets a misspelt key pass)."""
+
+    model_config = ConfigDict(extra="forbid")
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(2, ge=1)
+    initial_replicas: int | None = Field(None, ge=0)
+    target_ongoing_requests: float = Field(2.0, gt=0)
+    upscale_delay_s: float = Field(2.0, ge=0)
+    downscale_delay_s: float = Field(10.0, ge=0)
+    metrics_interval_s: float | None = Field(None, gt=0)
+    look_back_period_s: float | None = Field(None, gt=0)
+
+
+class PoolModel(BaseModel):
+    """One model of the pool, wherever it runs."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1, description="the model's name in tables, router artifacts and responses")
+    engine: Literal[ENGINES] = Field(description="vllm (GPU nodes, or the CPU build), transformers (CPU), sim "
+                                     "(the synthetic world's simulated models)")
+    source: str | None = Field(None, description="weights: Hub id or local folder (default: id)")
+    engine_kwargs: dict = Field(default_factory=dict, description="arguments of the engine (vLLM: EngineArgs "
+                                "fields; transformers and sim: their own)")
+    price: PriceSpec | None = Field(None, description="token prices; the evaluation job needs them (it prices every "
+                                    "answer), serving needs them for budget.basis: realised")
+    accelerator_type: str | None = Field(None, description="node accelerator each replica needs, e.g. H100, A100 "
+                                         "(Ray's names; the job checks it against the cluster before it starts)")
+    num_cpus: float | None = Field(None, gt=0, description="CPUs per replica; default 1 in the evaluation job, 0.1 "
+                                   "when served. vllm in the job: CPUs per actor of the processor's chat-template, "
+                                   "tokenize and detokenize stages")
+    num_gpus: float | None = Field(None, ge=0, description="GPUs per replica; default 1 for vllm, 0 otherwise; vllm "
+                                   "runs tensor parallel when > 1 (unless engine_kwargs says otherwise)")
+    placement_group_config: dict | None = Field(
+        None, description="vllm: Ray placement bundles per engine, e.g. {bundles: [{CPU: 0.1}]} on a CPU machine")
+    runtime_env: dict | None = Field(None, description="vllm: Ray runtime_env of the engine (env_vars, ...)")
+    replicas: int = Field(1, ge=1, description="evaluation job: engines working through the queries at once")
+    batch_size: int = Field(16, ge=1, description="evaluation job: queries per batch")
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="serving: the deployment's "
+                                         "Ray Serve autoscaling_config")
+    max_ongoing_requests: int | None = Field(
+        None, ge=1, description="serving, per replica; default 8 for the CPU engines, ray.serve.llm's own for vllm")
+    max_queued_requests: int = Field(256, ge=1, description="serving, per deployment; past it a call fails fast "
+                                     "(the next model is tried)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_spellings(cls, data):
+        """``price_in`` / ``price_out`` and ``gpus_per_replica``, as job configs wrote them before."""
+        if not isinstance(data, dict) or not ({"price_in", "price_out", "gpus_per_replica"} & set(data)):
+            return data
+        data = dict(data)
+        where = f"model {data.get('id')!r}: "
+        if "price_in" in data or "price_out" in data:
+            if "price" in data:
+                raise ValueError(f"{where}give price, or the earlier price_in / price_out, not both")
+            data["price"] = {"input_per_mtok": data.pop("price_in", None), "output_per_mtok": data.pop("price_out", None)}
+            warnings.warn(f"{where}price_in / price_out are deprecated: write price: {{input_per_mtok: ..., "
+                          "output_per_mtok: ...}", FutureWarning, stacklevel=2)
+        if "gpus_per_replica" in data:
+            if "num_gpus" in data:
+                raise ValueError(f"{where}give num_gpus, or the earlier gpus_per_replica, not both")
+            data["num_gpus"] = data.pop("gpus_per_replica")
+            warnings.warn(f"{where}gpus_per_replica is deprecated: write num_gpus", FutureWarning, stacklevel=2)
+        return data
+
+    @property
+    def gpus(self) -> float:
+        """GPUs each replica asks Ray for: ``num_gpus``, else 1 for vllm and 0 for the CPU engines."""
+        return self.num_gpus if self.num_gpus is not None else float(self.engine == "vllm")
+
+    def cpus(self, default: float) -> float:
+        return self.num_cpus if self.num_cpus is not None else default
+
+    def cost(self, input_tokens, output_tokens):
+        """USD of answers with these token counts at this model's price (the one cost function)."""
+        if self.price is None:
+            raise ValueError(f"model {self.id!r} has no price")
+        return self.price.tokens(input_tokens, output_tokens)

@@ -1,0 +1,49 @@
+"""The routing text's embedding inside an ingress replica: the encoder (its backend, with torch as the fallback
+when the ONNX build cannot be used here), the LRU of recent texts, and the batcher that fills each pass."""
+from __future__ import annotations
+
+import logging
+import time
+
+from proxray.serve.encoding import EncoderBatcher
+
+logger = logging.getLogger("ray.serve")
+
+
+class EncoderService:
+    """``await service.vector(text, timings)`` -> the text's embedding (d,); ``id`` is the encoder id routers are
+    checked against. ``timings`` gets ``embedding_cache`` (hit / miss), ``embed_ms`` and, for a miss, the pass's
+    ``encoder_batch`` size and ``encode_ms``."""
+
+    def __init__(self, encoder: str | None, backend: str = "onnx", threads: int | None = None,
+                 cache_entries: int = 10_000, batch_wait_s: float = 0.0, max_batch: int = 32):
+        from proxray.embeddings.cache import LRUEmbeddings
+        from proxray.embeddings.encoder import SentenceEncoder
+
+        self.encoder = SentenceEncoder(encoder, cache=False, progress=False, backend=backend, threads=threads)
+        try:
+            self.encoder.encode(["warm-up"])  # load (or export) the encoder now, not on the first request
+        except Exception as e:  # noqa: BLE001 - no writable cache, a pipeline ONNX cannot hold: serve anyway
+            if backend == "torch":
+                raise
+            logger.warning("proxray: encoder backend %s unavailable (%s); using torch", backend, e)
+            self.encoder = SentenceEncoder(encoder, cache=False, progress=False)
+            self.encoder.encode(["warm-up"])
+        self.embeddings = LRUEmbeddings(cache_entries)
+        self.batcher = EncoderBatcher(self.encoder.encode, max_batch=max_batch, wait_s=batch_wait_s)
+
+    @property
+    def id(self) -> str:
+        return self.encoder.id
+
+    async def vector(self, text: str, timings: dict):
+        """From the LRU (no thread hop, no batch) or the next encoder pass, shared with whatever else is queued."""
+        t0 = time.perf_counter()
+        key = self.embeddings.key(text)
+        v = self.embeddings.get(key)
+        timings["embedding_cache"] = "hit" if v is not None else "miss"
+        if v is None:
+            v, timings["encoder_batch"], timings["encode_ms"] = await self.batcher.encode(text)
+            self.embeddings.put(key, v)
+        timings["embed_ms"] = 1e3 * (time.perf_counter() - t0)
+        return v

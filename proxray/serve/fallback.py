@@ -1,0 +1,77 @@
+"""Asking the plan's candidates in order until one answers: the whole response, or a stream up to its first
+content. Another model is tried after what another model can fix (errors, overload, a dead replica, a timeout);
+a model's 4xx about the request itself goes back to the client. No HTTP and no Ray: the client is any object
+with ``stream(model, endpoint, body)`` giving an async iterator of OpenAI objects with ``cancel()``."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from proxray.serve.client import ModelError, failure_reason
+from proxray.serve.plan import Plan, RequestError
+
+
+def has_content(obj: dict) -> bool:
+    """A chunk that commits the stream to its model: any text, a tool call, a finish reason, or usage."""
+    if obj.get("usage") and not obj.get("choices"):
+        return True
+    for c in obj.get("choices") or []:
+        d = c.get("delta") or {}
+        if c.get("text") or d.get("content") or d.get("tool_calls") or d.get("reasoning_content") or c.get("finish_reason"):
+            return True
+    return False
+
+
+async def first_answer(client, p: Plan, body: dict, endpoint: str, stream: bool, deadline: float, timeout_s: float,
+                       on_failure):
+    """(model, the objects read so far, the rest of its stream). ``on_failure(model, reason)`` is told of each
+    model that failed (the report's ``failures`` list is kept here). Raises ``RequestError``: the model's own 4xx,
+    504 when time ran out, 503 when every candidate failed."""
+    for model in p.candidates:
+        gen = client.stream(model, endpoint, {**body, "model": model})
+        head = []
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                obj = await asyncio.wait_for(gen.__anext__(), left)
+                if "error" in obj:
+                    raise ModelError(obj)
+                head.append(obj)
+                if not stream or has_content(obj):
+                    break
+        except StopAsyncIteration:
+            pass  # a stream that ended before any content: complete as it is
+        except ModelError as e:
+            gen.cancel()
+            if not e.retryable:
+                raise RequestError(e.status, e.obj["error"].get("message", ""), e.obj["error"].get("param"),
+                                   e.obj["error"].get("type") or "invalid_request_error") from None
+            _failed(p, model, str(e), on_failure)
+            continue
+        except Exception as e:  # noqa: BLE001 - replica died, overloaded, timed out: try the next
+            gen.cancel()
+            _failed(p, model, failure_reason(e), on_failure)
+            if time.monotonic() >= deadline:
+                break
+            continue
+        if not head:
+            _failed(p, model, "the model returned nothing", on_failure)
+            continue
+        p.report.update({"model": model, "fallback_from": [f["model"] for f in p.report.get("failures", [])]})
+        p.report.setdefault("failures", [])
+        if p.report.get("routed"):
+            p.report["estimated_accuracy"] = p.report["estimates"][model]["accuracy"]
+            p.report["estimated_cost"] = p.report["estimates"][model]["cost"]
+        return model, head, gen
+    failures = p.report.get("failures", [])
+    if failures and all(f["error"] == "timeout" for f in failures) or time.monotonic() >= deadline:
+        raise RequestError(504, f"no answer within timeout_s={timeout_s} s (tried "
+                           f"{', '.join(f['model'] for f in failures)})", kind="timeout")
+    raise RequestError(503, f"every candidate model failed: {failures}", kind="service_unavailable")
+
+
+def _failed(p: Plan, model: str, reason: str, on_failure) -> None:
+    p.report.setdefault("failures", []).append({"model": model, "error": reason})
+    on_failure(model, reason)

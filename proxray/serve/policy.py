@@ -1,0 +1,79 @@
+"""The routing policy of the endpoint, with no HTTP and no Ray in it: which router answers, at which λ (the
+request's, the served budget's, or the app's), the plan's candidates in fallback order, and how an answer counts
+toward a budget on realised cost. The ingress gives it an embedding and the models' refusals; unit tests give
+it the same."""
+from __future__ import annotations
+
+import logging
+
+from proxray.serve import plan as planning
+
+logger = logging.getLogger("ray.serve")
+
+
+class RoutingPolicy:
+    """``decide(X, opts, refusals)`` -> the ``Plan``; ``use_router`` switches routers between requests;
+    ``meter(plan, model)`` counts an answer toward a realised-cost budget."""
+
+    def __init__(self, router, router_path: str, served, lam: float = 0.0, budget=None):
+        self.served = served  # model ids the app serves (a mapping or set)
+        self.lam, self.budget = lam, budget
+        self.router = self.router_path = None
+        self.routable: list = []
+        if not self.use_router(router, router_path):
+            raise ValueError(f"none of the router's models {router.models_} is served ({sorted(served)})")
+
+    def use_router(self, router, path: str) -> bool:
+        """Switch routers between requests: a request reads the router once and routes with that router's own
+        model list, so none is answered through a mismatched list; a model the router knows but the app does not
+        serve is never chosen. A router with no served model is refused (False) and the current one kept."""
+        routable = [m for m in router.models_ if m in self.served]
+        if not routable:
+            if self.router is not None:
+                logger.warning("proxray: router %s has no served model; keeping %s", path, self.router_path)
+            return False
+        self.router, self.router_path, self.routable = router, path, routable
+        return True
+
+    def lam_for(self, opts) -> tuple[float, bool]:
+        """(λ, whether it is the budget's): the request's own, else the served budget's, else the app's."""
+        if opts.lam is not None:
+            return opts.lam, False
+        if self.budget is not None:
+            return self.budget.lam, True
+        return self.lam, False
+
+    def decide(self, X, opts, refusals: dict | None = None) -> planning.Plan:
+        """The plan for one routed query's embedding ``X`` (1, d) under the request's ``opts`` (``proxray``
+        options); ``refusals``: ``{model: [parameters it cannot honour]}``. A budget on estimated cost counts the
+        chosen model's estimate now."""
+        router, path = self.router, self.router_path
+        acc, cost, outlier = router.estimate_with_outlier_score(X)  # one search for both
+        lam, on_budget = self.lam_for(opts)
+        p = planning.routed(router.models_, self.served, acc[0], cost[0], float(outlier[0]), lam, opts, path,
+                            refusals)
+        if on_budget:
+            if self.budget.basis == "estimated":  # known now; a realised cost when the answer is complete
+                self.budget.observe(cost[0][router.models_.index(p.candidates[0])])
+            p.on_budget, p.report["budget"] = True, self.budget.report()
+        return p
+
+    def meter(self, p: planning.Plan, model: str):
+        """How ``model``'s answer to plan ``p`` counts toward a budget on realised cost: a function of the answer's
+        usage, or None where nothing is counted at the end (no budget, λ given by the request, or a budget on
+        estimated cost, counted when routed). An answer without usage counts at its estimate."""
+        if not p.on_budget or self.budget.basis != "realised":
+            return None
+        estimate = p.report["estimates"][model]["cost"]
+        return lambda usage: self.budget.answered(model, usage, estimate)
+
+
+def budget_from(args):
+    """The served budget of the app args (``budget:``), or None."""
+    if args.budget is None:
+        return None
+    from proxray.serve.budget import BudgetController
+
+    b = args.budget
+    return BudgetController(b.cost_per_query, b.lam0, b.window, b.gain, basis=b.basis,
+                            prices={m.id: m.price for m in args.models if m.price is not None})

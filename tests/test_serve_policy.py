@@ -1,0 +1,145 @@
+"""The endpoint's routing policy and fallback loop on their own: no Ray, no HTTP, a real router and a scripted
+model client (what each model answers, fails with or takes too long for)."""
+import asyncio
+import time
+
+import numpy as np
+import pytest
+from conftest import blobs
+
+from proxray import KNNRouter
+from proxray.routing.objective import choose, objective
+from proxray.serve.budget import BudgetController
+from proxray.serve.fallback import first_answer, has_content
+from proxray.serve.plan import Plan, RequestError
+from proxray.serve.policy import RoutingPolicy
+from proxray.pool.spec import PriceSpec
+from proxray.serve.schemas import RoutingOptions
+
+MODELS = ["small", "mid", "big"]
+
+
+@pytest.fixture(scope="module")
+def router():
+    X, acc, cost, _ = blobs(np.random.default_rng(1), models=3)
+    return KNNRouter(k=10).fit(X, acc, cost * 1e-5, models=MODELS), X
+
+
+def test_decide_is_the_routers_choice_at_the_requests_or_the_apps_lambda(router):
+    r, X = router
+    policy = RoutingPolicy(r, "r0", {m: None for m in MODELS}, lam=2e4)
+    for lam_opt, lam in ((None, 2e4), (0.0, 0.0), (1e6, 1e6)):
+        p = policy.decide(X[:1], RoutingOptions(lam=lam_opt))
+        acc, cost = r.estimate(X[:1])
+        assert p.candidates[0] == MODELS[int(choose(acc, cost, lam)[0])]
+        u = objective(acc[0], cost[0], lam)  # the fallback order: best objective first, ties to the cheaper
+        assert [u[MODELS.index(m)] for m in p.candidates] == sorted(u, reverse=True) or len(set(u)) < len(u)
+        assert sorted(p.candidates) == sorted(MODELS) and p.report["lam"] == lam
+        assert not p.on_budget and policy.meter(p, p.candidates[0]) is None
+
+
+def test_only_served_models_are_candidates_and_a_router_with_none_is_refused(router):
+    r, X = router
+    policy = RoutingPolicy(r, "r0", {"small": None, "big": None})
+    assert policy.routable == ["small", "big"]
+    assert set(policy.decide(X[:1], RoutingOptions()).candidates) == {"small", "big"}
+    other = KNNRouter(k=3).fit(X[:20], np.ones((20, 1)), models=["elsewhere"])
+    assert policy.use_router(other, "r1") is False and policy.router_path == "r0"
+    assert policy.use_router(r, "r2") is True and policy.router_path == "r2"
+    with pytest.raises(ValueError, match="none of the router's models"):
+        RoutingPolicy(other, "r1", {"small": None})
+
+
+def test_a_budget_sets_lambda_counts_estimates_or_realised_cost(router):
+    r, X = router
+    est = BudgetController(1e-5, basis="estimated")
+    policy = RoutingPolicy(r, "r0", {m: None for m in MODELS}, lam=0.0, budget=est)
+    lam0 = est.lam
+    p = policy.decide(X[:1], RoutingOptions())
+    assert p.on_budget and p.report["lam"] == lam0 and est.n == 1  # counted when routed
+    assert p.report["budget"] == est.report() and policy.meter(p, p.candidates[0]) is None
+    assert not policy.decide(X[:1], RoutingOptions(lam=0.0)).on_budget and est.n == 1  # the request's λ: not counted
+    prices = {m: PriceSpec(input_per_mtok=p, output_per_mtok=2 * p) for m, p in zip(MODELS, (1.0, 5.0, 20.0))}
+    real = BudgetController(1e-5, basis="realised", prices=prices)
+    policy = RoutingPolicy(r, "r0", {m: None for m in MODELS}, budget=real)
+    p = policy.decide(X[:1], RoutingOptions())
+    assert real.n == 0
+    policy.meter(p, "big")({"prompt_tokens": 100, "completion_tokens": 50})
+    assert real.n == 1 and real.recent == pytest.approx((100 * 20.0 + 50 * 40.0) / 1e6)
+
+
+class Scripted:
+    """A model client whose models answer as told: a list of objects, an exception, or a delay first."""
+
+    def __init__(self, script: dict):
+        self.script, self.asked, self.cancelled = script, [], []
+
+    def stream(self, model, endpoint, body):
+        self.asked.append((model, body["model"]))
+        plan, client = self.script[model], self
+
+        class Gen:
+            def __init__(self):
+                self.items = list(plan) if isinstance(plan, list) else plan
+
+            def __aiter__(self):
+                return self
+
+            async def __anext__(self):
+                if isinstance(self.items, tuple):  # ("sleep", s)
+                    await asyncio.sleep(self.items[1])
+                if isinstance(self.items, BaseException):
+                    raise self.items
+                if not self.items:
+                    raise StopAsyncIteration
+                return self.items.pop(0)
+
+            def cancel(self):
+                client.cancelled.append(model)
+
+        return Gen()
+
+
+def answer(model, text="hi"):
+    return {"model": model, "choices": [{"message": {"content": text}}]}
+
+
+def run(client, candidates, stream=False, timeout_s=5.0):
+    failed = []
+    p = Plan(list(candidates), {"routed": False})
+    got = asyncio.run(first_answer(client, p, {"model": "proxray"}, "chat", stream, time.monotonic() + timeout_s,
+                                   timeout_s, lambda m, why: failed.append((m, why))))
+    return got, p, failed
+
+
+def test_fallback_goes_down_the_candidates_and_reports_what_failed():
+    overloaded = {"error": {"message": "busy", "type": "overloaded", "code": 503}}
+    client = Scripted({"a": [overloaded], "b": RuntimeError("replica died"), "c": [answer("c")]})
+    (model, head, _), p, failed = run(client, ["a", "b", "c"])
+    assert model == "c" and head == [answer("c")] and [m for m, _ in client.asked] == ["a", "b", "c"]
+    assert [b for _, b in client.asked] == ["a", "b", "c"]  # each model gets the request with its own name
+    assert p.report["fallback_from"] == ["a", "b"] and [m for m, _ in failed] == ["a", "b"]
+    assert "RuntimeError: replica died" in failed[1][1] and client.cancelled == ["a", "b"]
+
+
+def test_a_models_4xx_goes_back_to_the_client_and_every_failure_is_a_503():
+    bad = {"error": {"message": "max_tokens too large", "type": "invalid_request_error", "param": "max_tokens",
+                     "code": 400}}
+    with pytest.raises(RequestError) as e:
+        run(Scripted({"a": [bad], "b": [answer("b")]}), ["a", "b"])
+    assert (e.value.status, e.value.param) == (400, "max_tokens")
+    with pytest.raises(RequestError) as e:
+        run(Scripted({"a": RuntimeError("x"), "b": []}), ["a", "b"])
+    assert e.value.status == 503 and "every candidate model failed" in e.value.message
+
+
+def test_time_runs_out_as_a_504_and_a_stream_commits_at_its_first_content():
+    with pytest.raises(RequestError) as e:
+        run(Scripted({"a": ("sleep", 5.0)}), ["a"], timeout_s=0.2)
+    assert e.value.status == 504 and "timeout_s=0.2" in e.value.message
+    role = {"choices": [{"delta": {"role": "assistant"}}]}
+    text = {"choices": [{"delta": {"content": "Hel"}}]}
+    assert not has_content(role) and has_content(text) and has_content({"usage": {"total_tokens": 3}, "choices": []})
+    (model, head, rest), _, _ = run(Scripted({"a": [role, text, {"choices": [{"delta": {"content": "lo"}}]}]}), ["a"],
+                                    stream=True)
+    assert model == "a" and head == [role, text]  # the rest stays in the stream
