@@ -21,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "research" / "tau"))
 from tau_selection import CONFIGS, D, SEEDS  # noqa: E402  (the same configurations as the tau study)
 
 from proxray.embeddings.encoder import BACKENDS, SentenceEncoder  # noqa: E402
 from proxray.experiments.protocols import protocol_split  # noqa: E402
 from proxray.experiments.metrics import routing_score  # noqa: E402
 from proxray.data.table import RoutingTable  # noqa: E402
-from proxray.routing.tuning import make_router  # noqa: E402
+from proxray.routing.registry import make_router  # noqa: E402
 
 
 def embed_all(tables, backends):

@@ -6,7 +6,7 @@ For each reference-set size n and dimension d (random unit vectors, 14 models), 
 excluding the encoder:
   * a bare faiss search of the same k on the same data (the floor),
   * KNNRouter.route (base and prox, k = 100) and KMeansRouter.route (base and prox, K = 32; and prox with
-    KMeans' auto temperature, the plug-in: temperature "bv" at c = tuning.BV_WEIGHT),
+    KMeans' auto temperature, the plug-in at c = 0.125, ``temperature="auto"``),
 single-threaded one query at a time and batched (256 queries per call), and reports the ratio of
 kNN-Prox route() to the bare search (target <= 1.3), the memory of the fitted kNN state per 10k
 reference queries, and the recall of the approximate indexes against the exact one.
@@ -29,7 +29,6 @@ import numpy as np  # noqa: E402
 
 from proxray import KMeansRouter, KNNRouter  # noqa: E402
 from proxray.routing.index import NeighborIndex, normalize, recall_at_k  # noqa: E402
-from proxray.routing.tuning import BV_WEIGHT  # noqa: E402
 
 M = 14
 
@@ -59,7 +58,7 @@ def bench(n, d, rng, n_single=300, n_batch=2048):
     knn_base = KNNRouter(k=100, weighting="base").fit(X, acc, cost)
     km_prox = KMeansRouter(n_clusters=32, weighting="prox", n_init=1).fit(X[:20000], acc[:20000], cost[:20000])
     km_base = KMeansRouter(n_clusters=32, weighting="base", n_init=1).fit(X[:20000], acc[:20000], cost[:20000])
-    km_plugin = KMeansRouter(n_clusters=32, n_init=1, temperature="bv", inv_tau=BV_WEIGHT).fit(
+    km_plugin = KMeansRouter(n_clusters=32, n_init=1, temperature="auto").fit(
         X[:20000], acc[:20000], cost[:20000])
     bare = knn_prox.index_._index
     for mode, batch, qs in (("single", 1, Q[:n_single]), ("batch256", 256, Q)):

@@ -23,7 +23,7 @@ def resolve_inv_tau(inv_tau=20.0, tau=None) -> float:
         return np.inf if tau == 0 else 1.0 / tau
     if isinstance(inv_tau, str):
         raise ValueError(f"inv_tau={inv_tau!r}: a number >= 0 is required here ('auto' is resolved by "
-                         "proxray.routing.tuning before fitting)")
+                         "research/tau/cv.py before fitting)")
     inv_tau = float(inv_tau)
     if not inv_tau >= 0:
         raise ValueError(f"inv_tau={inv_tau!r}: must be a number >= 0 (0 = plain prior average, inf = hard nearest)")

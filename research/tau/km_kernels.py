@@ -1,6 +1,6 @@
-"""Other KMeans kernels at fixed settings, on the configurations of bench/tau_selection.py (not a timed test).
+"""Other KMeans kernels at fixed settings, on the configurations of research/tau/tau_selection.py (not a timed test).
 
-    python bench/km_kernels.py [--configs study,out-of-sample,fresh,fresh2,fresh3,fresh4,fresh5] [--json out/km_kernels.json]
+    python research/tau/km_kernels.py [--configs study,out-of-sample,fresh,fresh2,fresh3,fresh4,fresh5] [--json out/km_kernels.json]
 
 KMeans' auto before ess-or-shifted (``shifted``) tied the best single fixed 1/tau over all sets but trailed the best fixed 1/tau of each set
 (README: How τ is chosen). This asks whether another kernel family, at one fixed setting, would do better — the

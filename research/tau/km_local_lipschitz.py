@@ -1,6 +1,6 @@
 """KMeans' plug-in temperature with a *local* Lipschitz constant (an ablation, not shipped; not a timed test).
 
-    python bench/km_local_lipschitz.py --from-json SAVED.json,... [--neighbours 1,3,5] [--weights 0.0625,...]
+    python research/tau/km_local_lipschitz.py --from-json SAVED.json,... [--neighbours 1,3,5] [--weights 0.0625,...]
         [--json OUT.json]
 
 The plug-in temperature (``temperature="bv"``, KMeans' auto) fits the accuracy's squared Lipschitz constant L² over
@@ -9,7 +9,7 @@ constant that matters is the one between near clusters: ``neighbours=m`` fits L�
 is among the other's m nearest. On the routerdc7 configurations that lose outlier AUC to Base (their outliers want
 the nearest cluster alone) the local constant is larger than the global one, on BBH mostly smaller — the direction
 that could sharpen the one and smooth the other. This refits every saved configuration and seed's test router (as
-bench/km_plugin.py does: the same seed, so the same clusters) and scores the plug-in at every bias weight c with L²
+research/tau/km_plugin.py does: the same seed, so the same clusters) and scores the plug-in at every bias weight c with L²
 over all pairs and over each m. Printed per number of seeds (3 and 10 apart): Prox − Base (mean over configurations
 of the seeds' mean), losers (> 0.3 pp outlier / > 0.5 pp inlier) and per table x protocol the difference from the
 best fixed 1/tau in hindsight (read from the saved runs). Base is the refit's own; where it differs from the saved
@@ -98,7 +98,7 @@ def report(results: list) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--from-json", required=True, help="saved runs of bench/tau_selection.py --json, comma-separated")
+    p.add_argument("--from-json", required=True, help="saved runs of research/tau/tau_selection.py --json, comma-separated")
     p.add_argument("--neighbours", default="1,3,5", help="the m of the local fits (comma-separated)")
     p.add_argument("--weights", default="0.0625,0.125,0.25,0.5", help="the bias weights c (comma-separated)")
     p.add_argument("--json", help="also save every configuration's scores here (read back with --report)")

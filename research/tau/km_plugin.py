@@ -1,6 +1,6 @@
 """KMeans' plug-in temperature, scored on saved runs (not a timed test).
 
-    python bench/km_plugin.py --from-json out/ess_study.json,out/ess_fresh.json,... [--per-config] [--verdict]
+    python research/tau/km_plugin.py --from-json out/ess_study.json,out/ess_fresh.json,... [--per-config] [--verdict]
         [--noise] [--groups] [--plot PNG]
 
 Per query, the plug-in temperature takes the 1/tau whose weights minimize the paper's squared-error bound (appendix
@@ -9,7 +9,7 @@ binomial variance of cluster i's mean accuracies, L² the accuracy's squared Lip
 fitted over cluster pairs (``proxray.routing.weights.bias_variance_stats`` / ``bias_variance_inv_tau``; ``temperature="bv"``
 of the KMeans router). No CV: c is one constant (``CANDIDATES``, tested in that order, docs/prereg-km-plugin.md).
 
-Runs saved before ``bench/tau_selection.py`` scored "bv:c" (its ``BV`` settings) hold no plug-in scores; this refits
+Runs saved before ``research/tau/tau_selection.py`` scored "bv:c" (its ``BV`` settings) hold no plug-in scores; this refits
 each saved configuration and seed's test router (the same seed, so the same clusters; it raises unless Base's test
 scores reproduce the saved ones to 1e-6) and scores the plug-in at every c of ``WEIGHTS`` beside KMeans' auto
 (``ess-or-capped``, read from the saved CV curves; a run saved with ``--no-cv`` has none, and ess-or-capped's figures
@@ -297,7 +297,7 @@ def table_loader():
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--from-json", required=True, help="saved runs of bench/tau_selection.py --json, comma-separated")
+    p.add_argument("--from-json", required=True, help="saved runs of research/tau/tau_selection.py --json, comma-separated")
     p.add_argument("--per-config", action="store_true", help="also auto against the CANDIDATES per configuration")
     p.add_argument("--verdict", action="store_true", help="also docs/prereg-km-plugin.md's conditions per candidate")
     p.add_argument("--noise", action="store_true", help="also how many losing configurations the seeds explain")

@@ -1,6 +1,6 @@
 """KMeans' temperature per cluster, read off the CV folds of the tasks the cluster is made of (not a timed test).
 
-    python bench/km_task_local.py --from-json out/ess_study.json,out/ess_fresh.json,... [--tasks routerdc7]
+    python research/tau/km_task_local.py --from-json out/ess_study.json,out/ess_fresh.json,... [--tasks routerdc7]
 
 The two routerdc7 configurations that lose > 0.3 pp outlier under KMeans' auto on 10 seeds (README: ess-or-capped)
 lose because the test outliers prefer Base while the configuration's CV, averaged over its held-out training tasks,
@@ -9,7 +9,7 @@ the tasks nearest the outliers? And can a rule use it — per KMeans cluster, th
 queries come from, weighted by their share of the cluster, so that a query gets the temperature that worked for
 held-out tasks like its own?
 
-For every KMeans configuration and seed of the saved runs (``bench/tau_selection.py --json``; their folds hold one
+For every KMeans configuration and seed of the saved runs (``research/tau/tau_selection.py --json``; their folds hold one
 task each) this refits the test run's router (the same seed, so the same clusters), builds per cluster i the
 outlier CV curve sum_t c_it · out_t (c_it: cluster i's share of training task t; out_t: task t's held-out CV curve,
 mean over the repeats; optionally shrunk toward the whole CV's outlier curve with the weight n0 / (n_t + n0), n_t
@@ -17,7 +17,7 @@ the task's training queries), takes the whole CV's inlier curve beside it, and g
 nearest cluster. Variants (``VARIANTS``): the cluster's own ess-or-capped pick (``local``), the sharper of it and
 auto's (``sharpen``: only ever toward Base), or Base where the cluster's curve puts Base above auto's pick
 (``to-base``, optionally only where auto picked 1/tau >= 50); ``CANDIDATE`` is the one pre-registered in
-docs/prereg-km-task-local.md, tested on ``--configs fresh9`` of bench/tau_selection.py on 10 seeds. Printed: Prox − Base (mean over configurations of
+docs/prereg-km-task-local.md, tested on ``--configs fresh9`` of research/tau/tau_selection.py on 10 seeds. Printed: Prox − Base (mean over configurations of
 the seeds' mean) and losers (> 0.3 pp outlier / > 0.5 pp inlier), per table x protocol beside the best fixed 1/tau
 in hindsight; ``--tasks TABLE``: each held-out task's CV gain over Base on the grid, for the configurations of that
 table whose auto loses > 0.3 pp outlier, beside the test outliers' (~1 s per configuration and seed, no CV run).
@@ -62,7 +62,7 @@ def task_curves(folds: dict) -> tuple[list, np.ndarray]:
     out = np.asarray(folds["out"], dtype=float)[:, _GRID_ESS]
     held = [g[0] if len(g) == 1 else None for g in folds["groups"]]
     if None in held:
-        raise ValueError("folds that hold out several tasks together: run bench/tau_selection.py with "
+        raise ValueError("folds that hold out several tasks together: run research/tau/tau_selection.py with "
                          "--cv-fold-tasks 1")
     tasks = sorted(set(held))
     return tasks, np.stack([out[[k for k, t in enumerate(held) if t == task]].mean(axis=0) for task in tasks])
@@ -184,7 +184,7 @@ def task_table(row) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--from-json", required=True, help="saved runs of bench/tau_selection.py --json, comma-separated")
+    p.add_argument("--from-json", required=True, help="saved runs of research/tau/tau_selection.py --json, comma-separated")
     p.add_argument("--per-config", action="store_true", help="also auto against CANDIDATE per configuration")
     p.add_argument("--tasks", metavar="TABLE", help="also the per-task CV of that table's losing configurations")
     a = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """kNN with a plug-in temperature, scored by refitting saved kNN runs — an ablation, not shipped (not a timed test).
 
-    python bench/knn_plugin.py --from-json out/knn_study.json,out/knn_out-of-sample.json
+    python research/tau/knn_plugin.py --from-json out/knn_study.json,out/knn_out-of-sample.json
 
 KMeans' auto is the plug-in temperature (README: the plug-in temperature): per query the 1/tau minimizing the
 paper's squared-error bound Σ_i w_i² var_i + c · L² · (Σ_i w_i φ_i)², read off the fitted clusters. This tries the

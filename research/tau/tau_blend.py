@@ -1,8 +1,8 @@
 """Issue 14's "KM + kNN blend" candidate (not a timed test): the mean of KM-Prox's and kNN-Prox's estimates,
-against each router alone and against the better Base, on every configuration of bench/tau_selection.py and
-bench/tau_out_of_sample.py (protocol and outliers; the router named there is ignored), seeds 42, 7, 99.
+against each router alone and against the better Base, on every configuration of research/tau/tau_selection.py and
+research/tau/tau_out_of_sample.py (protocol and outliers; the router named there is ignored), seeds 42, 7, 99.
 
-    python bench/tau_blend.py      (~6 min once the tables' embeddings are cached)
+    python research/tau/tau_blend.py      (~6 min once the tables' embeddings are cached)
 
 Settings are fixed (no CV): KM 1/tau = 20 (the paper's) and inf (Base), kNN 1/tau = 2 (the study's best) and 0
 (Base). Printed per set: the mean over configurations of each estimator's normalized AUC minus the better of the

@@ -1,13 +1,13 @@
 """Out-of-sample check of temperature constants (not a timed test): Prox − Base at every fixed setting of
-bench/tau_selection.py (1/tau, rel:a, spr:a, mix:…) on 10 KMeans and 10 kNN configurations that its study never
+research/tau/tau_selection.py (1/tau, rel:a, spr:a, mix:…) on 10 KMeans and 10 kNN configurations that its study never
 used (``OUT_OF_SAMPLE``: other outlier sets and protocols of the same three tables), seeds 42, 7, 99. No CV:
 the question is whether a constant picked on the study's configurations carries over. The same as
 
-    python bench/tau_selection.py --configs out-of-sample --no-cv [--json …]
+    python research/tau/tau_selection.py --configs out-of-sample --no-cv [--json …]
 
-and with the CV rules too: ``python bench/tau_selection.py --configs out-of-sample``.
+and with the CV rules too: ``python research/tau/tau_selection.py --configs out-of-sample``.
 
-    python bench/tau_out_of_sample.py [--json out/tau_out_of_sample.json]     (~5 min with cached embeddings)
+    python research/tau/tau_out_of_sample.py [--json out/tau_out_of_sample.json]     (~5 min with cached embeddings)
 """
 import sys
 from pathlib import Path

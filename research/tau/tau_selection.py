@@ -1,16 +1,16 @@
 """Which way of choosing 1/tau works? Compares, on the real tables, the training-only rules of
-``proxray.routing.tuning`` with every fixed 1/tau of the grid, against the test split (not a timed test).
+``cv`` (research/tau/cv.py) with every fixed 1/tau of the grid, against the test split (not a timed test).
 
-    python bench/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|…|fresh10] [--routers km|knn]
+    python research/tau/tau_selection.py [--configs study|out-of-sample|fresh|fresh2|…|fresh10] [--routers km|knn]
                                   [--json out/tau_sel_folds_study.json]
-    python bench/tau_selection.py --from-json a.json,b.json,... [--plot out/tau_rules.png] [--per-config]
-    python bench/tau_selection.py --recheck a.json,b.json,... --seeds 1,2,3,4,5,6,8,9,10,11 --json out/recheck.json
-    python bench/tau_selection.py --rerun a.json,b.json,... --seeds 1,2,3,4,5,6,8,9,10,11 --no-cv --json out/r.json
+    python research/tau/tau_selection.py --from-json a.json,b.json,... [--plot out/tau_rules.png] [--per-config]
+    python research/tau/tau_selection.py --recheck a.json,b.json,... --seeds 1,2,3,4,5,6,8,9,10,11 --json out/recheck.json
+    python research/tau/tau_selection.py --rerun a.json,b.json,... --seeds 1,2,3,4,5,6,8,9,10,11 --no-cv --json out/r.json
 
 For every configuration of bench/real_tables.sh and seeds 42, 7, 99 it computes the leave-one-task-out
 CV curves on the training set, then the test scores of Prox at every 1/tau of the grid (Base is the
 grid's limit: inf for KMeans, 0 for kNN). Besides the fixed 1/tau it scores per-query temperatures
-``rel:a`` (1/tau(x) = a / phi_min(x), ``proxray.routing.tuning.estimates_over``) and ``spr:a`` (1/tau(x) = a /
+``rel:a`` (1/tau(x) = a / phi_min(x), ``cv.estimates_over``) and ``spr:a`` (1/tau(x) = a /
 std(phi(x)), the distances in units of their own spread) and ``mix:a,b,...`` (the weights averaged over
 several fixed 1/tau: an ensemble over temperatures). Printed: for each selection rule
 (each reads only the configuration's own training CV curves) and each fixed setting, the mean over
@@ -22,7 +22,7 @@ among the fixed 1/tau whose CV mean is within t pp of the best, the one nearest 
 Base" is ``rule="shifted"``; ``ess:E`` is the adaptive bandwidth (per query the 1/tau at which the weights'
 effective sample size is E), and "shifted, or ess:E where its CV mean is m pp higher" is
 ``tuning.select_ess_or_shifted``, what KMeans' ``--inv-tau auto`` used at E = 3, m = 0.5 before the plug-in
-temperature (the rows "fixed bv:c"; ``bench/km_plugin.py`` reports it; kNN's auto is the row "fixed spr:0.2", rule
+temperature (the rows "fixed bv:c"; ``research/tau/km_plugin.py`` reports it; kNN's auto is the row "fixed spr:0.2", rule
 "spread"); "lcb" and "one-se" read the CV folds apart (saved in the JSON as ``folds_cv``; runs saved before that
 skip them). The CV averages its folds over ``--cv-repeats`` random
 splits (default: as ``--inv-tau auto``, ``tuning.CV_REPEATS``; 1 is the one-pass CV of the earlier saved runs).
@@ -52,7 +52,7 @@ from proxray.data.table import RoutingTable
 from cv import (CV_REPEATS, ESS_MARGIN, ESS_TARGET, GRID, ROUTER_NAMES, SHIFT_CAP, SHIFT_CAP_GAIN, CVFolds,
                             cv_folds, estimates_over, make_router, select_ess_or_shifted, select_inv_tau, smooth_curve)
 
-D = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+D = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 CONFIGS = (
     [("routerbench_slice", r, p, [o]) for o in ("mbpp", "arc-challenge", "winogrande")
      for r, p in (("km", "leave-task-out"), ("knn", "few-shot-outlier"))]
@@ -103,7 +103,7 @@ FRESH4 = (  # a sixth set, defined before the spread temperature was proposed as
      for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
     + [("routerdc7", "knn", "few-shot-outlier", ["cmmlu", "javascript"]),
        ("routerdc7", "km", "leave-task-out", ["mmlu", "math_prealgebra"])])
-FRESH5 = (  # a seventh set, KMeans only, defined before the per-query KMeans kernels of bench/km_kernels.py were
+FRESH5 = (  # a seventh set, KMeans only, defined before the per-query KMeans kernels of research/tau/km_kernels.py were
     # read (BBH outliers drawn by np.random.default_rng(2026); routerdc7 pairs no earlier set used)
     [("bbh19_dev", "km", p, o) for o in (["boolean_expressions", "logical_deduction_three_objects", "navigate"],
                                          ["boolean_expressions", "reasoning_about_colored_objects", "ruin_names"],
@@ -227,7 +227,7 @@ def test_splits(sp) -> dict:
 
 def fit_test_run(table, X, acc, cost, router, protocol, outliers, seed):
     """One configuration and seed as the study runs it: (the protocol's split, the hyperparameters, the Prox router
-    fitted on its training set). bench/km_task_local.py refits saved runs through it."""
+    fitted on its training set). research/tau/km_task_local.py refits saved runs through it."""
     sp = protocol_split(table.tasks, outliers, protocol, seed)
     hp = {"n_clusters": 32, "k": 100, "random_state": seed}
     tr = sp.base_train
@@ -470,7 +470,7 @@ def summarize(rows):
 
 
 # the row each router's auto is read from: kNN's --inv-tau auto; for KMeans the CV rule it had until the plug-in
-# temperature (tuning.DEFAULT_RULES; the CV runs, older saved runs hold no "bv:" scores) — bench/km_plugin.py
+# temperature (tuning.DEFAULT_RULES; the CV runs, older saved runs hold no "bv:" scores) — research/tau/km_plugin.py
 # compares the plug-in with it
 AUTO = {"km": CAP20_ESS_FIRST, "knn": "fixed spr:0.2"}
 PLOTTED = {"CV auto (KM ess-or-capped, kNN spread 0.2)": AUTO,
