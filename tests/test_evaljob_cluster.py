@@ -1,7 +1,6 @@
 """The evaluation job on a multi-node Ray cluster on this machine (``ray.cluster_utils.Cluster``: a head
 and two worker nodes carrying ``accelerator_type:V100`` with one GPU and ``accelerator_type:H100`` with two):
 every model of the pool runs at once, each on the nodes its config asks for. Marked slow (three raylets)."""
-import time
 
 import pytest
 
@@ -41,20 +40,17 @@ def slow_sim(model_id, accelerator=None, latency_s=1.0):
 
 
 def test_models_land_where_their_config_asks_and_run_at_once(cluster, tmp_path):
+    """Each model's engines run on the nodes its accelerator_type names, and the three models run at once: every
+    model's first batch comes back before any model's last (the job's own record of its batches, not a timing
+    ratio; one after another, the second model would start after the first had finished)."""
     models = [slow_sim(SIM[0], "V100"), slow_sim(SIM[1], "H100"), slow_sim(SIM[2], "H100")]
-    run_job(config([slow_sim(SIM[0], "V100", latency_s=0.0)], n_per_task=1), tmp_path / "warm")  # workers up
-    t = time.time()
-    one = run_job(config(models[:1]), tmp_path / "one")
-    t_one = time.time() - t
-    t = time.time()
     three = run_job(config(models), tmp_path / "three")
-    t_three = time.time() - t
-    assert one["complete_queries"] == three["complete_queries"] == 30
+    assert three["complete_queries"] == 30
     nodes = {r["model"]: r["nodes"] for r in three["runs"]}
     assert nodes == {SIM[0]: [cluster["V100"]], SIM[1]: [cluster["H100"]], SIM[2]: [cluster["H100"]]}
-    # six 1 s batches per model: one after another would be ~3x; at once, close to one model's time
-    print(f"1 model {t_one:.1f} s, 3 models {t_three:.1f} s, ratio {t_three / t_one:.2f}")
-    assert t_three <= 1.6 * t_one, (t_one, t_three)
+    first, last = (max(r["first_batch_s"] for r in three["runs"]), min(r["seconds"] for r in three["runs"]))
+    print(f"every first batch by {first:.1f} s, the first model done at {last:.1f} s")
+    assert first < last, three["runs"]
 
 
 def test_an_accelerator_the_cluster_lacks_fails_before_any_work(cluster, tmp_path):
