@@ -1,7 +1,10 @@
-"""Inference engines behind one interface, for the evaluation job (and later the serving path).
+"""Inference engines behind one interface (``Engine``), for the evaluation job and the served model deployments.
 
 ``engine.generate(rows, sampling) -> list of {"response", "input_tokens", "output_tokens"}`` for rows
-that carry at least ``query_id``, ``task``, ``prompt``, ``answer``, ``answer_type``.
+that carry at least ``query_id``, ``task``, ``prompt``, ``answer``, ``answer_type`` (the job);
+``engine.stream(messages, prompt, sampling, stop)`` yields the answer's pieces and ends with a ``Finish``
+(serving). ``CPU_ENGINES`` is the one registry of in-process engines, ``make_engine(spec)`` builds one from a
+pool-model spec.
 
 * ``TransformersEngine``: real generation on CPU with Hugging Face ``transformers`` (any causal LM
   on disk; tests build a tiny one offline with ``build_tiny_model``).
@@ -17,6 +20,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -322,7 +326,15 @@ def build_tiny_model(path, seed: int = 0, vocab_size: int = 512, hidden: int = 6
     return str(path)
 
 
-CPU_ENGINES = {"sim": SimEngine, "transformers": TransformersEngine}
+class Engine(Protocol):
+    """What every in-process engine does: answer a batch for the job, stream one answer when served."""
+
+    def generate(self, rows, sampling: Sampling = ...) -> list: ...
+
+    def stream(self, messages, prompt, sampling: Sampling = ..., stop=()): ...
+
+
+CPU_ENGINES: dict[str, type[Engine]] = {"sim": SimEngine, "transformers": TransformersEngine}
 
 
 def _unknown_kwargs(name: str, cls, kwargs: dict) -> list:
@@ -340,7 +352,7 @@ def _unknown_kwargs(name: str, cls, kwargs: dict) -> list:
             f"(allowed: {', '.join(params)}){hints}"]
 
 
-def make_engine(spec) -> object:
+def make_engine(spec) -> Engine:
     """The CPU engine for a model spec (``proxray.pool.spec.PoolModel``); vLLM is not built here."""
     if spec.engine in CPU_ENGINES:
         return CPU_ENGINES[spec.engine](spec.source or spec.id, **spec.engine_kwargs)
