@@ -38,7 +38,12 @@ def _cmd_fit(a):
     from proxray.experiments.protocols import temperature_option
     from proxray.routing.registry import make_router
 
+    from proxray.common.storage import check_location
+
     temperature = temperature_option(a, a.router)  # before the table is read and encoded
+    if a.table:
+        check_location(a.table, "--table", file=True)
+    check_location(a.out, "--out", write=True)
     table = RoutingTable.read(a.table) if a.table else make_table()
     if a.table is None:
         print("no --table: fitting on the embedded SYNTHETIC routing table", file=sys.stderr)

@@ -59,6 +59,28 @@ def fresh_ray():
 
 
 @pytest.fixture
+def s3(monkeypatch):
+    """A real S3 API (moto's server) on 127.0.0.1 with a bucket ``runs``: (a URI of a folder in it naming the
+    endpoint, a boto3 client to look inside, the endpoint URL). Credentials are test ones, set for this test."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(k, v)
+    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
+    client.create_bucket(Bucket="runs")
+    yield f"s3://runs/job?endpoint_override={host}:{port}&scheme=http&region=us-east-1", client, f"http://{host}:{port}"
+    for o in client.list_objects_v2(Bucket="runs").get("Contents", []):  # moto keeps its state in the process
+        client.delete_object(Bucket="runs", Key=o["Key"])
+    client.delete_bucket(Bucket="runs")
+    server.stop()
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(42)
 

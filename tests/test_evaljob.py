@@ -134,26 +134,8 @@ def test_shipped_configs_validate():
     assert all(m.engine_kwargs["max_model_len"] <= 4096 for m in pool.models)
 
 
-@pytest.fixture
-def s3(monkeypatch):
-    """A real S3 API (moto's server) on 127.0.0.1, a bucket in it, and a boto3 client to look inside."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                 "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        monkeypatch.setenv(k, v)
-    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
-    client.create_bucket(Bucket="runs")
-    yield f"s3://runs/job?endpoint_override={host}:{port}&scheme=http&region=us-east-1", client
-    server.stop()
-
-
 def test_output_goes_to_s3_and_resumes_from_it(s3, tmp_path, monkeypatch):
-    uri, client = s3
+    uri, client, _ = s3
     monkeypatch.chdir(tmp_path)  # nothing may land on the driver's local disk
     cfg = config([sim(m) for m in SIM[:2]], n_per_task=4)
     first = run_job(cfg, uri, max_batches=3)

@@ -238,3 +238,40 @@ def test_monitor_config_errors_name_the_field(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "shadow_rate" in r.stderr and "job: Value error, grader: required" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_monitor_keeps_everything_on_an_object_store(world, encoder, fresh_ray, s3, tmp_path, monkeypatch):
+    """router, table and state_dir as s3:// URIs (moto's S3 API on 127.0.0.1): reports are journal objects, one
+    each; a restart replays them; an evaluation's queries, job config and output, and the grown router's new
+    version, all land in the bucket; nothing is written to the working directory."""
+    from proxray.data.table import RoutingTable
+    from proxray.routing.registry import load_router
+
+    tmp, full, X, acc, cost, Xtr = world
+    uri, client, _ = s3
+    base, _, query = uri.partition("?")
+
+    def at(rel):
+        return f"{base}/{rel}?{query}"
+
+    RoutingTable.read(tmp / "train.parquet").write(at("train.parquet"))
+    load_router(tmp / "r0").save(at("r0"))
+    monkeypatch.chdir(tmp_path)
+    cfg = {**config(tmp, "unused"), "router": at("r0"), "table": at("train.parquet"), "state_dir": at("state")}
+    mon = DriftMonitor(cfg, encoder=encoder)
+    router = load_router(at("r0"))
+    rows = np.flatnonzero(full.tasks == TASK)[:12]
+    flags = send(mon, router, X[rows], [full.prompts[i] for i in rows])
+    journal = [o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix="job/state/journal/")["Contents"]]
+    assert len(journal) == len(rows)  # one object per report: nothing to append to
+    again = DriftMonitor(cfg, encoder=encoder)  # a restart replays them
+    assert again.status()["drifted"] == sum(flags) >= 10
+    again.tick()
+    st = again.status()
+    assert st["router_version"] == 1 and st["router_path"].startswith("s3://runs/job/state/routers/v0001")
+    assert load_router(st["router_path"]).n_train_ == router.n_train_ + 10
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="runs", Prefix="job/state/")["Contents"]]
+    assert any(k.endswith("/queries.jsonl") for k in keys) and any(k.endswith("/out/routing_table.parquet") for k in keys)
+    # the snapshot holds them now (pyarrow leaves an empty folder marker, journal/, behind)
+    assert not [k for k in keys if k.startswith("job/state/journal/") and not k.endswith("/")]
+    assert list(tmp_path.iterdir()) == []

@@ -8,7 +8,7 @@ from proxray.experiments.metrics import jaccard, top_z
 from proxray.monitor.detector import DriftDetector, group_name, text_key
 from proxray.monitor.evaluations import Evaluations
 from proxray.monitor.overlap import OverlapTracker
-from proxray.monitor.state import StateStore
+from proxray.monitor.state import state_store
 from proxray.monitor.traffic import TrafficBook
 
 
@@ -102,13 +102,13 @@ def test_evaluations_are_recorded_before_submitting_and_charged_what_they_cost(t
 
 
 def test_the_state_store_replays_only_reports_after_its_snapshot(tmp_path):
-    store = StateStore(tmp_path)
+    store = state_store(tmp_path)
     store.append({"seq": 1, "x": 1})
     store.snapshot({"seq": 1, "n": 1})
     store.append({"seq": 2, "x": 2})
     with (tmp_path / "reports.jsonl").open("a") as f:
         f.write('{"seq": 3, "x"')  # a line cut by a crash
-    snap, entries = StateStore(tmp_path).load()
+    snap, entries = state_store(tmp_path).load()
     assert snap == {"seq": 1, "n": 1} and entries == [{"seq": 2, "x": 2}]
 
 

@@ -9,11 +9,20 @@ def load_yaml_model(path, model_cls, what: str, error_cls=ValueError):
     import yaml
     from pydantic import ValidationError
 
-    path = Path(path)
-    if not path.is_file():
-        raise error_cls(f"{path}: no such {what}")
+    from proxray.common.storage import is_uri, read_file
+
+    if not is_uri(path):
+        path = Path(path)
+        if not path.is_file():
+            raise error_cls(f"{path}: no such {what}")
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = read_file(path).decode()
+    except FileNotFoundError:
+        raise error_cls(f"{path}: no such {what}") from None
+    except (OSError, ValueError) as e:
+        raise error_cls(f"{path}: cannot read the {what} ({e})") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise error_cls(f"{path}: not valid YAML: {e}") from None
     try:

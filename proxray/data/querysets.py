@@ -60,13 +60,17 @@ def validate_queries(df: pd.DataFrame, source: str = "queries") -> pd.DataFrame:
 
 
 def read_queries(path) -> pd.DataFrame:
-    path = Path(path)
-    if path.suffix.lower() in (".parquet", ".pq"):
-        df = pd.read_parquet(path)
-    elif path.suffix.lower() in (".jsonl", ".json"):
-        df = pd.read_json(path, lines=True, dtype=False)
-    else:
+    """A query file (.jsonl or .parquet), local or at a filesystem URI (``proxray.common.storage``)."""
+    import io
+    from urllib.parse import urlsplit
+
+    from proxray.common.storage import read_file
+
+    suffix = Path(urlsplit(str(path)).path).suffix.lower()
+    if suffix not in (".parquet", ".pq", ".jsonl", ".json"):
         raise ValueError(f"{path}: query files are .jsonl or .parquet")
+    data = io.BytesIO(read_file(path))
+    df = pd.read_parquet(data) if suffix in (".parquet", ".pq") else pd.read_json(data, lines=True, dtype=False)
     return validate_queries(df, str(path))
 
 

@@ -13,8 +13,11 @@ routers learn from: ``acc, cost = table.matrices()``, each (n_queries, n_models)
 """
 from __future__ import annotations
 
+import io
+
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import pandas as pd
@@ -168,11 +171,12 @@ def validate_frame(df: pd.DataFrame, missing: str = "drop", source: str = "table
     return out, report
 
 
-def _format_of(path: Path, format: str | None) -> str:
+def _format_of(location, format: str | None) -> str:
+    suffix = Path(urlsplit(str(location)).path).suffix.lower()
     fmt = format or {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
-                     ".json": "jsonl"}.get(path.suffix.lower())
+                     ".json": "jsonl"}.get(suffix)
     if fmt not in FORMATS:
-        raise ValueError(f"{path}: cannot tell the format from the suffix {path.suffix!r}; "
+        raise ValueError(f"{location}: cannot tell the format from the suffix {suffix!r}; "
                          f"pass format= one of {', '.join(FORMATS)}")
     return fmt
 
@@ -193,32 +197,38 @@ class RoutingTable:
     # ---- io --------------------------------------------------------------------------------
     @classmethod
     def read(cls, path, format: str | None = None, missing: str = "drop") -> "RoutingTable":
-        """Read parquet, CSV or JSONL (by suffix, or ``format=``)."""
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no such routing table")
+        """Read parquet, CSV or JSONL (by suffix, or ``format=``) from a local path or a filesystem URI
+        (``s3://bucket/t.parquet``, ``gs://…``, ``file://…``: ``proxray.common.storage``)."""
+        from proxray.common.storage import is_uri
+
         fmt = _format_of(path, format)
+        if is_uri(path):
+            from proxray.common.storage import check_location, read_file
+
+            check_location(path, "routing table", file=True)
+            source = io.BytesIO(read_file(path))
+        else:
+            source = Path(path)
+            if not source.exists():
+                raise FileNotFoundError(f"{source}: no such routing table")
         if fmt == "parquet":
-            df = pd.read_parquet(path)
+            df = pd.read_parquet(source)
         elif fmt == "csv":
-            df = pd.read_csv(path, dtype={c: "object" for c in STRING_COLUMNS}, keep_default_na=False,
+            df = pd.read_csv(source, dtype={c: "object" for c in STRING_COLUMNS}, keep_default_na=False,
                              na_values={"correct": [""], "cost": [""], "input_tokens": [""], "output_tokens": [""]})
             for c in ("split", "response"):
                 if c in df:
                     df[c] = df[c].replace("", None)
         else:
-            df = pd.read_json(path, lines=True, dtype={c: "object" for c in STRING_COLUMNS})
+            df = pd.read_json(source, lines=True, dtype={c: "object" for c in STRING_COLUMNS})
         return cls(df, missing=missing, source=str(path))
 
-    def write(self, path, format: str | None = None) -> Path:
-        """Write the long table as parquet, CSV or JSONL (by suffix, or ``format=``), atomically: into a
-        temporary file beside ``path``, renamed over it when complete."""
-        import io
+    def write(self, path, format: str | None = None):
+        """Write the long table as parquet, CSV or JSONL (by suffix, or ``format=``) to a local path or a filesystem
+        URI, atomically: locally into a temporary file beside ``path``, renamed over it when complete; on an object
+        store in one PUT. Returns where it went (a ``Path``, or the URI)."""
+        from proxray.common.storage import is_uri, replace_atomically
 
-        from proxray.common.storage import replace_atomically
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         fmt = _format_of(path, format)
         if fmt == "parquet":
             buf = io.BytesIO()
@@ -228,6 +238,12 @@ class RoutingTable:
             data = self.df.to_csv(index=False).encode()
         else:
             data = self.df.to_json(orient="records", lines=True, force_ascii=False).encode()
+        if is_uri(path):
+            from proxray.common.storage import write_file
+
+            return write_file(path, data)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         replace_atomically(path, data)
         return path
 

@@ -178,12 +178,19 @@ def check_config(config: JobConfig, output=None) -> dict:
             hint = difflib.get_close_matches(m.accelerator_type, known, n=1)
             problems.append(f"model {m.id!r}: accelerator_type {m.accelerator_type!r} is not one of Ray's accelerator "
                             f"types" + (f"; did you mean {hint[0]!r}?" if hint else f" ({', '.join(sorted(known))})"))
+    from proxray.common.storage import check_location, is_uri
+
     for i, qs in enumerate(config.query_sets):
-        if qs.path is not None and not Path(qs.path).is_file():
+        if qs.path is not None and is_uri(qs.path):
+            try:
+                check_location(qs.path, f"query_sets.{i}.path", file=True)
+            except (ValueError, FileNotFoundError) as e:
+                problems.append(str(e))
+        elif qs.path is not None and not Path(qs.path).is_file():
             problems.append(f"query_sets.{i}.path: {qs.path!r} does not exist (relative paths are taken from "
                             f"{os.getcwd()})")
     try:
-        Store(output or config.output)
+        check_location(output or config.output, "output", write=True)
     except ValueError as e:
         problems.append(str(e))
     if problems:
@@ -243,7 +250,7 @@ def load_queries(config: JobConfig, load_dataset=None) -> pd.DataFrame:
             df = hf_queries(qs.hf, qs.split, qs.n, seed=config.sampling.seed, load_dataset=load_dataset)
         else:
             df = synthetic_queries(qs.synthetic.n_per_task, qs.synthetic.seed)
-        df["split"] = qs.name or qs.hf or (Path(qs.path).stem if qs.path else "synthetic")
+        df["split"] = qs.name or qs.hf or (Path(qs.path.split("?")[0]).stem if qs.path else "synthetic")
         frames.append(df)
     return validate_queries(pd.concat(frames, ignore_index=True), "query sets")
 

@@ -23,7 +23,7 @@ the router's training queries and added as a column (``add_model``).
 
 ``DriftMonitor`` composes the parts and makes these decisions: ``DriftDetector`` (groups, outlier threshold),
 ``OverlapTracker`` (true J_z), ``TrafficBook`` (window, queues, counters), ``Evaluations`` (jobs and their cost),
-``RouterPublisher`` (router versions), ``Scheduler`` (the clock) and ``StateStore`` (snapshot + journal).
+``RouterPublisher`` (router versions), ``Scheduler`` (the clock) and the state store (snapshot + journal).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
+from proxray.common.storage import join
 from proxray.monitor.config import MonitorConfig
 from proxray.monitor.detector import DriftDetector, text_key
 from proxray.monitor.evaluations import Evaluations
@@ -42,7 +42,7 @@ from proxray.monitor.jobs import InlineRunner, JobsApiRunner
 from proxray.monitor.overlap import OverlapTracker
 from proxray.monitor.publisher import RouterPublisher
 from proxray.monitor.scheduler import Scheduler
-from proxray.monitor.state import StateStore, checkpoint_of, restore_into
+from proxray.monitor.state import checkpoint_of, restore_into, state_store
 from proxray.monitor.traffic import TrafficBook
 from proxray.monitor.views import prometheus_text, status_of
 from proxray.pool.engines import _unit
@@ -60,10 +60,10 @@ class DriftMonitor:
         from proxray.embeddings.encoder import SentenceEncoder
 
         self.config = cfg = config if isinstance(config, MonitorConfig) else MonitorConfig.model_validate(config)
-        self.state_dir = Path(cfg.state_dir)
-        self.store = StateStore(self.state_dir)
+        self.state_dir = cfg.state_dir  # a local folder or a URI (an object store every node reads)
+        self.store = state_store(self.state_dir)
         self.encoder = encoder or SentenceEncoder(progress=False)
-        self.publisher = RouterPublisher(cfg.router, self.state_dir / "routers")
+        self.publisher = RouterPublisher(cfg.router, join(self.state_dir, "routers"))
         if cfg.table == "embedded":
             from proxray.data.synthetic import make_table
 
@@ -81,7 +81,7 @@ class DriftMonitor:
         self.book = TrafficBook(cfg.window, cfg.max_buffer)
         per_query = float(np.mean(cost.sum(1))) if cost.size else 1e-3
         runner = runner or (InlineRunner() if cfg.submit == "inline" else JobsApiRunner(cfg.jobs_address))
-        self.evaluations = Evaluations(cfg.name, self.state_dir / "evaluations", runner, cfg.cost_budget,
+        self.evaluations = Evaluations(cfg.name, join(self.state_dir, "evaluations"), runner, cfg.cost_budget,
                                        cfg.est_cost_per_query or 2.0 * max(per_query, 1e-9),  # pool + a judge per answer
                                        self._snapshot)
         self.lock = threading.RLock()
@@ -197,13 +197,13 @@ class DriftMonitor:
         from proxray.data.table import RoutingTable
         from proxray.evaljob.job import read_parts
 
-        parts = read_parts(Path(e["out"]) / "table")
+        parts = read_parts(join(e["out"], "table"))
         self.evaluations.charge(e, parts)
         if e["kind"] == "growth":  # each new model a column over the training queries, in the router's order
             self._publish(self.publisher.with_models(parts, [f"train-{i}" for i in range(len(self.train_prompts))],
                                                      e["models"]), added_models=e["models"])
         else:
-            table = RoutingTable.read(Path(e["out"]) / "routing_table.parquet")
+            table = RoutingTable.read(join(e["out"], "routing_table.parquet"))
             models = self.publisher.models
             missing = [m for m in models if m not in table.models]
             if missing:

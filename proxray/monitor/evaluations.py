@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from pathlib import Path
+
+from proxray.common.storage import join, read_file, split_location, write_file
 
 logger = logging.getLogger("proxray.monitor")
 
@@ -20,8 +21,8 @@ class Evaluations:
     reserved; ``est_cost`` per query (pool + judge), learnt from what jobs really cost. ``checkpoint()`` is called
     where the state must be durable before going on."""
 
-    def __init__(self, name: str, folder: Path, runner, budget: float, est_cost: float, checkpoint):
-        self.name, self.folder, self.runner, self.budget = name, Path(folder), runner, budget
+    def __init__(self, name: str, folder, runner, budget: float, est_cost: float, checkpoint):
+        self.name, self.folder, self.runner, self.budget = name, str(folder), runner, budget
         self.est_cost, self.checkpoint = est_cost, checkpoint
         self.items: list = []
         self.spent = 0.0
@@ -43,16 +44,14 @@ class Evaluations:
         n = sum(1 for e in self.items if e["kind"] == kind) + 1
         digest = hashlib.sha256(json.dumps([r["query_id"] for r in rows]).encode()).hexdigest()[:8]
         sid = f"{self.name}-{kind}-{n:04d}-{digest}"
-        folder = self.folder / sid
-        folder.mkdir(parents=True, exist_ok=True)
-        qpath = folder / "queries.jsonl"
-        qpath.write_text("".join(json.dumps(r) + "\n" for r in rows))
         import yaml
 
-        cfg_path = folder / "job.yaml"
-        cfg_path.write_text(yaml.safe_dump({**job, "query_sets": [{"name": kind, "path": str(qpath)}]}))
+        folder = join(self.folder, sid)
+        qpath = write_file(join(folder, "queries.jsonl"), "".join(json.dumps(r) + "\n" for r in rows).encode())
+        cfg_path = write_file(join(folder, "job.yaml"),
+                              yaml.safe_dump({**job, "query_sets": [{"name": kind, "path": qpath}]}).encode())
         e = {"id": sid, "kind": kind, "n": len(rows), "status": "SUBMITTING", "time": now, "submitted": None,
-             "reserved": reserve, "charged": None, "config": str(cfg_path), "out": str(folder / "out"),
+             "reserved": reserve, "charged": None, "config": cfg_path, "out": join(folder, "out"),
              "meta": meta, "models": models}
         self.items.append(e)
         self.spent += reserve
@@ -98,7 +97,7 @@ class Evaluations:
         from proxray.evaljob.job import read_parts
 
         try:
-            self.charge(e, read_parts(Path(e["out"]) / "table"))
+            self.charge(e, read_parts(join(e["out"], "table")))
         except Exception:  # noqa: BLE001 - nothing readable: nothing charged
             self.spent -= e["reserved"]
             e["charged"], e["reserved"] = 0.0, 0.0
@@ -106,5 +105,6 @@ class Evaluations:
 
     @staticmethod
     def prompts(e: dict) -> dict:
-        rows = [json.loads(x) for x in (Path(e["config"]).parent / "queries.jsonl").read_text().splitlines()]
+        queries = join(split_location(e["config"])[0], "queries.jsonl")
+        rows = [json.loads(x) for x in read_file(queries).decode().splitlines()]
         return {r["query_id"]: r["prompt"] for r in rows}

@@ -2,14 +2,15 @@
 a new artifact (``state_dir/routers/vNNNN``), which the ingress replicas watch for and switch to."""
 from __future__ import annotations
 
-from pathlib import Path
+from proxray.common.storage import join
+
 
 
 class RouterPublisher:
-    def __init__(self, path: str, folder: Path):
+    def __init__(self, path: str, folder):
         from proxray.routing.registry import load_router
 
-        self.folder = Path(folder)
+        self.folder = str(folder)  # a local folder or a URI
         self.path, self.version = path, 0
         self.router = load_router(path)
 
@@ -44,9 +45,9 @@ class RouterPublisher:
     def publish(self, router) -> str:
         """Save ``router`` as the next version; returns its path."""
         self.version += 1
-        path = self.folder / f"v{self.version:04d}"
+        path = join(self.folder, f"v{self.version:04d}")
         router.save(path)
-        self.router, self.path = router, str(path)
+        self.router, self.path = router, path
         return self.path
 
     def restore(self, version: int, path: str) -> None:

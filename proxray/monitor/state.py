@@ -2,6 +2,9 @@
 journal of the reports since. A report costs one appended line, not a rewrite of the whole state;
 restoring reads the snapshot and replays the journal lines newer than it (each line carries its
 sequence number, so a crash between writing a snapshot and truncating the journal replays nothing twice).
+On an object store (``state_dir`` a URI: storage every node reads) nothing can be appended to: each report
+is one small object, ``journal/<seq>.json``, PUT whole (so none is lost and none is half-written), and a
+snapshot removes the ones it holds.
 ``checkpoint_of`` / ``restore_into`` say what of a ``DriftMonitor`` the snapshot holds (its keys as they have
 always been, so a state folder written by an earlier version restores).
 """
@@ -11,10 +14,38 @@ import json
 import os
 from pathlib import Path
 
-from proxray.common.storage import replace_atomically
+from proxray.common.storage import Store, is_uri, replace_atomically
 
 
-class StateStore:
+def state_store(folder):
+    """The monitor's state store in ``folder``: a local folder (snapshot + appended journal file) or a URI
+    (snapshot + one journal object per report)."""
+    return ObjectStateStore(folder) if is_uri(folder) else FileStateStore(folder)
+
+
+class ObjectStateStore:
+    def __init__(self, uri):
+        self.store = Store(uri)
+
+    def load(self) -> tuple[dict | None, list]:
+        """(snapshot or None, journal entries newer than it, in order)."""
+        snap = json.loads(self.store.read_text("monitor_state.json")) if self.store.exists("monitor_state.json") else None
+        seq = snap["seq"] if snap else -1
+        entries = [json.loads(self.store.read_text(f)) for f in self.store.files("journal", ".json")]
+        return snap, sorted((e for e in entries if e["seq"] > seq), key=lambda e: e["seq"])
+
+    def append(self, entry: dict) -> None:
+        self.store.write_text(f"journal/{entry['seq']:012d}.json", json.dumps(entry, separators=(",", ":")))
+
+    def snapshot(self, state: dict) -> None:
+        """Write the whole state (with its ``seq``), then remove the journal objects it holds."""
+        self.store.write_text("monitor_state.json", json.dumps(state, separators=(",", ":")))
+        for f in self.store.files("journal", ".json"):
+            if int(f.rsplit("/", 1)[1].split(".")[0]) <= state["seq"]:
+                self.store.delete(f)
+
+
+class FileStateStore:
     def __init__(self, folder):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)

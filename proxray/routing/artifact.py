@@ -13,6 +13,12 @@ into place whole, and only then does ``CURRENT`` switch to it (temp file + renam
 leaves the previous version loadable. A folder holding ``manifest.json`` itself (the layout before
 versions, or a path straight into a version) loads as it is.
 
+On an object store (any ``proxray.common.storage`` URI: ``s3://bucket/routers/r``) a version's arrays are
+PUT first, its manifest after them, ``CURRENT`` last: a reader that follows ``CURRENT`` finds a complete
+version, and no rename is needed. Loading from a URI downloads each array once into the local cache,
+named by its checksum (``<cache>/artifacts/<sha256>.npy``), so every replica on a node shares one copy
+and a new version downloads only what changed.
+
 Loading verifies every checksum *before* an array is read, loads with ``allow_pickle=False``, and
 checks shapes against the manifest, so a truncated, edited or mismatched artifact fails with an error
 that names the file and what was expected. Anything unknown in the manifest is refused. Artifacts written
@@ -37,7 +43,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from proxray.common.storage import replace_atomically
+from proxray.common.storage import Store, is_uri, join, replace_atomically, storage_trouble
 from proxray.routing.temperature import Temperature, legacy
 
 FORMAT = "proxray-router"
@@ -94,9 +100,11 @@ POINTER = "CURRENT"
 _VERSION_NAME = re.compile(r"v-[0-9]{8}T[0-9]{6}-[0-9a-f]{8}")
 
 
-def current_version(path) -> Path:
+def current_version(path):
     """The folder holding the manifest and arrays of the artifact at ``path``: the version ``CURRENT``
-    names, or ``path`` itself when it holds a manifest (no versions)."""
+    names, or ``path`` itself when it holds a manifest (no versions). A URI gives a URI."""
+    if is_uri(path):
+        return _Remote(path).version_location
     path = Path(path)
     pointer = path / POINTER
     if pointer.is_file():
@@ -111,18 +119,27 @@ def current_version(path) -> Path:
 
 def versions(path) -> list[str]:
     """The version folders of an artifact, oldest first."""
+    if is_uri(path):
+        from pyarrow import fs
+
+        store = Store(path)
+        found = store.fs.get_file_info(fs.FileSelector(store.root, allow_not_found=True))
+        return sorted(f.base_name for f in found
+                      if f.type == fs.FileType.Directory and _VERSION_NAME.fullmatch(f.base_name))
     path = Path(path)
     return sorted(p.name for p in path.iterdir() if p.is_dir() and _VERSION_NAME.fullmatch(p.name)) \
         if path.is_dir() else []
 
 
-def save_router(router, path) -> Path:
-    """Write ``router`` as a new version of the artifact at ``path`` (created) and switch ``CURRENT`` to
-    it; versions saved before stay as they are. Returns the new version's folder."""
+def save_router(router, path):
+    """Write ``router`` as a new version of the artifact at ``path`` (a local folder, created, or a URI) and switch
+    ``CURRENT`` to it; versions saved before stay as they are. Returns the new version's folder (or URI)."""
     router._check_fitted()
+    name = f"v-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+    if is_uri(path):
+        return _save_remote(router, path, name)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    name = f"v-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
     tmp = path / f".{name}.tmp"
     tmp.mkdir()
     _write_version(router, tmp)
@@ -151,13 +168,82 @@ def _write_version(router, path: Path) -> None:
     replace_atomically(path / "manifest.json", json.dumps(manifest.model_dump(), indent=2).encode())
 
 
+def _save_remote(router, uri, name: str) -> str:
+    """The arrays, then the manifest, then ``CURRENT``: each one PUT (atomic on an object store), in that order."""
+    import tempfile
+
+    store = Store(uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        _write_version(router, Path(tmp))
+        for f in sorted(Path(tmp).glob("*.npy")):
+            store.write_bytes(f"{name}/{f.name}", f.read_bytes())
+        store.write_bytes(f"{name}/manifest.json", (Path(tmp) / "manifest.json").read_bytes())
+    store.write_bytes(POINTER, (name + "\n").encode())  # readers switch only now
+    return join(uri, name)
+
+
+class _Remote:
+    """An artifact at a URI: its version's manifest and arrays, each array downloaded once into the local cache
+    under its checksum."""
+
+    def __init__(self, uri):
+        self.store, self.uri, self.base = Store(uri), str(uri), ""
+        try:
+            has_pointer = self.store.exists(POINTER)
+        except OSError as e:
+            raise ArtifactError(f"{uri}: {storage_trouble(e)}") from None
+        if has_pointer:
+            name = self.store.read_text(POINTER).strip()
+            if not _VERSION_NAME.fullmatch(name):
+                raise ArtifactError(f"{join(uri, POINTER)}: {name!r} is not a version name (v-YYYYMMDDTHHMMSS-xxxxxxxx)")
+            if not self.store.exists(f"{name}/manifest.json"):
+                raise ArtifactError(f"{join(uri, POINTER)}: names version {name!r}, which is missing")
+            self.base = f"{name}/"
+        self.version_location = join(uri, self.base.rstrip("/")) if self.base else self.uri
+
+    def manifest_text(self) -> str:
+        if not self.store.exists(self.base + "manifest.json"):
+            raise ArtifactError(f"{self.version_location}: no manifest.json — not a proxray router artifact")
+        return self.store.read_text(self.base + "manifest.json")
+
+    def array_file(self, name: str, entry) -> Path:
+        """The local, verified copy of array ``name``: from the cache, or downloaded and checked first."""
+        from proxray.embeddings.cache import default_cache_dir
+
+        cached = default_cache_dir() / "artifacts" / f"{entry.sha256}.npy"
+        if cached.is_file():
+            return cached
+        rel = f"{self.base}{name}.npy"
+        if not self.store.exists(rel):
+            raise ArtifactError(f"{join(self.version_location, name + '.npy')}: missing (listed in the manifest)")
+        data = self.store.read_bytes(rel)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry.sha256:
+            raise ArtifactError(f"{join(self.version_location, name + '.npy')}: checksum mismatch (manifest "
+                                f"{entry.sha256[:12]}…, file {digest[:12]}…): the artifact is corrupted or was modified")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        replace_atomically(cached, data)
+        return cached
+
+
 def read_manifest(path) -> Manifest:
+    if is_uri(path):
+        remote = _Remote(path)
+        return _parse_manifest(remote.manifest_text(), join(remote.version_location, "manifest.json"))
     path = current_version(path)
     mpath = path / "manifest.json"
     if not mpath.is_file():
         raise ArtifactError(f"{path}: no manifest.json — not a proxray router artifact")
     try:
-        raw = json.loads(mpath.read_text())
+        text = mpath.read_text()
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{mpath}: not valid JSON ({e})") from None
+    return _parse_manifest(text, mpath)
+
+
+def _parse_manifest(text: str, mpath) -> Manifest:
+    try:
+        raw = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{mpath}: not valid JSON ({e})") from None
     try:
@@ -176,8 +262,9 @@ def load_router(path, classes: dict, expected_class=None, encoder_id: str | None
     ``classes``: {class name: class} that may be built. ``expected_class``: refuse an artifact of another router
     class. ``encoder_id``: refuse an artifact fitted on embeddings of another encoder.
     """
-    path = current_version(path)
-    manifest = read_manifest(path)
+    remote = _Remote(path) if is_uri(path) else None
+    path = remote.version_location if remote else current_version(path)
+    manifest = _parse_manifest(remote.manifest_text(), join(path, "manifest.json")) if remote else read_manifest(path)
     if expected_class is not None and manifest.router_class != expected_class.__name__ \
             and not issubclass(classes.get(manifest.router_class, object), expected_class):
         raise ArtifactError(f"{path}: holds a {manifest.router_class}, not a {expected_class.__name__}")
@@ -190,13 +277,16 @@ def load_router(path, classes: dict, expected_class=None, encoder_id: str | None
                             f"not {encoder_id!r}")
     arrays = {}
     for name, entry in manifest.files.items():
-        fpath = path / f"{name}.npy"
-        if not fpath.is_file():
-            raise ArtifactError(f"{fpath}: missing (listed in the manifest)")
-        digest = _sha256(fpath)
-        if digest != entry.sha256:
-            raise ArtifactError(f"{fpath}: checksum mismatch (manifest {entry.sha256[:12]}…, file {digest[:12]}…): "
-                                "the artifact is corrupted or was modified")
+        if remote:
+            fpath = remote.array_file(name, entry)  # verified when downloaded
+        else:
+            fpath = path / f"{name}.npy"
+            if not fpath.is_file():
+                raise ArtifactError(f"{fpath}: missing (listed in the manifest)")
+            digest = _sha256(fpath)
+            if digest != entry.sha256:
+                raise ArtifactError(f"{fpath}: checksum mismatch (manifest {entry.sha256[:12]}…, file {digest[:12]}…): "
+                                    "the artifact is corrupted or was modified")
         arr = np.load(fpath, allow_pickle=False)
         if list(arr.shape) != entry.shape or str(arr.dtype) != entry.dtype:
             raise ArtifactError(f"{fpath}: shape {arr.shape} {arr.dtype}, manifest says {tuple(entry.shape)} {entry.dtype}")

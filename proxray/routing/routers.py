@@ -97,8 +97,9 @@ class RouterMixin:
         check_is_fitted(self, "models_", msg=f"This {type(self).__name__} is not fitted: call fit(X, acc, cost) first")
 
     # Artifacts: arrays + a versioned, checksummed manifest (proxray.routing.artifact).
-    def save(self, path) -> None:
-        artifact.save_router(self, path)
+    def save(self, path):
+        """A new version of the artifact at ``path`` (a folder or a URI); returns the version's location."""
+        return artifact.save_router(self, path)
 
     @classmethod
     def load(cls, path, encoder_id: str | None = None):

@@ -207,9 +207,21 @@ def check_models(a: AppArgs) -> dict:
     return sources
 
 
+def check_router(a: AppArgs) -> None:
+    """The router artifact, read where the app is built (its manifest: checksummed, versioned) before any replica
+    starts: a bad URI, an unreachable store, missing credentials or a folder that holds no router fail here, once."""
+    from proxray.routing.artifact import ArtifactError, read_manifest
+
+    try:
+        read_manifest(a.router)
+    except (ArtifactError, OSError) as e:
+        raise ValueError(f"invalid app args: router: {e}") from None
+
+
 def build_app(args: dict):
     """The Serve application: one deployment per model plus the router ingress."""
     a = AppArgs.model_validate(args)
+    check_router(a)
     sources = check_models(a)
     handles = {}
     for m in a.models:

@@ -184,7 +184,8 @@ class AppArgs(BaseModel):
     """``args`` of the Serve application (``import_path: proxray.serve.app:build_app``)."""
 
     model_config = ConfigDict(extra="forbid")
-    router: str = Field(description="router artifact folder (proxray fit / KNNRouter.save)")
+    router: str = Field(description="router artifact: a folder every node reads, or a URI (s3://bucket/routers/r; "
+                        "proxray fit --out / KNNRouter.save); each replica caches its arrays by checksum")
     encoder: str | None = Field(None, description="sentence-transformers name or path; default: shipped MiniLM")
     encoder_backend: Literal["torch", "onnx", "onnx-int8"] = Field("onnx", description=(
         "how the ingress runs the encoder: onnx = the same model exported to ONNX Runtime (equal output, "
