@@ -58,3 +58,29 @@ def test_an_accelerator_the_cluster_lacks_fails_before_any_work(cluster, tmp_pat
                                           r"\(H100, V100\)"):
         run_job(config([{**slow_sim(SIM[0], "A100"), "id": "x"}]), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_vllm_is_refused_on_v100_nodes_with_the_path_that_works_there(cluster, tmp_path, monkeypatch):
+    """vLLM 0.29 has no sm_70 kernels: a vllm model asking for V100 nodes is refused before Ray starts, and one
+    asking for no accelerator on a cluster whose GPUs are all V100 is refused once the job sees the cluster; both
+    name the transformers path and its config, which passes the same checks."""
+    from pathlib import Path
+
+    import proxray.evaljob.job as job
+    from proxray.evaljob.job import check_config, load_config
+
+    vllm = {"id": "meta-llama/Llama-3.1-8B-Instruct", "engine": "vllm",
+            "price": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}, "num_gpus": 1}
+    with pytest.raises(ConfigError, match=r"model 'meta-llama/Llama-3.1-8B-Instruct': engine vllm cannot run on V100 "
+                                          r"nodes.*no sm_70.*engine: transformers.*jobs/configs/paper_pool_v100.yaml"):
+        run_job(config([{**vllm, "accelerator_type": "V100"}]), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(job, "cluster_accelerators", lambda: {"V100"})
+    with pytest.raises(ConfigError, match=r"engine vllm cannot run on this cluster, whose GPUs are all V100.*paper_pool_v100"):
+        job.check_cluster(config([vllm]).models)
+    monkeypatch.setattr(job, "cluster_accelerators", lambda: {"V100", "H100"})
+    job.check_cluster(config([vllm]).models)  # an H100 node can take it
+    v100 = load_config(Path(__file__).resolve().parents[1] / "jobs" / "configs" / "paper_pool_v100.yaml")
+    assert {m.engine for m in v100.models} == {"transformers"} and {m.accelerator_type for m in v100.models} == {"V100"}
+    assert all(m.engine_kwargs["dtype"] == "float16" and m.runtime_env for m in v100.models)
+    check_config(v100, tmp_path / "v100")  # every model passes the checks a job runs before Ray starts

@@ -88,3 +88,16 @@ def test_cpu_vllm_config_is_cpu_only_in_its_config():
     assert v and all(m.accelerator_type is None and m.engine_kwargs["dtype"] == "float32" for m in v)
     assert all(b == {"CPU": 0.1} for m in v for b in m.placement_group_config["bundles"])
     assert {m.engine for m in args.models} == {"vllm", "transformers", "sim"}
+
+
+def test_cluster_yaml_names_the_bucket_and_the_role_and_keeps_secrets_in_files():
+    """What a user fills in is named (the bucket, an instance profile on every node type); the job writes its table
+    to the bucket and the router lives there; the Hugging Face token is a file mount, never an env var or argument."""
+    text = (ROOT / "cluster.yaml").read_text()
+    c = yaml.safe_load(text)
+    assert all("IamInstanceProfile" in t["node_config"] for t in c["available_node_types"].values())
+    assert "--output s3://my-proxray-bucket/" in text and "--out s3://my-proxray-bucket/proxray/routers/" in text
+    assert c["file_mounts"]["/home/ubuntu/.cache/huggingface/token"] == "~/.cache/huggingface/token"
+    assert "HF_TOKEN" not in text and "runtime_env" not in text.split("cluster_name:")[1]
+    for cmd in ("ray job status", "ray job logs", "serve status", "ray down"):
+        assert cmd in text

@@ -155,6 +155,17 @@ class ConfigError(ValueError):
     pass
 
 
+VOLTA = {"V100"}  # Ray's accelerator names of sm_70 GPUs
+
+
+def volta_refusal(model_id: str, where: str) -> str:
+    """Why a vllm model cannot run on V100 nodes, and the path that does."""
+    return (f"model {model_id!r}: engine vllm cannot run on {where}: vLLM 0.29's CUDA 13 wheels (what "
+            "ray[llm]==2.60.0 pins) carry no sm_70 (Volta) kernels. On V100 nodes run it with engine: transformers "
+            "at dtype float16 in a runtime_env holding a torch built for sm_70, as jobs/configs/paper_pool_v100.yaml "
+            "does; or give it accelerator_type A100 or H100")
+
+
 def _known_accelerators() -> set:
     """Ray's accelerator type names (``ray.util.accelerators``)."""
     from ray.util.accelerators import accelerators
@@ -171,6 +182,8 @@ def check_config(config: JobConfig, output=None) -> dict:
 
     sources, problems = check_models(config.models, config.sampling.max_tokens)
     known = _known_accelerators() if any(m.accelerator_type for m in config.models) else set()
+    problems += [volta_refusal(m.id, f"{m.accelerator_type} nodes") for m in config.models
+                 if m.engine == "vllm" and m.accelerator_type in VOLTA]
     for m in config.models:
         if m.accelerator_type and m.accelerator_type not in known:
             import difflib
@@ -220,11 +233,16 @@ def cluster_accelerators() -> set:
 
 
 def check_cluster(specs) -> None:
-    """After connecting to Ray, before any work: every model's accelerator type is among the cluster's."""
+    """After connecting to Ray, before any work: every model's accelerator type is among the cluster's, and a vllm
+    model that names none has a GPU it can run on (not only V100s)."""
     wanted = {m.id: m.accelerator_type for m in specs if m.accelerator_type}
-    if not wanted:
+    unplaced_vllm = [m.id for m in specs if m.engine == "vllm" and not m.accelerator_type and m.gpus]
+    if not wanted and not unplaced_vllm:
         return
     have = cluster_accelerators()
+    if unplaced_vllm and have and have <= VOLTA:
+        raise ConfigError("the cluster cannot place these models:\n" + "\n".join(
+            f"  {volta_refusal(i, 'this cluster, whose GPUs are all V100')}" for i in unplaced_vllm))
     missing = [f"  model {i!r}: accelerator_type {t!r} is not among the cluster's ({', '.join(sorted(have)) or 'none'})"
                for i, t in wanted.items() if t not in have]
     if missing:
@@ -373,6 +391,8 @@ def _dataset(spec: ModelSpec, todo: pd.DataFrame, sampling: Sampling, source: st
     where = {"num_gpus": spec.gpus} if spec.gpus else {}
     if spec.accelerator_type:
         where["accelerator_type"] = spec.accelerator_type
+    if spec.runtime_env:  # e.g. a torch built for the node's GPUs (jobs/configs/paper_pool_v100.yaml)
+        where["runtime_env"] = spec.runtime_env
     return ds.map_batches(
         EngineWorker, fn_constructor_kwargs={"spec": spec.model_dump(), "sampling": vars(sampling)},
         batch_size=spec.batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=spec.replicas),

@@ -72,7 +72,8 @@ class PoolModel(BaseModel):
                                    "runs tensor parallel when > 1 (unless engine_kwargs says otherwise)")
     placement_group_config: dict | None = Field(
         None, description="vllm: Ray placement bundles per engine, e.g. {bundles: [{CPU: 0.1}]} on a CPU machine")
-    runtime_env: dict | None = Field(None, description="vllm: Ray runtime_env of the engine (env_vars, ...)")
+    runtime_env: dict | None = Field(None, description="Ray runtime_env of the engine's workers (env_vars, pip: a "
+                                     "torch built for older GPUs, ...); in the job every engine, served: vllm")
     replicas: int = Field(1, ge=1, description="evaluation job: engines working through the queries at once")
     batch_size: int = Field(16, ge=1, description="evaluation job: queries per batch")
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="serving: the deployment's "
