@@ -233,6 +233,7 @@ def build_app(args: dict):
                 ray_actor_options={"num_cpus": m.cpus(0.1), "num_gpus": m.gpus},
                 max_ongoing_requests=m.max_ongoing_requests or 8, max_queued_requests=m.max_queued_requests,
             ).bind({**m.model_dump(), "source": sources[m.id] if m.engine == "transformers" else m.source})
-    return RouterIngress.options(num_replicas=a.router_replicas, ray_actor_options={"num_cpus": a.router_num_cpus},
+    spread = {"max_replicas_per_node": a.router_max_replicas_per_node} if a.router_max_replicas_per_node else {}
+    return RouterIngress.options(num_replicas=a.router_replicas, ray_actor_options={"num_cpus": a.router_num_cpus}, **spread,
                                  max_ongoing_requests=a.router_max_ongoing_requests,
                                  max_queued_requests=a.router_max_queued_requests).bind(a.model_dump(), handles)

@@ -220,6 +220,8 @@ class AppArgs(BaseModel):
     reload_every_s: float = Field(2.0, gt=0, description="how often to ask the monitor for a newer router artifact")
     router_num_cpus: float = Field(0.5, gt=0)
     router_replicas: int = Field(1, ge=1)
+    router_max_replicas_per_node: int | None = Field(None, ge=1, description=(
+        "at most this many ingress replicas on one node (1: spread them over nodes, so losing a node loses one)"))
     router_max_ongoing_requests: int = Field(64, ge=1)
     router_max_queued_requests: int = Field(512, ge=1, description="past it the proxy answers 503 at once")
 

@@ -1,0 +1,61 @@
+"""The served endpoint on a multi-node Ray cluster on this machine (``ray.cluster_utils.Cluster``: a head and a worker
+node, each with its own proxray cache folder, nothing shared on local disk): the router artifact lives on an S3 API
+(moto's server on 127.0.0.1), two ingress replicas spread over the two nodes, each downloads the router into its
+own node's cache, and routed answers come from both."""
+import numpy as np
+import pytest
+from serve_helpers import STRONG, WEAK, fit_router, free_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def two_nodes(tmp_path):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    caches = {name: tmp_path / f"cache-{name}" for name in ("head", "worker")}
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False,
+                                                      "env_vars": {"PROXRAY_CACHE": str(caches["head"])}})
+    worker = c.add_node(num_cpus=2, env_vars={"PROXRAY_CACHE": str(caches["worker"])})
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    yield caches, {c.head_node.node_id: "head", worker.node_id: "worker"}
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_two_ingress_replicas_on_two_nodes_route_with_one_router_from_s3(s3, two_nodes, tmp_path, encoder):
+    import httpx
+    from ray import serve
+    from ray._private.state import actors  # the GCS's actor table (the state API needs a dashboard)
+
+    from proxray.routing.registry import load_router
+    from proxray.serve.app import build_app
+
+    uri, client, _ = s3
+    caches, names = two_nodes
+    base, _, query = uri.partition("?")
+    art = f"{base}/routers/served?{query}"
+    fit_router(tmp_path / "local", encoder, [WEAK, STRONG])
+    load_router(tmp_path / "local").save(art)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_app({"router": art, "models": [{"id": m, "engine": "sim"} for m in (WEAK, STRONG)],
+                         "router_replicas": 2, "router_max_replicas_per_node": 1, "router_num_cpus": 0.5}),
+              name="proxray", route_prefix="/")
+    ingress = [a for a in actors().values() if a["ActorClassName"].endswith("RouterIngress") and a["State"] == "ALIVE"]
+    assert sorted(names[a["Address"]["NodeID"]] for a in ingress) == ["head", "worker"]  # one replica on each node
+    for node, folder in caches.items():  # each node downloaded the router once, into its own cache
+        assert len(list((folder / "artifacts").iterdir())) == 3, node
+    paths = set()
+    for i in range(8):
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+                       json={"model": "proxray", "messages": [{"role": "user", "content": f"What is {i} plus 7?"}]})
+        assert r.status_code == 200, r.text
+        paths.add(r.json()["proxray"]["router_path"])
+    assert paths == {art}
+    assert np.isfinite(load_router(art).estimate(encoder.encode(["What is 2 plus 7?"]))[0]).all()
