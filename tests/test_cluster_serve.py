@@ -59,3 +59,49 @@ def test_two_ingress_replicas_on_two_nodes_route_with_one_router_from_s3(s3, two
         paths.add(r.json()["proxray"]["router_path"])
     assert paths == {art}
     assert np.isfinite(load_router(art).estimate(encoder.encode(["What is 2 plus 7?"]))[0]).all()
+
+
+def replica_nodes(deployment: str, names: dict) -> list:
+    """The nodes ("head" / "worker") of a deployment's live replicas, from the GCS's actor table."""
+    from ray._private.state import actors
+
+    return sorted(names[a["Address"]["NodeID"]] for a in actors().values()
+                  if a["ActorClassName"].endswith(f":{deployment}") and a["State"] == "ALIVE")
+
+
+def test_routed_load_scales_a_model_out_onto_the_other_node_and_back(two_nodes, tmp_path, encoder):
+    """Routed load on one model (allowed_models) scales its deployment from one replica to two, the second on the
+    other node (max_replicas_per_node: 1), and back to one when the load stops: waits on the cluster's state."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from ray import serve
+
+    from proxray.serve.app import build_app, deployment_name
+
+    caches, names = two_nodes
+    fit_router(tmp_path / "router", encoder, [WEAK, STRONG])
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    slow = {"id": STRONG, "engine": "sim", "engine_kwargs": {"latency_s": 0.4}, "max_replicas_per_node": 1,
+            "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1, "upscale_delay_s": 0.5,
+                            "downscale_delay_s": 3, "metrics_interval_s": 0.5, "look_back_period_s": 1}}
+    serve.run(build_app({"router": str(tmp_path / "router"), "models": [{"id": WEAK, "engine": "sim"}, slow]}),
+              name="proxray", route_prefix="/")
+    name = deployment_name(STRONG)
+    assert len(replica_nodes(name, names)) == 1
+    body = {"model": "proxray", "messages": [{"role": "user", "content": "Route me to the strong one."}],
+            "proxray": {"allowed_models": [STRONG]}}
+    peak, deadline = [], time.time() + 40
+    with ThreadPoolExecutor(8) as pool:
+        while time.time() < deadline and len(peak) < 2:
+            codes = list(pool.map(lambda _: httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+                                                       timeout=30).status_code, range(16)))
+            assert codes == [200] * 16
+            peak = max(peak, replica_nodes(name, names), key=len)
+    assert peak == ["head", "worker"], peak  # scaled out, the second replica on the other node
+    deadline = time.time() + 40
+    while time.time() < deadline and len(replica_nodes(name, names)) > 1:
+        time.sleep(1)
+    assert len(replica_nodes(name, names)) == 1, "the model did not scale back in"

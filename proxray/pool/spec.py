@@ -82,6 +82,8 @@ class PoolModel(BaseModel):
         None, ge=1, description="serving, per replica; default 8 for the CPU engines, ray.serve.llm's own for vllm")
     max_queued_requests: int = Field(256, ge=1, description="serving, per deployment; past it a call fails fast "
                                      "(the next model is tried)")
+    max_replicas_per_node: int | None = Field(None, ge=1, description="serving: at most this many replicas on one "
+                                              "node (1: scaling out goes to other nodes)")
 
     @model_validator(mode="before")
     @classmethod

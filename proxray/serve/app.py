@@ -191,6 +191,8 @@ def _vllm_deployment(m: ServedModel, source: str):
                     **vllm_placement(m))
     # name_prefix="" falls back to "LLMServer:"; override_serve_options gives the plain name
     serve_options = {"name": deployment_name(m.id), "max_queued_requests": m.max_queued_requests}
+    if m.max_replicas_per_node:
+        serve_options["max_replicas_per_node"] = m.max_replicas_per_node
     if m.max_ongoing_requests:
         serve_options["max_ongoing_requests"] = m.max_ongoing_requests
     return build_llm_deployment(cfg, override_serve_options=serve_options, deployment_cls=VLLMModelServer)
@@ -232,6 +234,7 @@ def build_app(args: dict):
                 name=deployment_name(m.id), autoscaling_config=m.autoscaling.model_dump(exclude_none=True),
                 ray_actor_options={"num_cpus": m.cpus(0.1), "num_gpus": m.gpus},
                 max_ongoing_requests=m.max_ongoing_requests or 8, max_queued_requests=m.max_queued_requests,
+                **({"max_replicas_per_node": m.max_replicas_per_node} if m.max_replicas_per_node else {}),
             ).bind({**m.model_dump(), "source": sources[m.id] if m.engine == "transformers" else m.source})
     spread = {"max_replicas_per_node": a.router_max_replicas_per_node} if a.router_max_replicas_per_node else {}
     return RouterIngress.options(num_replicas=a.router_replicas, ray_actor_options={"num_cpus": a.router_num_cpus}, **spread,
