@@ -64,6 +64,7 @@ class RouterIngress:
         self.api_key = load_api_key(a)
         self.requests = 0
         self.created = int(time.time())  # the model objects' "created"
+        self.replica = serve.get_replica_context().replica_id.unique_id  # which ingress replica answered
         self.metrics = GatewayMetrics()
         self.monitor = None
         if a.monitor:
@@ -115,6 +116,7 @@ class RouterIngress:
         self.metrics.answered(model, p.report["routed"])
         p.report["latency_s"] = time.perf_counter() - t0
         p.report["timings"] = timings
+        p.report["replica"] = self.replica
         meter = self.policy.meter(p, model)
         if req.stream:
             head[0] = {**head[0], "proxray": p.report}

@@ -1,0 +1,25 @@
+"""The cluster journey as one flow (tests/journey.py, in a process of its own so that its Ray runs with token auth on):
+the evaluation job through the Jobs API to S3, fit from S3 to S3, serve deploy with two ingress replicas on two
+nodes, routed requests, the monitor with its state on S3, drifted traffic, a new router version, both replicas
+on it."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_cluster_journey_end_to_end():
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}  # the journey's Ray keeps auth on
+    script = Path(__file__).with_name("journey.py")
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-5000:]
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen["job"] == "SUCCEEDED" and seen["ingress_nodes"] == ["head", "worker"] and seen["replicas"] == 2
+    assert seen["drifted"] >= 10 and seen["router_path"].startswith("s3://journey/monitor/routers/v0001")
+    assert seen["switched_replicas"] == 2
+    assert seen["cached_head"] == seen["cached_worker"] == 6  # each node downloaded both versions, once
