@@ -151,3 +151,37 @@ def test_the_served_app_loads_its_router_from_s3(s3, tmp_path, encoder, monkeypa
         from proxray.serve.app import build_app
 
         build_app({"router": at(uri, "routers/none"), "models": models})
+
+
+def test_credentials_the_store_refuses_are_named_as_such(tmp_path, monkeypatch):
+    """An S3 API that checks credentials (moto's server with its IAM checks on, a process of its own): a key it does
+    not know is reported as access denied, naming where credentials come from."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    port = closed_port()
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}
+    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:  # wait until it answers
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        uri = f"s3://runs/x?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWN")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        with pytest.raises(ValueError, match=r"--out s3://runs/x.*: access denied: no valid credentials .*instance role"):
+            check_location(uri, "--out", write=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
