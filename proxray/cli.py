@@ -41,9 +41,7 @@ def _cmd_fit(a):
     from proxray.common.storage import check_location
 
     temperature = temperature_option(a, a.router)  # before the table is read and encoded
-    if a.table:
-        check_location(a.table, "--table", file=True)
-    check_location(a.out, "--out", write=True)
+    check_location(a.out, "--out", write=True)  # the table is checked as it is read, also before encoding
     table = RoutingTable.read(a.table) if a.table else make_table()
     if a.table is None:
         print("no --table: fitting on the embedded SYNTHETIC routing table", file=sys.stderr)

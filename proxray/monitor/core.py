@@ -183,12 +183,13 @@ class DriftMonitor:
     def _fail(self, e: dict, now: float, why: str) -> None:
         self.evaluations.fail(e, why)
         keys = list(e["meta"])
-        self.book.seen.difference_update(keys)
-        if e["kind"] == "drift":  # its queries go back to the front of the queue, retried later
+        if e["kind"] == "drift":  # its queries go back to the front of the queue (and out of seen), retried later
             prompts = self.evaluations.prompts(e)
             self.book.give_back(keys, {k: {"prompt": prompts[k], "group": e["meta"][k]["group"], "reason": "retry"}
                                        for k in keys})
             self.not_before = now + self.config.retry_after_s
+        else:
+            self.book.seen.difference_update(keys)
         self.book.event("failed", id=e["id"], why=why)
         self._snapshot()
 

@@ -145,7 +145,7 @@ def _parse_string(text: str, router: str | None) -> Temperature:
             raise ValueError("temperature='auto' needs the router kind (km or knn) to resolve")
         return auto(router)
     kind, sep, number = text.partition(":")
-    if kind in ("bv",):  # the plug-in temperature's earlier name
+    if kind == "bv":  # the plug-in temperature's earlier name
         kind = "plug-in"
     if kind in KINDS:
         if not sep:

@@ -7,6 +7,8 @@ import asyncio
 import re
 import time
 
+from proxray.serve.models import refused_parameters
+
 RETRYABLE = {408, 429, 500, 502, 503, 504}  # the model's trouble, not the request's
 _PATH = re.compile(r"(?<![\w.])/(?:[\w.\-]+/)+[\w.\-]*")
 
@@ -62,8 +64,6 @@ class ModelClient:
     async def refusals(self, models, body: dict, endpoint: str) -> dict:
         """``{model: [parameters of ``body`` it cannot honour]}`` from each model's ``capabilities()``, asked once
         per model, the first time a routed request needs it (a model that does not answer counts as capable)."""
-        from proxray.serve.models import refused_parameters
-
         now = time.monotonic()
         missing = [m for m in models if m not in self.caps and self.caps_retry.get(m, 0) <= now]
         if missing:
