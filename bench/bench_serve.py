@@ -1,14 +1,16 @@
 """Bounded load on the routed endpoint at 127.0.0.1 (not a timed test).
 
-    python bench/bench_serve.py [--requests 400] [--concurrency 8] [--backend onnx] [--cache-entries 10000]
+    python bench/bench_serve.py [--encoder static] [--requests 400] [--concurrency 1,8] [--backend onnx]
 
-Starts the cpu_demo application (four simulated models, kNN router over MiniLM embeddings) on a local
-Ray Serve, sends ``--requests`` chat completions with ``--concurrency`` client threads in three modes,
+Starts the cpu_demo application (four simulated models, kNN router over ``--encoder``'s embeddings: the
+shipped MiniLM by default, ``static`` for the static encoder distilled from it) on a local Ray Serve, and at
+each ``--concurrency`` sends ``--requests`` chat completions with that many client threads in three modes,
 interleaved over two rounds: routed with every prompt new (``routed, new text``: the encoder runs for
 each request), routed over the demo's 40 prompts again and again (``routed, repeated text``: the
 embedding LRU answers), and passed through (``model: <pool model>``). Prints throughput, p50/p99 latency
-and errors, the ratio of routed to pass-through p50 (target <= 1.3), and where a routed request's time
-goes (the ``proxray.timings`` the ingress reports, medians).
+and errors, the ratio of routed to pass-through p50, where a routed request's time goes (the
+``proxray.timings`` the ingress reports, medians), and the encoder's throughput on one core (texts a second,
+one text per call and batches of 64, over the same never-seen texts).
 """
 from __future__ import annotations
 
@@ -55,14 +57,15 @@ def load(url, body, n, concurrency):
 
 
 def breakdown(timings: list) -> str:
-    keys = ["parse_ms", "embed_ms", "estimate_ms", "model_ms", "outside_ms"]
+    keys = ["read_ms", "parse_ms", "embed_ms", "estimate_ms", "model_ms", "outside_ms"]
     med = {k: statistics.median(t.get(k, 0.0) for t in timings) for k in keys}
     hits = sum(t.get("embedding_cache") == "hit" for t in timings)
     batch = [t["encoder_batch"] for t in timings if "encoder_batch" in t]
-    return (" | ".join(f"{k[:-3]} {v:.1f}" for k, v in med.items())
+    passes = (f"encoder batch mean {statistics.mean(batch):.1f}" if any(batch) else "encoded inline") if batch else ""
+    return (" | ".join(f"{k[:-3]} {v:.2f}" for k, v in med.items())
             + f" | cache hits {hits}/{len(timings)}"
-            + (f" | encoder batch mean {statistics.mean(batch):.1f}, pass "
-               f"{statistics.median(t['encode_ms'] for t in timings if 'encode_ms' in t):.1f} ms" if batch else ""))
+            + (f" | {passes}, encode {statistics.median(t['encode_ms'] for t in timings if 'encode_ms' in t):.2f} ms"
+               if batch else ""))
 
 
 def start_demo_app(**app_args):
@@ -76,7 +79,7 @@ def start_demo_app(**app_args):
 
     tmp = tempfile.mkdtemp()
     table = make_table(100)
-    enc = SentenceEncoder()
+    enc = SentenceEncoder(app_args.get("encoder"))
     KNNRouter(k=50).fit(enc.encode(table.prompts), *table.matrices(models=MODELS), models=MODELS,
                         encoder_id=enc.id).save(f"{tmp}/router")
     prompts = list(generate_queries(40, seed=9).prompt)
@@ -92,10 +95,27 @@ def start_demo_app(**app_args):
     return f"http://127.0.0.1:{port}/v1/chat/completions", prompts, lambda: (serve.shutdown(), ray.shutdown())
 
 
+def encode_throughput(encoder: str | None, backend: str, texts: list) -> dict:
+    """Texts a second on one core (one text per call, and batches of 64), the encoder of the app alone."""
+    from proxray.embeddings.encoder import SentenceEncoder
+
+    enc = SentenceEncoder(encoder, cache=False, progress=False, backend=backend, threads=1)
+    enc.encode(texts[:8])  # load
+    t0 = time.perf_counter()
+    for t in texts:
+        enc.encode([t])
+    one = len(texts) / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for s in range(0, len(texts), 64):
+        enc.encode(texts[s:s + 64])
+    return {"one_per_call": one, "batch_64": len(texts) / (time.perf_counter() - t0)}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--encoder", default=None, help="static, or a sentence-transformers name or path (default MiniLM)")
     p.add_argument("--requests", type=int, default=400)
-    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--concurrency", default="1,8", help="comma-separated client thread counts")
     p.add_argument("--backend", default="onnx", choices=["torch", "onnx", "onnx-int8"])
     p.add_argument("--cache-entries", type=int, default=10000)
     p.add_argument("--batch-wait-s", type=float, default=0.0)
@@ -103,39 +123,46 @@ def main(argv=None):
     a = p.parse_args(argv)
     from proxray.data.synthetic import generate_queries
 
-    url, prompts, stop = start_demo_app(encoder_backend=a.backend, embedding_cache_entries=a.cache_entries,
-                                        embed_batch_wait_s=a.batch_wait_s,
+    levels = [int(c) for c in a.concurrency.split(",")]
+    url, prompts, stop = start_demo_app(encoder=a.encoder, encoder_backend=a.backend,
+                                        embedding_cache_entries=a.cache_entries, embed_batch_wait_s=a.batch_wait_s,
                                         encoder_threads=a.threads)
     sent = set(prompts)
-    fresh = iter(dict.fromkeys(p for s in range(1000, 1100) for p in generate_queries(40, seed=s).prompt
+    fresh = iter(dict.fromkeys(p for s in range(1000, 1400) for p in generate_queries(40, seed=s).prompt
                                if p not in sent))  # never sent before: every one a cache miss
     new_text = lambda i: next(fresh)  # noqa: E731
     msg = lambda text: [{"role": "user", "content": text}]  # noqa: E731
-    load(url, lambda i: {"model": "proxray", "messages": msg(prompts[i % len(prompts)])}, 40, a.concurrency)  # warm-up
+    load(url, lambda i: {"model": "proxray", "messages": msg(prompts[i % len(prompts)])}, 40, max(levels))  # warm-up
     modes = {
         "routed, new text": lambda i: {"model": "proxray", "messages": msg(new_text(i))},
         "routed, repeated text": lambda i: {"model": "proxray", "messages": msg(prompts[i % len(prompts)])},
         "pass-through": lambda i: {"model": MODELS[i % 4], "messages": msg(prompts[i % len(prompts)])},
     }
-    rows = {}
-    for _ in range(2):  # alternate, so drift hits all alike
-        for mode, body in modes.items():
-            rows.setdefault(mode, []).append(load(url, body, a.requests, a.concurrency))
-    print(f"| mode | requests | errors | req/s | p50 ms | p99 ms |  (concurrency {a.concurrency}, {os.cpu_count()} CPUs, "
-          f"encoder backend {a.backend})")
-    print("|---|---|---|---|---|---|")
-    best = {}
-    for mode, runs in rows.items():
-        r = min(runs, key=lambda x: x["p50_ms"])
-        best[mode] = r
-        print(f"| {mode} | {sum(x['requests'] for x in runs)} | {sum(x['errors'] for x in runs)} | {r['rps']:.1f} | "
-              f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
-    base = best["pass-through"]["p50_ms"]
-    for mode in ("routed, new text", "routed, repeated text"):
-        print(f"{mode}: routed / pass-through p50 {best[mode]['p50_ms'] / base:.2f}; "
-              f"medians ms: {breakdown(sum((r['timings'] for r in rows[mode]), []))}")
-    print(f"pass-through medians ms: {breakdown(sum((r['timings'] for r in rows['pass-through']), []))}")
+    name = a.encoder or "MiniLM"
+    for conc in levels:
+        rows = {}
+        for _ in range(2):  # alternate, so drift hits all alike
+            for mode, body in modes.items():
+                rows.setdefault(mode, []).append(load(url, body, a.requests, conc))
+        print(f"\n| mode | requests | errors | req/s | p50 ms | p99 ms |  (concurrency {conc}, {os.cpu_count()} CPUs, "
+              f"encoder {name}, backend {a.backend})")
+        print("|---|---|---|---|---|---|")
+        best = {}
+        for mode, runs in rows.items():
+            r = min(runs, key=lambda x: x["p50_ms"])
+            best[mode] = r
+            print(f"| {mode} | {sum(x['requests'] for x in runs)} | {sum(x['errors'] for x in runs)} | {r['rps']:.1f} | "
+                  f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
+        base = best["pass-through"]["p50_ms"]
+        for mode in ("routed, new text", "routed, repeated text"):
+            print(f"{mode}: routed / pass-through p50 {best[mode]['p50_ms'] / base:.2f} (concurrency {conc}); "
+                  f"medians ms: {breakdown(sum((r['timings'] for r in rows[mode]), []))}")
+        print(f"pass-through medians ms: {breakdown(sum((r['timings'] for r in rows['pass-through']), []))}")
     stop()
+    texts = [p for s in range(2000, 2050) for p in generate_queries(40, seed=s).prompt][:2000]
+    tp = encode_throughput(a.encoder, a.backend, texts)
+    print(f"\nencoder {name} on one core: {tp['one_per_call']:,.0f} texts/s one per call, "
+          f"{tp['batch_64']:,.0f} texts/s in batches of 64 ({len(texts)} texts)")
 
 
 if __name__ == "__main__":

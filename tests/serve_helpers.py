@@ -35,14 +35,15 @@ def fit_router(path, encoder, models, profile=None):
                         encoder_id=encoder.id).save(path)
 
 
-def start_app(tmp, encoder, models, request_timeout_s=None, app_name="proxray", profile=None, **args):
-    """ray.init + serve.start on a free port + serve.run(build_app); returns the base URL."""
+def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxray", profile=None, **args):
+    """ray.init + serve.start on a free port + serve.run(build_app) with a router fitted on ``fit_encoder``'s
+    embeddings (``args``: the app's, ``encoder`` among them); returns the base URL."""
     import ray
     from ray import serve
 
     from proxray.serve.app import build_app
 
-    fit_router(tmp / "router", encoder, [m["id"] for m in models], profile)
+    fit_router(tmp / "router", fit_encoder, [m["id"] for m in models], profile)
     port = free_port()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})  # the API key comes from the environment, never the runtime env

@@ -74,7 +74,7 @@ def test_the_fast_encoder_routes_as_the_fitted_one_and_repeats_skip_it(client, e
     assert first["embedding_cache"] == "miss" and second["embedding_cache"] == "hit"
     assert first["encoder_batch"] == 1 and 0 <= first["encode_ms"] <= first["embed_ms"] and "encode_ms" not in second
     assert first["embed_ms"] > second["embed_ms"] and second["embed_ms"] < 1.0  # no encoder, no thread hop
-    assert all(first[k] >= 0 for k in ("parse_ms", "estimate_ms", "model_ms"))
+    assert all(first[k] >= 0 for k in ("read_ms", "parse_ms", "estimate_ms", "model_ms"))
     router = load_router(reports[0]["router_path"])
     acc, cost = router.estimate(encoder.encode([text]))
     for r in reports:

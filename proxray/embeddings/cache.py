@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sqlite3
+import tempfile
 from collections import OrderedDict
 from pathlib import Path
 
@@ -14,6 +16,26 @@ import numpy as np
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("PROXRAY_CACHE", Path.home() / ".cache" / "proxray"))
+
+
+def build_folder_once(final: Path, build, prefix: str) -> Path:
+    """``final`` (a cache folder whose ``meta.json`` marks it complete), made by ``build(tmp)`` into a temporary
+    folder beside it and renamed into place whole: concurrent processes race safely, the first rename wins."""
+    final = Path(final)
+    if (final / "meta.json").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=prefix))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, final)  # atomic; fails if another process got there first
+        except OSError:
+            if not (final / "meta.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 class EmbeddingCache:

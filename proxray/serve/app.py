@@ -98,12 +98,12 @@ class RouterIngress:
     async def _handle(self, request: Request, model_cls, endpoint: str):
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.args.timeout_s
-        timings = {}  # where the gateway's time went: parse, embed (+ cache), estimate, route, model
+        timings = {}  # where the gateway's time went: read, parse, embed (+ cache), estimate, model
         try:
             check_auth(self.api_key, request)
-            req = await parse_request(request, model_cls, self.args.max_body_bytes)
+            req = await parse_request(request, model_cls, self.args.max_body_bytes, timings)
             body = req.forward(req.model, self.args.default_max_tokens)  # what every candidate gets, model aside
-            timings["parse_ms"] = 1e3 * (time.perf_counter() - t0)
+            timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             p = await self._plan(req, body, endpoint, timings)
             t_model = time.perf_counter()
             model, head, gen = await first_answer(self.client, p, body, endpoint, req.stream, deadline,
