@@ -1,6 +1,6 @@
 """Autoscaling on routed load, on a two-node Ray cluster on this machine (not a timed test).
 
-    python bench/bench_autoscale.py [--load-s 20] [--concurrency 8] [--json out/autoscale.json] [--plot docs/autoscale_cluster.png]
+    python bench/bench_autoscale.py [--load-s 20] [--concurrency 8] [--json out/autoscale.json] [--plot docs/figures/autoscale_cluster.png]
 
 Starts ``ray.cluster_utils.Cluster`` (a head and a worker node, 2 CPUs each) and the routed app with two simulated
 models; the dear one answers in 0.4 s and autoscales 1 → 2 replicas (target 1 ongoing request, at most one replica

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's results on the real tables in ../shared/data: every command, seeds 42,7,99.
+# The results on the real tables (research/tau-study.md) in ../shared/data: every command, seeds 42,7,99.
 # Writes JSON and PNG into ${OUT:-out/real}. Takes ~15 min on 2 cores once embeddings are cached
 # (the first run encodes ~27k prompts: ~10 min more).
 set -euo pipefail

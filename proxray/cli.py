@@ -1,4 +1,4 @@
-"""``proxray`` command line: import tables, inspect them, fit routers, run experiments."""
+"""``proxray`` command line: evaluate a pool, fit and measure routers, serve the routed endpoint, run its monitor."""
 from __future__ import annotations
 
 import argparse
@@ -113,14 +113,34 @@ def _cmd_monitor(a):
         print(ray.get(actor.prometheus.remote()), end="")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from proxray.experiments.protocols import add_eval_parser, add_temperature_options  # numpy only at import
+OVERVIEW = """\
+proxray evaluates a pool of LLMs, learns where each one is good and cheap, and serves one OpenAI-compatible
+endpoint that routes every query to the right model.
 
-    p = argparse.ArgumentParser(prog="proxray", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+  evaluate a pool     proxray build-table --config JOB.yaml [--out DIR|s3://…]
+                      (on a cluster: ray job submit … -- python jobs/build_table.py --config JOB.yaml)
+  look at a table     proxray info --table TABLE
+  import public data  proxray import routerbench|routerdc|hf FILES --out TABLE
+  fit a router        proxray fit --table TABLE --out ROUTER [--router km|knn] [--encoder static]
+  measure routers     proxray eval [--table TABLE --outliers TASKS] [--router km|knn]
+  serve the endpoint  proxray serve --config SERVE.yaml
+  watch for drift     proxray monitor start|status|metrics|stop [--config MONITOR.yaml]
+  demos and tools     proxray demo drift · proxray make-tiny-model --out DIR"""
+EPILOG = """\
+What a command reads is --table or --config, what it writes is --out; a table, router or output can be a
+local path or a URI (s3://, gs://, file://). `proxray COMMAND --help` lists a command's options."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from proxray.common.cliargs import flag_with_old_positional
+    from proxray.experiments.protocols import ENCODER_HELP, add_eval_parser, add_temperature_options  # numpy only
+
+    p = argparse.ArgumentParser(prog="proxray", description=OVERVIEW, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     imp = sub.add_parser("import", help="import a public routing-data format into the canonical table")
-    imp.add_argument("format", choices=["routerbench", "routerdc", "hf"])
+    imp.add_argument("format", choices=["routerbench", "routerdc", "hf"], help="the public format to read")
     imp.add_argument("paths", nargs="*", help="input files (hf: the file in withmartian/routerbench)")
     imp.add_argument("--out", required=True, help="output table (.parquet, .csv or .jsonl)")
     imp.add_argument("--split", default=None, help="split for every row (default: from each file name)")
@@ -130,33 +150,36 @@ def build_parser() -> argparse.ArgumentParser:
     imp.set_defaults(func=_cmd_import)
 
     info = sub.add_parser("info", help="validate a routing table and print its model × task summary")
-    info.add_argument("table")
-    info.add_argument("--missing", choices=["drop", "error"], default="drop")
+    flag_with_old_positional(info, "--table", help="routing table: .parquet, .csv or .jsonl, a path or a URI")
+    info.add_argument("--missing", choices=["drop", "error"], default="drop",
+                      help="queries lacking some models: drop them (reported) or fail")
     info.set_defaults(func=_cmd_info)
 
     fit = sub.add_parser("fit", help="fit a router on a table and save the artifact")
     fit.add_argument("--table", default=None, help="routing table (default: the embedded synthetic one)")
     fit.add_argument("--models", default=None, help="comma-separated subset of the table's models")
-    fit.add_argument("--router", choices=["knn", "km"], default="knn")
-    fit.add_argument("--weighting", choices=["base", "prox"], default="prox")
-    fit.add_argument("--k", type=int, default=100)
-    fit.add_argument("--clusters", type=int, default=32)
+    fit.add_argument("--router", choices=["km", "knn"], default="km", help="KMeans clusters (default, as in eval) "
+                     "or the k nearest training queries")
+    fit.add_argument("--weighting", choices=["base", "prox"], default="prox",
+                     help="prox: proximity-weighted (robust on unfamiliar queries); base: the classic router")
+    fit.add_argument("--k", type=int, default=100, help="knn: neighbours per query")
+    fit.add_argument("--clusters", type=int, default=32, help="km: KMeans clusters")
     add_temperature_options(fit)
-    fit.add_argument("--encoder", default=None, help="sentence-transformers name or path (default: shipped MiniLM)")
+    fit.add_argument("--encoder", default=None, help=ENCODER_HELP)
     fit.add_argument("--out", required=True, help="artifact folder")
     fit.set_defaults(func=_cmd_fit)
 
     srv = sub.add_parser("serve", help="run a Serve config (serve run CONFIG), Ray's token auth as configured")
-    srv.add_argument("config", help="Serve YAML, e.g. serve_configs/cpu_demo.yaml")
+    flag_with_old_positional(srv, "--config", help="Serve YAML, e.g. serve_configs/cpu_demo.yaml")
     srv.set_defaults(func=_cmd_serve)
 
     demo = sub.add_parser("demo", help="end-to-end demos")
-    demo.add_argument("name", choices=["drift"])
-    demo.add_argument("rest", nargs=argparse.REMAINDER)
+    demo.add_argument("name", choices=["drift"], help="drift: the drift monitor's whole loop on a CPU")
+    demo.add_argument("rest", nargs=argparse.REMAINDER, help="the demo's own options (proxray demo drift --help)")
     demo.set_defaults(func=_cmd_demo)
     mon = sub.add_parser("monitor", help="drift monitor: start (a detached actor that runs itself), status, "
                          "metrics (Prometheus text), stop")
-    mon.add_argument("what", choices=["start", "status", "metrics", "stop"])
+    mon.add_argument("what", choices=["start", "status", "metrics", "stop"], help="what to do with the monitor")
     mon.add_argument("--config", default=None, help="monitor.yaml (start; elsewhere only for its name)")
     mon.add_argument("--name", default=None, help="actor name (default: the config's, else proxray-monitor)")
     mon.add_argument("--address", default="auto", help="Ray cluster address (default: the running one)")
@@ -172,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from proxray.common.cliargs import settle
+
     args = build_parser().parse_args(argv)
+    settle(args)
     try:
         args.func(args)
     except (ValueError, FileNotFoundError, KeyError) as e:  # ConfigError and TableValidationError too

@@ -1,7 +1,7 @@
 """The cluster journey, each step as a user takes it, on a multi-node Ray cluster on this machine with Ray's token
 auth on and every artifact on an S3 API (moto's server on 127.0.0.1, named by AWS_ENDPOINT_URL):
 
-  the evaluation job through the Jobs API, --output s3://  ->  proxray fit from the S3 table to an S3 router
+  the evaluation job through the Jobs API, --out s3://  ->  proxray fit from the S3 table to an S3 router
   ->  serve deploy with that router and two ingress replicas on two nodes  ->  routed requests (openai client)
   ->  proxray monitor start with its state on S3  ->  drifted traffic  ->  a new router version on S3
   ->  both ingress replicas answer with it.
@@ -101,7 +101,7 @@ def main() -> None:
 
         jobs = JobSubmissionClient(dashboard)
         sid = jobs.submit_job(entrypoint=f"{sys.executable} {ROOT / 'jobs' / 'build_table.py'} --config "
-                                         "s3://journey/job.yaml --output s3://journey/table",
+                                         "s3://journey/job.yaml --out s3://journey/table",
                               submission_id="journey-table")
         status = until("the evaluation job", lambda: (s := jobs.get_job_status(sid)).is_terminal() and s, 300)
         assert str(status) == "SUCCEEDED", jobs.get_job_logs(sid)[-3000:]

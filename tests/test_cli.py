@@ -2,6 +2,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from proxray import KMeansRouter, KNNRouter, RoutingTable
 from proxray.routing.artifact import current_version
@@ -47,11 +48,12 @@ def test_fit_writes_a_loadable_artifact(tmp_path, shared_data, capsys):
     assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "knn", "--temperature",
                  "plug-in:0.125", "--out", str(tmp_path / "bad")]) == 2  # KMeans only, refused before fitting
     assert not (tmp_path / "bad").exists()
-    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--temperature", "spread:5",
+    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "knn", "--temperature", "spread:5",
                  "--out", str(tmp_path / "spread")]) == 0
     assert KNNRouter.load(tmp_path / "spread").temperature_ == Spread(5.0)
     # the deprecated spelling still works and says what to write instead
-    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--inv-tau", "5", "--temperature", "spread",
+    assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "knn", "--inv-tau", "5",
+                 "--temperature", "spread",
                  "--out", str(tmp_path / "old")]) == 0
     assert KNNRouter.load(tmp_path / "old").temperature_ == Spread(5.0)
     assert "--inv-tau 5 --temperature spread is deprecated: say --temperature spread:5" in capsys.readouterr().err
@@ -65,3 +67,32 @@ def test_fit_refuses_a_bad_temperature_before_reading_the_table(tmp_path, capsys
     assert main(["fit", "--temperature", "-1", "--out", str(tmp_path / "art")]) == 2
     assert "temperature fixed:-1.0: must be a number >= 0 or inf" in capsys.readouterr().err
     assert not (tmp_path / "art").exists()
+
+
+def test_one_grammar_and_the_old_spellings_still_parse(tmp_path, shared_data, capsys):
+    """Inputs are --table / --config, outputs --out, everywhere; the old spellings mean the same and say so."""
+    from proxray.cli import build_parser
+
+    table = str(shared_data / "routerbench_slice.parquet")
+    assert main(["info", "--table", table]) == 0
+    new = capsys.readouterr()
+    assert main(["info", table]) == 0
+    old = capsys.readouterr()
+    assert old.out == new.out and "a positional table is deprecated; use --table " + table in old.err
+    with pytest.raises(SystemExit) as e:
+        main(["info"])
+    assert e.value.code == 2 and "required: --table" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["info", "--table", table, str(tmp_path / "other.parquet")])
+    assert "give one (--table)" in capsys.readouterr().err
+    p = build_parser()
+    assert p.parse_args(["build-table", "--config", "c.yaml", "--output", "x"]).out == "x"
+    assert "--output is deprecated; use --out" in capsys.readouterr().err
+    assert p.parse_args(["serve", "c.yaml"]).old_config == "c.yaml"
+    assert p.parse_args(["fit", "--out", "r"]).router == p.parse_args(["eval"]).router == "km"
+    assert main(["make-tiny-model", "--out", str(tmp_path / "tiny")]) == 0
+    assert (tmp_path / "tiny" / "config.json").exists()
+    # --help names every command, in plain text
+    help_text = p.format_help()
+    for cmd in ("import", "info", "fit", "eval", "build-table", "make-tiny-model", "serve", "monitor", "demo"):
+        assert f"    {cmd}" in help_text

@@ -65,7 +65,7 @@ def test_nothing_shipped_switches_ray_auth_off_or_opens_the_dashboard():
     """Only the test command (tests and CI, their own local cluster) may disable auth; not the configs, the
     docs, the CLI, the monitor's Jobs client or the demo. The endpoint's key travels as a file, not runtime_env."""
     shipped = [ROOT / "cluster.yaml", *(ROOT / "serve_configs").glob("*.yaml"), *(ROOT / "jobs" / "configs").glob("*"),
-               *(p for p in (ROOT / "docs").glob("*") if p.suffix != ".png"),  # figures are PNG
+               *(p for p in (ROOT / "docs").rglob("*") if p.is_file() and p.suffix != ".png"),  # figures are PNG
                *(ROOT / "proxray").rglob("*.py")]
     readme = (ROOT / "README.md").read_text()
     test_command = readme.split("```bash")[2].split("```")[0]
@@ -96,7 +96,7 @@ def test_cluster_yaml_names_the_bucket_and_the_role_and_keeps_secrets_in_files()
     text = (ROOT / "cluster.yaml").read_text()
     c = yaml.safe_load(text)
     assert all("IamInstanceProfile" in t["node_config"] for t in c["available_node_types"].values())
-    assert "--output s3://my-proxray-bucket/" in text and "--out s3://my-proxray-bucket/proxray/routers/" in text
+    assert "--out s3://my-proxray-bucket/proxray/tables" in text and "--out s3://my-proxray-bucket/proxray/routers/" in text
     assert c["file_mounts"]["/home/ubuntu/.cache/huggingface/token"] == "~/.cache/huggingface/token"
     assert "HF_TOKEN" not in text and "runtime_env" not in text.split("cluster_name:")[1]
     for cmd in ("ray job status", "ray job logs", "serve status", "ray down"):

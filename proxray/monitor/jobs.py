@@ -10,7 +10,7 @@ import sys
 
 def entrypoint(config_path, out, models=None) -> str:
     cmd = (f"{shlex.quote(sys.executable)} -m proxray.cli build-table --config {shlex.quote(str(config_path))} "
-           f"--output {shlex.quote(str(out))}")
+           f"--out {shlex.quote(str(out))}")
     return cmd + (f" --models {shlex.quote(','.join(models))}" if models else "")
 
 

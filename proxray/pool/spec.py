@@ -41,14 +41,15 @@ class AutoscalingSpec(BaseModel):
     """Ray Serve ``autoscaling_config`` keys, checked (Serve itself lets a misspelt key pass)."""
 
     model_config = ConfigDict(extra="forbid")
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(2, ge=1)
-    initial_replicas: int | None = Field(None, ge=0)
-    target_ongoing_requests: float = Field(2.0, gt=0)
-    upscale_delay_s: float = Field(2.0, ge=0)
-    downscale_delay_s: float = Field(10.0, ge=0)
-    metrics_interval_s: float | None = Field(None, gt=0)
-    look_back_period_s: float | None = Field(None, gt=0)
+    min_replicas: int = Field(1, ge=0, description="fewest replicas (0: none while no request comes)")
+    max_replicas: int = Field(2, ge=1, description="most replicas routed load may start")
+    initial_replicas: int | None = Field(None, ge=0, description="replicas at deploy time; default min_replicas")
+    target_ongoing_requests: float = Field(2.0, gt=0, description=(
+        "requests in flight per replica that Serve aims for: more load than this starts replicas"))
+    upscale_delay_s: float = Field(2.0, ge=0, description="how long load must stay high before a replica is added")
+    downscale_delay_s: float = Field(10.0, ge=0, description="how long load must stay low before a replica is removed")
+    metrics_interval_s: float | None = Field(None, gt=0, description="how often replicas report load; default Serve's")
+    look_back_period_s: float | None = Field(None, gt=0, description="the window load is averaged over; default Serve's")
 
 
 class PoolModel(BaseModel):

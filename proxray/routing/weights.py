@@ -31,7 +31,7 @@ def spread_scaled(phi) -> np.ndarray:
     """``phi`` in units of each query's own spread: phi / std(phi(x)) over the row's present (finite)
     elements, the std floored at 1e-3 (a row with one present element keeps scale 1). With it the formula's
     1/tau becomes per query, 1/tau(x) = inv_tau / std(phi(x)) — the ``spread`` temperature: scale-free, so one
-    constant carries across tables and encoders (README, "How τ is chosen"). ``+inf`` stays ``+inf``."""
+    constant carries across tables and encoders (research/tau-study.md, "How τ is chosen"). ``+inf`` stays ``+inf``."""
     phi = np.asarray(phi, dtype=np.float64)
     finite = np.isfinite(phi)
     with np.errstate(invalid="ignore"):
@@ -141,7 +141,7 @@ def bias_variance_stats(values, sizes, centers_distance, neighbours: int | None 
     over cluster pairs: mean_m (V_im − V_jm)² − var_i − var_j ≈ L² d_ij², d_ij the distance between centroids
     (``centers_distance``, (K, K)). L² is 0 where no pair says otherwise (fewer than 2 clusters, or differences
     all within the noise). ``neighbours`` m fits L² only over the pairs where j is among i's m nearest clusters or
-    i among j's (a *local* constant, where the weights fall; an ablation, README: local Lipschitz constant — the
+    i among j's (a *local* constant, where the weights fall; an ablation, research/tau-study.md: local Lipschitz constant — the
     routers use all pairs, None)."""
     V = np.clip(np.asarray(values, dtype=np.float64), 0.0, 1.0)
     var = (V * (1.0 - V)).mean(axis=1) / np.maximum(np.asarray(sizes, dtype=np.float64), 1.0)

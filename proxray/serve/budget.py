@@ -4,7 +4,7 @@
 What is counted is ``budget.basis``: ``estimated`` — the router's estimated cost of the chosen model, known
 when the request is routed; ``realised`` — the answer's usage tokens at the answering model's price, known
 when the answer is complete. They differ where the router's estimates are wrong, which is on queries unlike
-its training queries (README: routing to a budget); an answer without usage counts its estimate and is
+its training queries (docs/guides/budgets.md); an answer without usage counts its estimate and is
 reported as ``unmetered``.
 
 After each request routed with the controller's λ, the recent mean cost m is an exponentially weighted

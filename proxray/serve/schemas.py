@@ -67,6 +67,7 @@ class Message(BaseModel):
 
 
 class BudgetSpec(BaseModel):
+    """A cost target instead of a fixed λ: each ingress replica adjusts λ online."""
     model_config = ConfigDict(extra="forbid")
     cost_per_query: float = Field(gt=0, description="USD: target mean cost of routed requests")
     basis: Literal["estimated", "realised"] = Field("estimated", description=(
@@ -186,7 +187,10 @@ class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     router: str = Field(description="router artifact: a folder every node reads, or a URI (s3://bucket/routers/r; "
                         "proxray fit --out / KNNRouter.save); each replica caches its arrays by checksum")
-    encoder: str | None = Field(None, description="sentence-transformers name or path; default: shipped MiniLM")
+    encoder: str | None = Field(None, description=(
+        "sentence-transformers name or path, or static (a static encoder distilled from the shipped MiniLM, "
+        "~0.05 ms a text; static:PATH from another local model); must be the encoder the router was fitted "
+        "with; default: shipped MiniLM"))
     encoder_backend: Literal["torch", "onnx", "onnx-int8"] = Field("onnx", description=(
         "how the ingress runs the encoder: onnx = the same model exported to ONNX Runtime (equal output, "
         "~3x faster; exported on first start into the proxray cache), torch = sentence-transformers, "
@@ -197,7 +201,8 @@ class AppArgs(BaseModel):
     embed_batch_wait_s: float = Field(0.0, ge=0, le=0.1, description=(
         "how long the encoder, once free, waits for more routed requests before its next pass; "
         "0 = take what is queued"))
-    models: list[ServedModel] = Field(min_length=1)
+    models: list[ServedModel] = Field(min_length=1, description=(
+        "the pool's model deployments (the pool-model spec): the router's models, and any other to pass through to"))
     lam: float = Field(0.0, ge=0, description="default λ when a request gives none (and no budget is set)")
     budget: BudgetSpec | None = Field(None, description=(
         "route to a budget instead of a fixed λ: λ is adjusted online so that the mean cost (estimated, or "
@@ -218,11 +223,11 @@ class AppArgs(BaseModel):
         "or ['*'] for any; empty = no CORS headers (browsers refuse cross-origin calls)"))
     monitor: str | None = Field(None, description="name of a detached proxray.monitor actor (namespace proxray) to report to")
     reload_every_s: float = Field(2.0, gt=0, description="how often to ask the monitor for a newer router artifact")
-    router_num_cpus: float = Field(0.5, gt=0)
-    router_replicas: int = Field(1, ge=1)
+    router_num_cpus: float = Field(0.5, gt=0, description="CPUs each ingress replica reserves")
+    router_replicas: int = Field(1, ge=1, description="ingress replicas (each encodes and routes on its own)")
     router_max_replicas_per_node: int | None = Field(None, ge=1, description=(
         "at most this many ingress replicas on one node (1: spread them over nodes, so losing a node loses one)"))
-    router_max_ongoing_requests: int = Field(64, ge=1)
+    router_max_ongoing_requests: int = Field(64, ge=1, description="requests one ingress replica handles at once")
     router_max_queued_requests: int = Field(512, ge=1, description="past it the proxy answers 503 at once")
 
     @field_validator("cors_origins")

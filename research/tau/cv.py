@@ -11,7 +11,7 @@ for each training task t (in turn playing the outlier):
     tasks (inlier score), for every 1/tau of the grid;
 average (outlier score + inlier score) / 2 over the folds, smooth that curve over grid neighbours, take its
 argmax and move one grid step toward the Base limit (rule "shifted", ``DEFAULT_RULE``: the training CV's best
-1/tau sits further from Base than the test split's, README: How τ is chosen; the other rules of
+1/tau sits further from Base than the test split's, research/tau-study.md: How τ is chosen; the other rules of
 ``select_inv_tau`` are options). KMeans' auto (rule "ess-or-shifted", ``select_ess_or_shifted``) scores one more
 setting in the same folds, the adaptive bandwidth ``ess:ESS_TARGET`` (per query the 1/tau at which the weights'
 effective sample size is 3 clusters), and takes it over shifted's pick when its CV mean is more than ``ESS_MARGIN``
@@ -20,7 +20,7 @@ stops at the paper's 1/tau = ``SHIFT_CAP`` (20) where the smoothed CV's top is a
 ``SHIFT_CAP_GAIN`` pp on Base there (the step from 20 to 50 overshot on BBH; docs/prereg-km-cap20-ess-first.md).
 
 The folds are repeated over ``CV_REPEATS`` random 80/20 splits (and task orders) and averaged: one pass's
-curve is too noisy near its top to rank the best few 1/tau (README: How τ is chosen).
+curve is too noisy near its top to rank the best few 1/tau (research/tau-study.md: How τ is chosen).
 
 The grid contains the Base limit itself (inf for KMeans, 0 for kNN), so when tilting does not help
 on the training tasks, auto falls back to the Base router. Fitting is done once per fold: the
@@ -28,7 +28,7 @@ weights are computed at estimate time, so every 1/tau reuses the same fitted ref
 
 kNN's auto reads no CV (rule "spread", ``DEFAULT_RULES``): a per-query temperature,
 1/tau(x) = ``SPREAD_INV_TAU`` / std(phi(x)) over the query's k neighbours (the routers' ``temperature="spread"``),
-ahead of every fixed 1/tau and of the CV rules on six sets of configurations (README: How τ is chosen).
+ahead of every fixed 1/tau and of the CV rules on six sets of configurations (research/tau-study.md: How τ is chosen).
 KMeans' auto reads no CV either now (rule "plug-in"): per query the 1/tau minimizing the paper's bias–variance bound
 with its variance and Lipschitz terms read off the fitted clusters (the routers' ``temperature="bv"`` at
 ``BV_WEIGHT``, ``weights.bias_variance_inv_tau``), adopted by a test pre-registered in docs/prereg-km-plugin.md.
@@ -46,7 +46,7 @@ from proxray.routing import registry
 from proxray.routing.temperature import Temperature, legacy
 from proxray.routing.weights import proximity_weights
 
-CV_REPEATS = 3  # auto's CV averages its folds over 3 random splits (README: How τ is chosen)
+CV_REPEATS = 3  # auto's CV averages its folds over 3 random splits (research/tau-study.md: How τ is chosen)
 GRID = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, float("inf"))
 
 
@@ -212,14 +212,14 @@ def estimates_over(fitted, X, settings):
         yield fitted.estimate_at(w, nb)
 
 
-NEAR_BASE_TOL = 1.0  # pp: the "near-base" rule's tolerance (README: How τ is chosen)
-SE_MULT = 1.0  # the "lcb" and "one-se" rules: how many task-level standard errors (README: How τ is chosen)
+NEAR_BASE_TOL = 1.0  # pp: the "near-base" rule's tolerance (research/tau-study.md: How τ is chosen)
+SE_MULT = 1.0  # the "lcb" and "one-se" rules: how many task-level standard errors (research/tau-study.md: How τ is chosen)
 CV_RULES = ("mean", "guarded", "near-base", "shifted", "lcb", "one-se")  # select_inv_tau: pick from the CV
 ESS_RULES = ("ess-or-shifted", "ess-or-capped")  # KMeans: shifted's pick or the adaptive bandwidth (select_ess_or_shifted)
 NO_CV_RULES = ("spread", "plug-in")  # auto rules that read no CV: kNN's spread temperature, KMeans' plug-in one
 RULES = (*CV_RULES, "spread", *ESS_RULES, "plug-in")  # every auto rule (auto_choice)
-DEFAULT_RULE = "shifted"  # the CV's default rule (README: How τ is chosen; "mean" until it)
-DEFAULT_RULES = {"km": "plug-in", "knn": "spread"}  # what --inv-tau auto uses per router (README: How τ is chosen)
+DEFAULT_RULE = "shifted"  # the CV's default rule (research/tau-study.md: How τ is chosen; "mean" until it)
+DEFAULT_RULES = {"km": "plug-in", "knn": "spread"}  # what --inv-tau auto uses per router (research/tau-study.md: How τ is chosen)
 SPREAD_INV_TAU = 0.2  # rule "spread": 1/tau(x) = 0.2 / std(phi(x)) over the query's k neighbours
 ESS_TARGET = 3.0  # the ESS_RULES: the adaptive bandwidth's effective sample size, in clusters
 ESS_MARGIN = 0.5  # pp: the ESS_RULES take the adaptive bandwidth when its CV mean beats shifted's pick by more
@@ -295,7 +295,7 @@ def select_inv_tau(out_cv, in_cv, router: str, grid=GRID, rule: str = DEFAULT_RU
     Base limit (KMeans: the largest, toward inf; kNN: the smallest, toward 0) — parsimony: tilt only as far
     as the CV can tell apart. ``shifted``: the argmax of the CV mean smoothed over grid neighbours
     (``smooth_curve``), then one grid step toward Base (the training CV's optimum sits further from Base than
-    the test split's: README, How τ is chosen). In ``mean`` and ``guarded``, ties go to the first (smaller) 1/tau.
+    the test split's: research/tau-study.md, How τ is chosen). In ``mean`` and ``guarded``, ties go to the first (smaller) 1/tau.
 
     The fold rules read ``folds`` (``cv_folds``), per held-out task d_t(g) = its CV mean at g minus at the Base
     limit, and their standard error over the T tasks, se(g) = std_t(d_t(g)) / sqrt(T):
@@ -345,7 +345,7 @@ def select_ess_or_shifted(out_cv, in_cv, grid=GRID, margin: float = ESS_MARGIN, 
     ``grid`` followed by one last entry, the adaptive bandwidth (``estimates_over``'s ``ess:ESS_TARGET``). Returns
     (inv_tau, temperature): ``(ESS_TARGET, "ess")`` when that entry's CV mean (outlier + inlier) / 2 is more than
     ``margin`` pp above the CV mean at ``shifted``'s pick over the grid, else ``(shifted's pick, "fixed")``. The
-    margin keeps the fixed grid's choice where the CV cannot tell the two apart (README: How τ is chosen).
+    margin keeps the fixed grid's choice where the CV cannot tell the two apart (research/tau-study.md: How τ is chosen).
     With ``cap``, a fixed pick past ``cap`` whose smoothed CV top is at or below ``cap`` (the step overshot it), where
     the CV mean at that top beats Base's (the grid's inf) by at least ``cap_gain`` pp, becomes ``cap``; the ess
     decision is made first, against the uncapped pick (docs/prereg-km-cap20-ess-first.md)."""

@@ -3,7 +3,7 @@
     python research/tau/km_kernels.py [--configs study,out-of-sample,fresh,fresh2,fresh3,fresh4,fresh5] [--json out/km_kernels.json]
 
 KMeans' auto before ess-or-shifted (``shifted``) tied the best single fixed 1/tau over all sets but trailed the best fixed 1/tau of each set
-(README: How τ is chosen). This asks whether another kernel family, at one fixed setting, would do better — the
+(research/tau-study.md: How τ is chosen). This asks whether another kernel family, at one fixed setting, would do better — the
 way the spread temperature did for kNN. Each is ``weights.proximity_weights`` on other distances or another prior:
 
 * ``f:a``      the fixed grid (1/tau = a), for reference;

@@ -178,7 +178,7 @@ def verdict(results: list) -> str:
 
 
 def groups(results: list, resamples: int = 10_000, seed: int = 0) -> str:
-    """Markdown: per table x protocol (issue 14's unit), the first candidate and auto against the best fixed 1/tau
+    """Markdown: per table x protocol (the target's unit), the first candidate and auto against the best fixed 1/tau
     in hindsight — tau_selection's ``against_fixed``: the paired difference with a 95 % bootstrap interval over the
     group's configurations (the best re-chosen in every resample) and the fixed 1/tau chosen without each
     configuration."""
@@ -206,7 +206,7 @@ def groups(results: list, resamples: int = 10_000, seed: int = 0) -> str:
 def noise(results: list, subset: int = 3) -> str:
     """Markdown: how much of the losing configurations the seeds explain. Per rule (auto, the plug-in at each c,
     fixed 1/tau from 10 to 200): the losing configurations at the seeds run, the number expected on ``subset`` seeds
-    (the issue's 42, 7, 99 are three) — per configuration the share of its ``subset``-seed subsets whose mean loses,
+    (the target's 42, 7, 99 are three) — per configuration the share of its ``subset``-seed subsets whose mean loses,
     summed — and the median standard error of a configuration's outlier mean; then each configuration the first
     candidate loses outlier AUC on, mean ± standard error over its seeds."""
     from itertools import combinations

@@ -2,7 +2,7 @@
 
     python research/tau/km_task_local.py --from-json out/ess_study.json,out/ess_fresh.json,... [--tasks routerdc7]
 
-The two routerdc7 configurations that lose > 0.3 pp outlier under KMeans' auto on 10 seeds (README: ess-or-capped)
+The two routerdc7 configurations that lose > 0.3 pp outlier under KMeans' auto on 10 seeds (research/tau-study.md: ess-or-capped)
 lose because the test outliers prefer Base while the configuration's CV, averaged over its held-out training tasks,
 prefers tilting. The CV's folds are kept apart in the saved runs (``folds_cv``): is the sign there, in the folds of
 the tasks nearest the outliers? And can a rule use it — per KMeans cluster, the CV curve of the tasks its training

@@ -2,7 +2,7 @@
 
     python research/tau/knn_plugin.py --from-json out/knn_study.json,out/knn_out-of-sample.json
 
-KMeans' auto is the plug-in temperature (README: the plug-in temperature): per query the 1/tau minimizing the
+KMeans' auto is the plug-in temperature (research/tau-study.md: the plug-in temperature): per query the 1/tau minimizing the
 paper's squared-error bound Σ_i w_i² var_i + c · L² · (Σ_i w_i φ_i)², read off the fitted clusters. This tries the
 same for kNN, whose reference elements are single training queries: a training query's outcome is one Bernoulli draw,
 so var_i is the query's neighbourhood variance σ²(x) = mean_m p̄_m (1 − p̄_m) (p̄ the mean accuracy of its k

