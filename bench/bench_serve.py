@@ -82,7 +82,7 @@ def start_demo_app(**app_args):
     enc = SentenceEncoder(app_args.get("encoder"))
     KNNRouter(k=50).fit(enc.encode(table.prompts), *table.matrices(models=MODELS), models=MODELS,
                         encoder_id=enc.id).save(f"{tmp}/router")
-    prompts = list(generate_queries(40, seed=9).prompt)
+    prompts = list(generate_queries(4, seed=9).prompt)  # 4 per task: 40 prompts
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
