@@ -1,6 +1,8 @@
 """Where embeddings are kept: ``EmbeddingCache`` on disk (SQLite, one row per (encoder id, sha256 of text)), so
 experiments encode every text once across runs, and ``LRUEmbeddings``, the bounded in-memory cache of a serving
-replica. ``default_cache_dir`` is proxray's cache folder (``PROXRAY_CACHE``), which also holds exported encoders."""
+replica. ``default_cache_dir`` is proxray's cache folder (``PROXRAY_CACHE``), which also holds the encoders made
+from a source model (the ONNX export, the static encoder): ``source_fingerprint`` keys them on the source's content,
+``build_folder_once`` writes each whole."""
 from __future__ import annotations
 
 import hashlib
@@ -16,6 +18,27 @@ import numpy as np
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("PROXRAY_CACHE", Path.home() / ".cache" / "proxray"))
+
+
+def source_fingerprint(source: str) -> str:
+    """sha256 over a local folder's file names, sizes and contents of its config/tokenizer files and the
+    weights' size and first/last MiB (fast, changes with any re-saved weights); a Hub name is its own key."""
+    p = Path(source)
+    if not p.is_dir():
+        return hashlib.sha256(source.encode()).hexdigest()
+    h = hashlib.sha256()
+    for f in sorted(x for x in p.rglob("*") if x.is_file()):
+        h.update(str(f.relative_to(p)).encode())
+        size = f.stat().st_size
+        h.update(str(size).encode())
+        with open(f, "rb") as fh:
+            if size <= 4 << 20:
+                h.update(fh.read())
+            else:
+                h.update(fh.read(1 << 20))
+                fh.seek(size - (1 << 20))
+                h.update(fh.read())
+    return h.hexdigest()
 
 
 def build_folder_once(final: Path, build, prefix: str) -> Path:

@@ -11,7 +11,7 @@ fitted with one backend serves with another.
 
 ``model="static"`` is a static encoder distilled from the shipped MiniLM (``static:<name or path>``: from
 another local sentence-transformers model), made offline on first use and kept in the cache; it encodes a text
-in ~0.05 ms on one core with numpy and ``tokenizers`` alone, whatever the backend (see ``static_encoder``).
+in ~0.1 ms on one core with numpy and ``tokenizers`` alone, whatever the backend (see ``static_encoder``).
 
 ``EmbeddingCache`` (SQLite, one row per (encoder id, sha256 of text)) makes experiments encode every
 text once across runs; ``LRUEmbeddings`` is the bounded in-memory cache of a serving replica.
@@ -72,16 +72,18 @@ class SentenceEncoder:
         if cache is True:
             cache = default_cache_dir() / "embeddings.sqlite"
         self.cache = EmbeddingCache(cache) if cache else None
-        # each backend's vectors apart in the on-disk cache, so a comparison of backends compares them
-        self._cache_id = self.id if self.backend == "torch" else f"{self.id}#{self.backend}"
-        if self.static:  # a new distillation recipe makes new vectors: never the old ones
+        # each backend's vectors apart in the on-disk cache, so a comparison of backends compares them; a new
+        # distillation or quantization recipe makes new vectors: never the old ones
+        if self.static:
             from proxray.embeddings.static_encoder import DEFAULT_RECIPE
 
             self._cache_id = f"{self.id}/{DEFAULT_RECIPE.tag()}"
-        if self.backend == "onnx-int8":  # a new quantization recipe is a new approximation: never the old vectors
+        elif backend == "onnx-int8":
             from proxray.embeddings.onnx_encoder import INT8_RECIPE
 
-            self._cache_id += f"/{INT8_RECIPE}"
+            self._cache_id = f"{self.id}#{backend}/{INT8_RECIPE}"
+        else:
+            self._cache_id = self.id if backend == "torch" else f"{self.id}#{backend}"
         self._model = None
         self._onnx = None
         self._static = None

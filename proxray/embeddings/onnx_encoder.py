@@ -23,30 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
+from proxray.embeddings.cache import source_fingerprint
+
 FORMAT = 1
 QUANTIZE = (None, "int8")
 INT8_RECIPE = "weights-except-ffn-out"  # part of the export key and of the int8 embeddings' cache id
-
-
-def source_fingerprint(source: str) -> str:
-    """sha256 over a local folder's file names, sizes and contents of its config/tokenizer files and the
-    weights' size and first/last MiB (fast, changes with any re-saved weights); a Hub name is its own key."""
-    p = Path(source)
-    if not p.is_dir():
-        return hashlib.sha256(source.encode()).hexdigest()
-    h = hashlib.sha256()
-    for f in sorted(x for x in p.rglob("*") if x.is_file()):
-        h.update(str(f.relative_to(p)).encode())
-        size = f.stat().st_size
-        h.update(str(size).encode())
-        with open(f, "rb") as fh:
-            if size <= 4 << 20:
-                h.update(fh.read())
-            else:
-                h.update(fh.read(1 << 20))
-                fh.seek(size - (1 << 20))
-                h.update(fh.read())
-    return h.hexdigest()
 
 
 def export_dir(source: str, quantize: str | None, cache_dir: Path) -> Path:

@@ -5,12 +5,12 @@ once over every token of its vocabulary, each token alone between the tokenizer'
 mean-pooled output as that token's vector, reduces the table to ``dims`` with PCA and down-weights frequent
 tokens (SIF weights, ``sif / (sif + p(rank))`` with a Zipf estimate of each token's probability from its rank
 in the vocabulary) — the model2vec recipe. It is deterministic (fixed order and batches, full SVD) and runs
-offline in ~40 s on two cores for MiniLM's 30,522 tokens; the folder (``vectors.npy``, ``tokenizer.json``,
+offline in ~15 s on two cores for MiniLM's 30,522 tokens; the folder (``vectors.npy``, ``tokenizer.json``,
 ``meta.json``) goes into the proxray cache under the source's content hash and the recipe, written beside and
 renamed into place, so concurrent replicas race safely.
 
 ``StaticSession`` then needs only numpy and ``tokenizers``: a text's embedding is the unit-normed mean of its
-tokens' rows, ~0.05 ms a text on one core instead of ~9 ms for MiniLM on ONNX Runtime. Its routing quality
+tokens' rows, ~0.1 ms a text on one core (most of it tokenizing) instead of ~7 ms for MiniLM on ONNX Runtime. Its routing quality
 against MiniLM is measured in ``research/static-encoder.md``.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ DEFAULT_RECIPE = Recipe()
 
 
 def static_dir(source: str, recipe: Recipe, cache_dir) -> Path:
-    from proxray.embeddings.onnx_encoder import source_fingerprint
+    from proxray.embeddings.cache import source_fingerprint
 
     key = json.dumps([FORMAT, source_fingerprint(source), asdict(recipe)])
     return Path(cache_dir) / "static" / hashlib.sha256(key.encode()).hexdigest()[:24]
