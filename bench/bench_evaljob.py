@@ -29,8 +29,14 @@ def main(argv=None):
     a = p.parse_args(argv)
     import ray
 
-    from proxray.pool.engines import Sampling, SimEngine, TransformersEngine, build_tiny_model
-    from proxray.evaljob.job import JobConfig, run_job
+    from proxray.devtools import build_tiny_model
+
+    from proxray.pool.simulated import SimEngine
+
+    from proxray.pool.spec import Sampling
+
+    from proxray.pool.transformers_engine import TransformersEngine
+    from proxray.evaljob import JobConfig, run_job
     from proxray.data.querysets import synthetic_queries
 
     per_task = max(1, a.queries // 10)
@@ -63,7 +69,7 @@ def main(argv=None):
 def fanout(per_task: int, latency: float, tmp: str) -> None:
     import ray
 
-    from proxray.evaljob.job import JobConfig, run_job
+    from proxray.evaljob import JobConfig, run_job
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     ids = ["meta-llama/Llama-3.2-1B-Instruct", "microsoft/Phi-3-small-8k-instruct", "meta-llama/Llama-3.3-70B-Instruct"]

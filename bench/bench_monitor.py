@@ -22,7 +22,7 @@ def main(argv=None):
     from proxray.demos.drift import POOL, job_template
     from proxray.embeddings.encoder import SentenceEncoder
     from proxray.monitor import DriftMonitor
-    from proxray.data.synthetic import make_table
+    from proxray.pool.simulated import make_table
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--queue", type=int, default=4000)

@@ -75,7 +75,8 @@ def start_demo_app(**app_args):
 
     from proxray import KNNRouter, SentenceEncoder
     from proxray.serve.app import build_app
-    from proxray.data.synthetic import generate_queries, make_table
+    from proxray.data.synthetic import generate_queries
+    from proxray.pool.simulated import make_table
 
     tmp = tempfile.mkdtemp()
     table = make_table(100)

@@ -28,7 +28,6 @@ import os
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -60,7 +59,7 @@ def job(model, tmp, n_per_task, max_tokens):
     """proxray's job through ray.data.llm: (wall s without Ray start, generated tokens, rows)."""
     import ray
 
-    from proxray.evaljob.job import JobConfig, read_parts, run_job
+    from proxray.evaljob import JobConfig, graded_parts, run_job
 
     cfg = JobConfig.model_validate({
         "output": "x", "sampling": {"max_tokens": max_tokens, "temperature": 0.0},
@@ -74,12 +73,12 @@ def job(model, tmp, n_per_task, max_tokens):
     t0 = time.perf_counter()
     run = run_job(cfg, out)["runs"][0]
     wall = time.perf_counter() - t0
-    rows = read_parts(Path(out) / "table")
+    rows = graded_parts(out)
     return wall, int(rows.output_tokens.sum()), len(rows), run["first_batch_s"]
 
 
 def bench_job(a):
-    from proxray.pool.engines import build_tiny_model
+    from proxray.devtools import build_tiny_model
     from proxray.data.querysets import synthetic_queries
 
     tmp = tempfile.mkdtemp()
@@ -111,7 +110,7 @@ def bench_serve(a):
     from ray import serve
 
     from proxray import KNNRouter, RoutingTable, SentenceEncoder
-    from proxray.pool.engines import build_tiny_model
+    from proxray.devtools import build_tiny_model
     from proxray.serve.app import build_app
     from proxray.data.synthetic import generate_queries
 

@@ -137,7 +137,7 @@ def model_section(model, title: str, anchor_names: dict) -> tuple[str, list]:
 
 
 def config_page() -> str:
-    from proxray.evaljob.job import JobConfig
+    from proxray.evaljob import JobConfig
     from proxray.monitor.config import MonitorConfig
     from proxray.serve.schemas import AppArgs, RoutingOptions
 

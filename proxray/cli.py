@@ -1,8 +1,13 @@
-"""``proxray`` command line: evaluate a pool, fit and measure routers, serve the routed endpoint, run its monitor."""
+"""``proxray`` command line: evaluate a pool, fit and measure routers, serve the routed endpoint, run its monitor.
+
+Every command is registered here (``build_parser``); what a command does lives in the package, imported when it
+runs, so ``proxray --help`` imports nothing heavy."""
 from __future__ import annotations
 
 import argparse
 import sys
+
+from proxray.common.logs import log
 
 
 def _cmd_import(a):
@@ -32,11 +37,11 @@ def _cmd_info(a):
 
 
 def _cmd_fit(a):
-    from proxray.data.synthetic import make_table
+    from proxray.pool.simulated import make_table
     from proxray.data.table import RoutingTable
     from proxray.embeddings.encoder import SentenceEncoder
-    from proxray.experiments.protocols import temperature_option
     from proxray.routing.registry import make_router
+    from proxray.routing.temperature import temperature_option
 
     from proxray.common.storage import check_location
 
@@ -113,6 +118,139 @@ def _cmd_monitor(a):
         print(ray.get(actor.prometheus.remote()), end="")
 
 
+# ---- proxray eval: the paper's protocol on a table --------------------------------------------------
+def _parse_budgets(v, cost) -> list:
+    import numpy as np
+
+    if not v:
+        return []
+    if cost is None:
+        raise ValueError("--budgets needs a table with cost")
+    try:
+        out = [float(x) for x in v.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--budgets {v!r}: expected comma-separated USD amounts per query, e.g. 0.0001,0.0005") from None
+    if not out or not all(np.isfinite(x) and x > 0 for x in out):
+        raise ValueError(f"--budgets {v!r}: every budget must be a number > 0")
+    return out
+
+
+def _load_table(table_path, n_per_task):
+    from proxray.pool.simulated import make_table
+    from proxray.data.table import RoutingTable
+
+    if table_path is None:
+        log(f"no --table: using the embedded SYNTHETIC routing table (real text, simulated correctness; "
+            f"10 tasks × {n_per_task} queries, 14 models with the paper's Table 2 skills and prices)")
+        return make_table(n_per_task)
+    table = RoutingTable.read(table_path)
+    log(f"{table_path}: {table}; {table.report}")
+    return table
+
+
+def _embed_prompts(table, encoder_name):
+    import time
+
+    from proxray.embeddings.encoder import SentenceEncoder
+
+    enc = SentenceEncoder(encoder_name)
+    log(f"encoding {table.n_queries} prompts with {enc.id} (cached on disk after the first run)")
+    t0 = time.time()
+    X = enc.encode(table.prompts)
+    log(f"encoded in {time.time() - t0:.1f}s")
+    return X
+
+
+def _cmd_eval(a) -> None:
+    from proxray.experiments.plots import plot_curves, plot_sweep
+    from proxray.experiments.protocols import DEFAULT_SYNTH_OUTLIERS, SPLITS, evaluate, protocol_split
+    from proxray.experiments.report import format_result, write_json
+    from proxray.routing.temperature import Fixed, temperature_option
+
+    table = _load_table(a.table, a.n_per_task)
+    acc, cost = table.matrices()
+    if a.outliers:
+        outliers = [o.strip() for o in a.outliers.split(",") if o.strip()]
+    elif a.table is None:
+        outliers = DEFAULT_SYNTH_OUTLIERS[a.router]
+    else:
+        raise ValueError(f"--outliers is required with --table (tasks: {', '.join(sorted(set(table.tasks)))})")
+    protocol = a.protocol or ("leave-task-out" if a.router == "km" else "few-shot-outlier")
+    protocol_split(table.tasks, outliers, protocol, 0)  # fail on bad outliers before the slow encoding
+    budgets = _parse_budgets(a.budgets, cost)
+    temperature = temperature_option(a, a.router)  # before the slow encoding
+    if a.sweep:
+        _check_sweep(a.sweep)
+    X = _embed_prompts(table, a.encoder)
+    seeds = [int(s) for s in a.seeds.split(",")]
+    common = dict(router=a.router, protocol=protocol, outliers=outliers, seeds=seeds, few_shot=a.few_shot,
+                  n_clusters=a.clusters, k=a.k, temperature=temperature)
+    if a.sweep:
+        param, _, values = a.sweep.partition("=")
+        rows = []
+        for v in values.split(","):
+            kw = dict(common)
+            if param == "clusters":
+                kw["n_clusters"] = int(v)
+            elif param == "k":
+                kw["k"] = int(v)
+            else:
+                kw["temperature"] = Fixed(v)
+            res = evaluate(X, acc, cost, table.tasks, **kw)
+            value = float(v) if param == "inv-tau" else int(v)
+            rows.append({"value": value, "result": res})
+            print(f"\n{param} = {v}\n{format_result(res)}", flush=True)
+        print(f"\nsweep of {param} (Prox / Base / AllSee, {rows[0]['result']['metric']})")
+        for sp in SPLITS:
+            print(f"  {sp:8s} " + "  ".join(
+                f"{r['value']}: {r['result']['splits'][sp]['prox']:.2f}/{r['result']['splits'][sp]['base']:.2f}/"
+                f"{r['result']['splits'][sp]['allsee']:.2f}" for r in rows))
+        if a.json:
+            out = [{"value": r["value"], **{k: v for k, v in r["result"].items() if not k.startswith("_")}} for r in rows]
+            write_json(a.json, {"sweep": param, "rows": out})
+        if a.plot:
+            plot_sweep(rows, param, a.plot)
+            log(f"wrote {a.plot}")
+        return
+    res = evaluate(X, acc, cost, table.tasks, keep_curves=bool(a.plot), budgets=budgets, **common)
+    print(format_result(res), flush=True)
+    if a.json:
+        write_json(a.json, {k: v for k, v in res.items() if not k.startswith("_")})
+        log(f"wrote {a.json}")
+    if a.plot:
+        plot_curves(res, a.plot)
+        log(f"wrote {a.plot}")
+
+
+def _check_sweep(sweep: str) -> None:
+    from proxray.routing.temperature import Fixed
+
+    param, _, values = sweep.partition("=")
+    if param not in ("clusters", "k", "inv-tau") or not values:
+        raise ValueError(f"--sweep {sweep!r}: expected clusters=…, k=… or inv-tau=… with comma-separated values")
+    for v in values.split(","):
+        Fixed(v) if param == "inv-tau" else int(v)
+
+
+# ---- proxray build-table / make-tiny-model: the evaluation job and its dev tool ------------------------
+def _cmd_make_tiny_model(a) -> None:
+    from proxray.devtools import build_tiny_model
+
+    print(build_tiny_model(a.out, a.seed, hidden=a.hidden, layers=a.layers, heads=a.heads))
+
+
+def _cmd_build_table(a) -> None:
+    from proxray.common.storage import Store
+    from proxray.evaljob import load_config, run_job
+
+    config = load_config(a.config)
+    res = run_job(config, a.out, models=a.models.split(",") if a.models else None, max_batches=a.max_batches)
+    out = Store(res["output"])
+    if out.exists("summary.md"):
+        print(out.read_text("summary.md"))
+    print({k: v for k, v in res.items() if k != "runs"})
+
+
 OVERVIEW = """\
 proxray evaluates a pool of LLMs, learns where each one is good and cheap, and serves one OpenAI-compatible
 endpoint that routes every query to the right model.
@@ -131,9 +269,63 @@ What a command reads is --table or --config, what it writes is --out; a table, r
 local path or a URI (s3://, gs://, file://). `proxray COMMAND --help` lists a command's options."""
 
 
+ENCODER_HELP = ("static (distilled from the shipped MiniLM; static:PATH from another local model), or a "
+                "sentence-transformers name or path; default: the shipped MiniLM")
+
+
+def _add_eval(sub) -> None:
+    from proxray.experiments.protocols import PROTOCOLS
+    from proxray.routing.temperature import add_temperature_options
+
+    p = sub.add_parser("eval", help="run the paper's protocol on a routing table (default: the embedded synthetic one)")
+    p.add_argument("--table", default=None, help="routing table; default: the embedded SYNTHETIC table")
+    p.add_argument("--router", choices=["km", "knn"], default="km", help="KMeans clusters or the k nearest queries")
+    p.add_argument("--protocol", choices=list(PROTOCOLS), default=None,
+                   help="default: leave-task-out for km, few-shot-outlier for knn (the paper's settings)")
+    p.add_argument("--outliers", default=None, help="comma-separated outlier tasks (required with --table)")
+    p.add_argument("--few-shot", type=int, default=25, help="few-shot-outlier: outlier queries in the training set")
+    p.add_argument("--clusters", type=int, default=32, help="km: KMeans clusters")
+    p.add_argument("--k", type=int, default=100, help="knn: neighbours per query")
+    add_temperature_options(p)
+    p.add_argument("--seeds", default="42,7,99", help="comma-separated seeds (splits and KMeans)")
+    p.add_argument("--encoder", default=None, help=ENCODER_HELP)
+    p.add_argument("--n-per-task", type=int, default=200, help="synthetic table: queries per task")
+    p.add_argument("--sweep", default=None, metavar="PARAM=V1,V2,…",
+                   help="ablation: clusters=16,32,64 | k=50,100,200 | inv-tau=0,1,5,20,100,inf")
+    p.add_argument("--budgets", default=None, metavar="USD1,USD2,…",
+                   help="also report, at each mean cost per query, the accuracy and real cost each router reaches")
+    p.add_argument("--json", default=None, help="write the result as JSON here")
+    p.add_argument("--plot", default=None, help="write accuracy–cost curves (or the sweep) as PNG here")
+    p.set_defaults(func=_cmd_eval)
+
+
+def _add_job(sub) -> None:
+    from proxray.common.cliargs import flag_with_old_positional, renamed_flag
+
+    p = sub.add_parser("build-table", help="run the evaluation job: every model on every query -> routing table",
+                       description="Run the evaluation job on this machine or the running Ray cluster: every model "
+                       "of the config's pool on every query, graded and priced, written as a routing table.")
+    p.add_argument("--config", required=True, help="job YAML, e.g. jobs/configs/cpu_tiny.yaml")
+    p.add_argument("--out", default=None, help="output folder or filesystem URI, e.g. s3://bucket/run "
+                   "(default: the config's output)")
+    renamed_flag(p, "--output", "--out")
+    p.add_argument("--models", default=None, help="comma-separated model ids to run (default: all)")
+    p.add_argument("--max-batches", type=int, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=_cmd_build_table)
+    t = sub.add_parser("make-tiny-model", help="build a tiny random causal LM + BPE tokenizer offline (for CPU runs)",
+                       description="Write a tiny random causal LM with its BPE tokenizer, made offline, that vLLM "
+                       "on a CPU loads like any Hugging Face folder (for tests and demos).")
+    flag_with_old_positional(t, "--out", help="folder to write the model into")
+    t.add_argument("--seed", type=int, default=0, help="the random weights' seed")
+    t.add_argument("--hidden", type=int, default=64, help="hidden size (head size = hidden / heads)")
+    t.add_argument("--layers", type=int, default=2, help="transformer layers")
+    t.add_argument("--heads", type=int, default=2, help="attention heads (vLLM on a CPU needs head size 32, 64, 80, …)")
+    t.set_defaults(func=_cmd_make_tiny_model)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from proxray.common.cliargs import flag_with_old_positional
-    from proxray.experiments.protocols import ENCODER_HELP, add_eval_parser, add_temperature_options  # numpy only
+    from proxray.routing.temperature import add_temperature_options  # numpy only
 
     p = argparse.ArgumentParser(prog="proxray", description=OVERVIEW, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -186,11 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     mon.add_argument("--timeout", type=float, default=300.0, help="start: seconds to wait for the monitor")
     mon.set_defaults(func=_cmd_monitor)
 
-    # light modules: their heavy imports happen inside the commands
-    from proxray.evaljob.job import add_parsers as add_job_parsers
-
-    add_eval_parser(sub)
-    add_job_parsers(sub)
+    _add_eval(sub)
+    _add_job(sub)
     return p
 
 

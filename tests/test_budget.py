@@ -5,7 +5,7 @@ import pytest
 
 from proxray import KNNRouter
 from proxray.routing.objective import choose, lambda_for_target
-from proxray.data.synthetic import make_table
+from proxray.pool.simulated import make_table
 
 
 def test_lambda_for_target_is_the_smallest_that_meets_it(rng):
@@ -40,7 +40,7 @@ def world(encoder):
 @pytest.mark.parametrize("frac", [0.15, 0.4])
 def test_a_calibrated_budget_holds_on_held_out_queries_and_beats_single_models(world, frac):
     t, X, acc, cost, train, cal, test = world
-    router = KNNRouter(k=50).fit(X[train], acc[train], cost[train], models=t.models)
+    router = KNNRouter(k=50, temperature=20.0).fit(X[train], acc[train], cost[train], models=t.models)  # the paper's 1/τ
     per_model = cost[test].mean(axis=0)
     target = per_model.min() + frac * (per_model.max() - per_model.min())
     lam = router.calibrate(X[cal], target_cost=target)
@@ -54,7 +54,7 @@ def test_a_calibrated_budget_holds_on_held_out_queries_and_beats_single_models(w
 
 def test_a_share_of_the_big_model_holds_on_held_out_queries(world):
     t, X, acc, cost, train, cal, test = world
-    router = KNNRouter(k=50).fit(X[train], acc[train], cost[train], models=t.models)
+    router = KNNRouter(k=50, temperature=20.0).fit(X[train], acc[train], cost[train], models=t.models)  # the paper's 1/τ
     big = t.models[int(np.argmax(cost[train].mean(axis=0)))]
     assert np.mean(router.route(X[test], lam=0.0) == t.models.index(big)) > 0.2  # unconstrained: more than 20 %
     lam = router.calibrate(X[cal], target_share={big: 0.2})
@@ -84,7 +84,7 @@ def test_the_served_budget_controller_keeps_recent_estimated_cost_on_target(worl
     from proxray.serve.plan import candidate_order
 
     t, X, acc, cost, train, cal, test = world
-    router = KNNRouter(k=50).fit(X[train], acc[train], cost[train], models=t.models)
+    router = KNNRouter(k=50, temperature=20.0).fit(X[train], acc[train], cost[train], models=t.models)  # the paper's 1/τ
     acc_hat, cost_hat = router.estimate(X[test])
     per_model = cost[test].mean(axis=0)
     rng = np.random.default_rng(0)

@@ -59,6 +59,35 @@ def test_fit_writes_a_loadable_artifact(tmp_path, shared_data, capsys):
     assert "--inv-tau 5 --temperature spread is deprecated: say --temperature spread:5" in capsys.readouterr().err
 
 
+def test_python_the_registry_and_proxray_fit_build_the_same_router(tmp_path, shared_data, encoder):
+    """One temperature default: KNNRouter() / KMeansRouter() with their defaults, the registry's make_router and
+    `proxray fit` with its defaults give the same router on a table, and the artifact the app loads estimates
+    exactly what the Python router does (test_serve holds the app's answers to the artifact's estimates)."""
+    from proxray.routing.registry import load_router, make_router
+
+    t = RoutingTable.read(shared_data / "routerbench_slice.parquet")
+    small = t.subset(t.query_ids[::40])
+    small.write(tmp_path / "small.parquet")
+    X = encoder.encode(small.prompts)
+    acc, cost = small.matrices()
+    queries = encoder.encode(["What is 17 times 23?", "Which gas do plants take in from the air?"])
+    for kind, cls, flag in (("knn", KNNRouter, []), ("km", KMeansRouter, ["--clusters", "32"])):
+        python = cls().fit(X, acc, cost, models=small.models, encoder_id=encoder.id)
+        registry = make_router(kind).fit(X, acc, cost, models=small.models, encoder_id=encoder.id)
+        assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", kind, *flag,
+                     "--out", str(tmp_path / kind)]) == 0
+        served = load_router(tmp_path / kind, encoder_id=encoder.id)  # what the app loads
+        assert python.temperature == registry.temperature == served.temperature
+        assert python.temperature_.spec == served.temperature_.spec == {"knn": "spread:0.2", "km": "plug-in:0.125"}[kind]
+        want = python.estimate(queries)
+        for other in (registry, served):
+            got = other.estimate(queries)
+            np.testing.assert_allclose(got[0], want[0], atol=1e-5)
+            np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-12)
+        manifest = json.loads((current_version(tmp_path / kind) / "manifest.json").read_text())
+        assert "inv_tau" not in manifest and manifest["params"]["temperature"] == manifest["temperature"]
+
+
 def test_fit_refuses_a_bad_temperature_before_reading_the_table(tmp_path, capsys):
     assert main(["fit", "--temperature", "ess:3", "--out", str(tmp_path / "art")]) == 2
     assert "--temperature ess:3: temperature='ess:3': expected a number >= 0 or inf" in capsys.readouterr().err

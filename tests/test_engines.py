@@ -1,9 +1,17 @@
 import numpy as np
 import pytest
 
-from proxray.pool.engines import Sampling, SimEngine, TransformersEngine, build_tiny_model, vllm_config, vllm_rows
-from proxray.evaljob.job import ModelSpec
-from proxray.data.synthetic import SimulatedPool, generate_queries
+from proxray.devtools import build_tiny_model
+
+from proxray.pool.simulated import SimEngine
+
+from proxray.pool.spec import PoolModel, Sampling
+
+from proxray.pool.transformers_engine import TransformersEngine
+
+from proxray.pool.vllm_adapter import vllm_config, vllm_rows
+from proxray.data.synthetic import generate_queries
+from proxray.pool.simulated import SimulatedPool
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +52,7 @@ def test_sim_engine_follows_the_simulated_skill():
 
 
 def test_vllm_path_config_and_rows():
-    spec = ModelSpec(id="meta-llama/Llama-3.3-70B-Instruct", engine="vllm",
+    spec = PoolModel(id="meta-llama/Llama-3.3-70B-Instruct", engine="vllm",
                      price={"input_per_mtok": 0.15, "output_per_mtok": 0.3}, accelerator_type="H100", num_gpus=4, replicas=2, batch_size=32,
                      engine_kwargs={"max_model_len": 4096})
     cfg = vllm_config(spec)
@@ -53,7 +61,7 @@ def test_vllm_path_config_and_rows():
     assert cfg.accelerator_type == "H100" and cfg.should_continue_on_error and cfg.placement_group_config is None
     assert cfg.engine_kwargs["tensor_parallel_size"] == 4 and cfg.engine_kwargs["max_model_len"] == 4096
     assert cfg.engine_kwargs["disable_log_stats"] is True and cfg.log_engine_metrics is False  # ray#61656
-    cpu = ModelSpec(id="t", source="/m", engine="vllm", price={"input_per_mtok": 0, "output_per_mtok": 0}, num_gpus=0,
+    cpu = PoolModel(id="t", source="/m", engine="vllm", price={"input_per_mtok": 0, "output_per_mtok": 0}, num_gpus=0,
                     num_cpus=0.1,
                     placement_group_config={"bundles": [{"CPU": 1}]}, runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
     cfg = vllm_config(cpu, source="/abs/m")

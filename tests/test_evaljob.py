@@ -7,7 +7,8 @@ import yaml
 
 from conftest import ROOT
 from proxray import KNNRouter, RoutingTable
-from proxray.evaljob.job import ConfigError, JobConfig, ModelSpec, load_config, read_parts, run_job
+from proxray.evaljob import ConfigError, JobConfig, graded_parts, load_config, run_job
+from proxray.pool.spec import PoolModel
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +32,12 @@ def sim(model_id, **kw):
 
 
 def pairs(out):
-    rows = read_parts(out / "table")
+    rows = graded_parts(out)
     return list(zip(rows["query_id"], rows["model"]))
 
 
 def test_cpu_job_builds_a_table_routers_fit_on(tmp_path, encoder):
-    from proxray.pool.engines import build_tiny_model
+    from proxray.devtools import build_tiny_model
 
     tiny = build_tiny_model(tmp_path / "tiny", seed=1)
     cfg = config([{"id": "tiny", "source": tiny, "engine": "transformers", "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
@@ -55,7 +56,7 @@ def test_cpu_job_builds_a_table_routers_fit_on(tmp_path, encoder):
     assert acc[SIM[2]] > acc[SIM[0]]
     assert "| model |" in (out / "summary.md").read_text()
     # the partitioned table is the same table
-    assert RoutingTable(read_parts(out / "table")).n_queries == 30
+    assert RoutingTable(graded_parts(out)).n_queries == 30
     acc_m, cost_m = table.matrices()
     r = KNNRouter(k=5).fit(encoder.encode(table.prompts), acc_m, cost_m, models=table.models)
     assert r.route(encoder.encode(table.prompts[:3]), lam=0.0).shape == (3,)
@@ -191,7 +192,7 @@ def test_model_ids_whose_plain_slugs_collide_both_run(tmp_path):
 
 
 def test_every_config_problem_is_reported_before_ray_starts(tmp_path):
-    from proxray.evaljob.job import check_config
+    from proxray.evaljob import check_config
 
     cfg = JobConfig.model_validate({
         "output": str(tmp_path / "o"),
@@ -245,7 +246,7 @@ def test_judge_grades_queries_without_answers(tmp_path):
 
 
 def test_a_judge_without_a_score_leaves_error_rows(tmp_path):
-    from proxray.pool.engines import build_tiny_model
+    from proxray.devtools import build_tiny_model
 
     tiny = build_tiny_model(tmp_path / "tiny", seed=0)  # a real (random) causal LM: its replies carry no score
     live_queries(tmp_path / "live.jsonl", n_per_task=1)
@@ -285,11 +286,11 @@ def test_earlier_model_spellings_load_with_a_warning_naming_the_new_field():
     num_gpus; each says what to write instead; giving both spellings is an error."""
     old = {"id": "m", "engine": "vllm", "price_in": 0.15, "price_out": 0.3, "gpus_per_replica": 4}
     with pytest.warns(FutureWarning) as said:
-        spec = ModelSpec.model_validate(old)
+        spec = PoolModel.model_validate(old)
     assert [str(w.message) for w in said] == [
         "model 'm': price_in / price_out are deprecated: write price: {input_per_mtok: ..., output_per_mtok: ...}",
         "model 'm': gpus_per_replica is deprecated: write num_gpus"]
     assert (spec.price.input_per_mtok, spec.price.output_per_mtok, spec.num_gpus, spec.gpus) == (0.15, 0.3, 4, 4)
     assert spec.cost(1000, 500) == pytest.approx((1000 * 0.15 + 500 * 0.3) / 1e6)
     with pytest.raises(ValueError, match="give num_gpus, or the earlier gpus_per_replica, not both"):
-        ModelSpec.model_validate({"id": "m", "engine": "vllm", "num_gpus": 1, "gpus_per_replica": 2})
+        PoolModel.model_validate({"id": "m", "engine": "vllm", "num_gpus": 1, "gpus_per_replica": 2})

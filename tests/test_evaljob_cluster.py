@@ -4,7 +4,7 @@ every model of the pool runs at once, each on the nodes its config asks for. Mar
 
 import pytest
 
-from proxray.evaljob.job import ConfigError, JobConfig, run_job
+from proxray.evaljob import ConfigError, JobConfig, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -66,8 +66,9 @@ def test_vllm_is_refused_on_v100_nodes_with_the_path_that_works_there(cluster, t
     name the transformers path and its config, which passes the same checks."""
     from pathlib import Path
 
-    import proxray.evaljob.job as job
-    from proxray.evaljob.job import check_config, load_config
+    import proxray.evaljob.preflight as preflight
+    from proxray.evaljob.preflight import check_cluster
+    from proxray.evaljob import check_config, load_config
 
     vllm = {"id": "meta-llama/Llama-3.1-8B-Instruct", "engine": "vllm",
             "price": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}, "num_gpus": 1}
@@ -75,11 +76,11 @@ def test_vllm_is_refused_on_v100_nodes_with_the_path_that_works_there(cluster, t
                                           r"nodes.*no sm_70.*engine: transformers.*jobs/configs/paper_pool_v100.yaml"):
         run_job(config([{**vllm, "accelerator_type": "V100"}]), tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    monkeypatch.setattr(job, "cluster_accelerators", lambda: {"V100"})
+    monkeypatch.setattr(preflight, "cluster_accelerators", lambda: {"V100"})
     with pytest.raises(ConfigError, match=r"engine vllm cannot run on this cluster, whose GPUs are all V100.*paper_pool_v100"):
-        job.check_cluster(config([vllm]).models)
-    monkeypatch.setattr(job, "cluster_accelerators", lambda: {"V100", "H100"})
-    job.check_cluster(config([vllm]).models)  # an H100 node can take it
+        check_cluster(config([vllm]).models)
+    monkeypatch.setattr(preflight, "cluster_accelerators", lambda: {"V100", "H100"})
+    check_cluster(config([vllm]).models)  # an H100 node can take it
     v100 = load_config(Path(__file__).resolve().parents[1] / "jobs" / "configs" / "paper_pool_v100.yaml")
     assert {m.engine for m in v100.models} == {"transformers"} and {m.accelerator_type for m in v100.models} == {"V100"}
     assert all(m.engine_kwargs["dtype"] == "float16" and m.runtime_env for m in v100.models)

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from proxray.cli import main
-from proxray.experiments.protocols import evaluate, format_result, protocol_split
-from proxray.data.synthetic import make_table
+from proxray.experiments.protocols import evaluate, protocol_split
+from proxray.experiments.report import format_result
+from proxray.pool.simulated import make_table
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +180,7 @@ def test_kmeans_auto_is_the_plug_in_temperature_without_cv(synth, monkeypatch):
     assert auto["scores"]["overall"]["prox"] == pytest.approx(want)
     res = evaluate(X, acc, cost, t.tasks, seeds=(42, 7), **kw)
     assert res["temperature"] == ["plug-in:0.125", "plug-in:0.125"]
-    assert "(plug-in:c = per query the 1/tau minimizing the bias–variance bound" in ex.format_result(res)
+    assert "(plug-in:c = per query the 1/tau minimizing the bias–variance bound" in format_result(res)
 
 
 def test_knn_auto_is_the_spread_temperature_without_cv(synth, monkeypatch):

@@ -29,7 +29,7 @@ CONVERSATION = [{"role": "system", "content": "You answer in one word."},
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, encoder):
-    from proxray.pool.engines import build_tiny_model
+    from proxray.devtools import build_tiny_model
 
     os.environ["PROXRAY_TEST_KEY"] = KEY
     tmp = tmp_path_factory.mktemp("gateway")

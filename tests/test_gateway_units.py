@@ -9,7 +9,8 @@ from proxray.routing.objective import choose
 from proxray.serve.http import MAX_DEPTH, parse_json
 from proxray.serve.client import ModelError, scrub
 from proxray.serve.models import refused_parameters
-from proxray.serve.plan import RequestError, candidate_order, pass_through, routed
+from proxray.serve.errors import RequestError
+from proxray.serve.plan import candidate_order, pass_through, routed
 from proxray.serve.schemas import ChatRequest, CompletionRequest, RoutingOptions, routing_text
 
 CONV = [{"role": "system", "content": "Be brief."},

@@ -37,6 +37,6 @@ def test_grade():
     ("Score: 1\nActually, Score: 0", 0.0),
 ])
 def test_parse_judge_score(text, score):
-    from proxray.evaljob.job import parse_score
+    from proxray.evaljob.grading import parse_score
 
     assert parse_score(text) == score

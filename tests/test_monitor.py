@@ -10,7 +10,8 @@ import pytest
 from proxray import KNNRouter
 from proxray.demos.drift import POOL, job_template
 from proxray.monitor import DriftMonitor, text_key
-from proxray.data.synthetic import generate_queries, make_table
+from proxray.data.synthetic import generate_queries
+from proxray.pool.simulated import make_table
 
 pytestmark = pytest.mark.slow
 TASK = "gsm8k"

@@ -449,3 +449,10 @@ def test_the_earlier_temperature_spellings_still_work_with_a_deprecation(tmp_pat
     (folder / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match="temperature 'ess' .* re-fit with temperature='auto'"):
         load_router(tmp_path / want.kind)
+
+
+def test_the_plug_in_temperatures_earlier_name_still_parses_and_says_so():
+    from proxray.routing.temperature import PlugIn, parse_temperature
+
+    with pytest.warns(DeprecationWarning, match="temperature 'bv:0.3' is deprecated: say 'plug-in:0.3'"):
+        assert parse_temperature("bv:0.3", "km") == PlugIn(0.3)

@@ -11,7 +11,8 @@ from proxray import KNNRouter
 from proxray.routing.objective import choose, objective
 from proxray.serve.budget import BudgetController
 from proxray.serve.fallback import first_answer, has_content
-from proxray.serve.plan import Plan, RequestError
+from proxray.serve.errors import RequestError
+from proxray.serve.plan import Plan
 from proxray.serve.policy import RoutingPolicy
 from proxray.pool.spec import PriceSpec
 from proxray.serve.schemas import RoutingOptions

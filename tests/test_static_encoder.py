@@ -72,7 +72,7 @@ def test_distilling_again_gives_the_same_table(static, tmp_path):
 
 
 def test_routers_fit_on_it_and_refuse_another_encoder(static, encoder, tmp_path):
-    from proxray.data.synthetic import make_table
+    from proxray.pool.simulated import make_table
     from proxray.routing.registry import load_router
 
     table = make_table(10)
@@ -115,7 +115,7 @@ def test_the_endpoint_routes_with_it_inline(static, tmp_path):
 
 def test_the_monitor_embeds_with_the_routers_own_encoder(static, tmp_path):
     """A router fitted on the static encoder: the monitor's training embeddings and its reports are static ones."""
-    from proxray.data.synthetic import make_table
+    from proxray.pool.simulated import make_table
     from proxray.demos.drift import POOL, job_template
     from proxray.monitor import DriftMonitor
 

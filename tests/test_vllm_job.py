@@ -10,7 +10,7 @@ import yaml
 
 from conftest import ROOT
 from proxray import RoutingTable
-from proxray.evaljob.job import JobConfig, read_parts, run_job
+from proxray.evaljob import JobConfig, graded_parts, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def ray_local(local_ray):
 @pytest.fixture(scope="module")
 def shipped(tmp_path_factory):
     """jobs/configs/cpu_vllm.yaml with its model folders built by make-tiny-model (seed 0 and 1)."""
-    from proxray.pool.engines import build_tiny_model
+    from proxray.devtools import build_tiny_model
 
     tmp = tmp_path_factory.mktemp("vllm-job")
     raw = yaml.safe_load((ROOT / "jobs" / "configs" / "cpu_vllm.yaml").read_text())
@@ -77,6 +77,6 @@ def test_failed_rows_reach_the_errors_file_even_a_whole_failed_batch(shipped, tm
     errors = pd.read_parquet(tmp_path / "out" / "errors.parquet")
     assert sorted(errors.query_id) == [r["query_id"] for r in long]
     assert errors.error.str.contains("maximum context length is 512 tokens").all(), errors.error.iloc[0]
-    graded = read_parts(tmp_path / "out" / "table")
+    graded = graded_parts(tmp_path / "out")
     assert sorted(graded.query_id) == sorted(r["query_id"] for r in short)  # failures never graded as wrong
     assert (graded.input_tokens > 0).all()

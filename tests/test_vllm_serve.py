@@ -20,7 +20,7 @@ MESSAGES = [{"role": "system", "content": "You are terse."},
 def app(tmp_path_factory, encoder):
     from serve_helpers import start_app, stop_app
 
-    from proxray.pool.engines import build_tiny_model
+    from proxray.devtools import build_tiny_model
 
     tmp = tmp_path_factory.mktemp("vllm-serve")
     raw = yaml.safe_load((ROOT / "serve_configs" / "cpu_vllm.yaml").read_text())

@@ -12,13 +12,13 @@ number of operations, plus noise), so queries within a task differ:
 with b chosen so that the mean over the task's queries matches A[m, t]. Cost = input tokens × input
 price + output tokens × output price, with output lengths per task type and model verbosity.
 
-``make_table(n_per_task, seed)`` gives the canonical long table; ``SimulatedPool`` answers single
-queries the same way (the ``sim`` engine).
+This module is the text and its difficulty: the tasks, ``generate_queries`` and ``recognize_task``. The simulated
+models (their skills and prices, ``SimulatedPool``, the ``sim`` engine) and the embedded table they give,
+``make_table``, are the pool's: ``proxray.pool.simulated``.
 """
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 
 import numpy as np
@@ -28,28 +28,6 @@ import pandas as pd
 TASKS = ["svamp", "gsm8k", "hellaswag", "sciq", "social_iqa", "winogrande", "medqa", "commonsense_qa",
          "logiqa", "bbh_boolean_expressions"]
 
-# Table 2: mean accuracy (%) of each model on each data set (zero-shot), and appendix B.1 prices.
-MODELS = {
-    # name: (accuracies in TASKS order, $/M input, $/M output, verbosity)
-    "Qwen/Qwen2-1.5B-Instruct": ([23.29, 68.05, 30.60, 56.15, 51.05, 54.30, 22.10, 41.95, 31.20, 44.80], 0.015, 0.030, 1.0),
-    "Qwen/Qwen2-7B-Instruct": ([51.43, 29.85, 77.30, 90.80, 82.05, 73.10, 48.50, 77.55, 53.60, 72.80], 0.040, 0.080, 1.1),
-    "deepseek-ai/deepseek-math-7b-instruct": ([67.86, 77.05, 35.20, 68.05, 61.35, 52.40, 24.20, 44.30, 35.70, 57.60], 0.040, 0.080, 1.3),
-    "google/gemma-2b-it": ([22.57, 4.05, 31.80, 55.50, 50.25, 50.90, 23.50, 36.85, 30.00, 56.80], 0.015, 0.030, 0.9),
-    "google/gemma-7b-it": ([52.71, 13.10, 50.75, 81.95, 70.95, 57.60, 32.50, 62.05, 38.60, 64.80], 0.030, 0.050, 1.0),
-    "microsoft/Phi-3-small-8k-instruct": ([65.43, 17.55, 79.20, 94.10, 82.05, 85.30, 58.40, 75.50, 54.70, 76.00], 0.025, 0.050, 1.2),
-    "meta-llama/Llama-2-7b-chat-hf": ([39.14, 7.00, 47.60, 76.50, 63.85, 51.90, 26.10, 49.95, 38.00, 44.80], 0.020, 0.040, 1.5),
-    "meta-llama/Llama-2-13b-chat-hf": ([47.29, 12.10, 57.75, 80.65, 67.90, 55.60, 32.50, 55.95, 40.40, 54.40], 0.050, 0.100, 1.5),
-    "meta-llama/Llama-3.2-1B-Instruct": ([14.14, 4.50, 27.35, 47.40, 40.60, 51.70, 22.80, 25.55, 26.05, 51.20], 0.010, 0.020, 1.0),
-    "meta-llama/Llama-3.2-3B-Instruct": ([35.29, 12.90, 44.40, 91.75, 70.85, 53.40, 46.80, 65.85, 38.25, 60.00], 0.015, 0.030, 1.0),
-    "meta-llama/Llama-3.1-8B-Instruct": ([37.14, 44.10, 53.00, 91.50, 72.95, 58.10, 46.00, 68.35, 43.00, 64.80], 0.030, 0.050, 1.1),
-    "meta-llama/Llama-3.3-70B-Instruct": ([86.29, 40.80, 87.05, 97.65, 83.40, 83.80, 84.70, 80.45, 60.45, 79.20], 0.150, 0.300, 1.2),
-    "mistralai/Mistral-7B-Instruct-v0.3": ([52.00, 22.55, 69.55, 85.55, 74.50, 59.30, 45.40, 68.15, 45.85, 74.40], 0.020, 0.050, 1.1),
-    "mistralai/Mixtral-8x7B-Instruct-v0.1": ([59.57, 26.15, 74.10, 87.05, 71.85, 68.60, 53.90, 67.65, 50.35, 82.40], 0.100, 0.250, 1.2),
-}
-LARGEST = "meta-llama/Llama-3.3-70B-Instruct"
-# Typical answer lengths (tokens): math is worked out step by step, multiple choice is a letter and a reason.
-OUTPUT_TOKENS = {"svamp": 90, "gsm8k": 180, "hellaswag": 25, "sciq": 20, "social_iqa": 25, "winogrande": 15,
-                 "medqa": 40, "commonsense_qa": 20, "logiqa": 60, "bbh_boolean_expressions": 30}
 DIFFICULTY_SLOPE = 1.2
 
 # ---- text generators: each returns (prompt, answer, structural difficulty in ~[-1, 1]) ----------
@@ -245,7 +223,7 @@ def _logit(p):
     return np.log(p / (1 - p))
 
 
-def _calibrate(target, difficulty, slope=DIFFICULTY_SLOPE):
+def calibrate(target, difficulty, slope=DIFFICULTY_SLOPE):
     """Offset b so that mean_q sigmoid(logit(target) + b - slope · d_q) equals target (bisection)."""
     base = _logit(target)
     lo, hi = -10.0, 10.0
@@ -274,67 +252,6 @@ def generate_queries(n_per_task: int = 200, seed: int = 0, tasks=None) -> pd.Dat
             rows.append((f"synth{seed}-{t}-{i}", t, prompt, str(answer), kind, difficulty))
             i += 1
     return pd.DataFrame(rows, columns=["query_id", "task", "prompt", "answer", "answer_type", "difficulty"])
-
-
-class SimulatedPool:
-    """The 14-model pool of the paper, simulated: ``p_correct``, token counts and cost per query."""
-
-    def __init__(self, models=None, seed: int = 0):
-        self.models = list(models or MODELS)
-        self.seed = seed
-
-    def p_correct(self, queries: pd.DataFrame) -> np.ndarray:
-        """(n, M) probability that each model answers each query correctly."""
-        P = np.zeros((len(queries), len(self.models)))
-        for t, idx in queries.groupby("task").indices.items():
-            d = queries["difficulty"].to_numpy()[idx]
-            for j, m in enumerate(self.models):
-                target = MODELS[m][0][TASKS.index(t)] / 100.0
-                P[idx, j] = 1 / (1 + np.exp(-(_calibrate(target, d) - DIFFICULTY_SLOPE * d)))
-        return P
-
-    def tokens(self, queries: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """(input_tokens (n,), output_tokens (n, M)): ~1.3 tokens per word in, task length × verbosity out."""
-        rng = np.random.default_rng([self.seed, 1])
-        n_in = np.array([int(1.3 * len(p.split())) + 12 for p in queries["prompt"]])
-        base = np.array([OUTPUT_TOKENS.get(t, 40) for t in queries["task"]], dtype=float)
-        verb = np.array([MODELS[m][3] for m in self.models])
-        n_out = np.maximum(1, np.round(base[:, None] * verb[None, :] * rng.lognormal(0, 0.25, (len(queries), len(self.models)))))
-        return n_in, n_out.astype(int)
-
-    def cost(self, n_in, n_out) -> np.ndarray:
-        """(n, M) USD: input tokens × input price + output tokens × output price."""
-        from proxray.common.pricing import token_cost
-
-        return token_cost(np.asarray(n_in)[:, None], n_out, [MODELS[m][1] for m in self.models],
-                          [MODELS[m][2] for m in self.models])
-
-
-def make_table(n_per_task: int = 200, seed: int = 0, tasks=None):
-    """The embedded default routing table (SYNTHETIC correctness, real text): a RoutingTable."""
-    from proxray.data.table import RoutingTable
-
-    q = generate_queries(n_per_task, seed, tasks)
-    pool = SimulatedPool(seed=seed)
-    P = pool.p_correct(q)
-    correct = (np.random.default_rng([seed, 2]).uniform(size=P.shape) < P).astype(float)
-    n_in, n_out = pool.tokens(q)
-    cost = pool.cost(n_in, n_out)
-    M = len(pool.models)
-    df = pd.DataFrame({
-        "query_id": np.repeat(q.query_id.to_numpy(), M), "task": np.repeat(q.task.to_numpy(), M),
-        "prompt": np.repeat(q.prompt.to_numpy(), M), "model": np.tile(pool.models, len(q)),
-        "correct": correct.reshape(-1), "cost": cost.reshape(-1), "split": "synthetic",
-        "input_tokens": np.repeat(n_in, M), "output_tokens": n_out.reshape(-1)})
-    return RoutingTable(df, source="synthetic table")
-
-
-def table2(table) -> pd.DataFrame:
-    """Model × task mean accuracy (%) of a table, in Table 2's layout."""
-    return (100 * table.df.groupby(["model", "task"])["correct"].mean()).unstack().round(2)
-
-
-assert all(len(v[0]) == len(TASKS) for v in MODELS.values()) and math.isclose(len(MODELS), 14)
 
 
 # ---- recognising a synthetic prompt's task (the sim engine on live traffic, which carries no task) ------

@@ -33,13 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from proxray.common.logs import log as _log
+from proxray.pool.simulated import MODELS
 
 # Qwen2-1.5B is poor at most tasks and good at gsm8k; Llama-3.2-1B is the cheapest and poor at gsm8k. The new
 # task wants models the training tasks do not: its top-3 shares 0.23 with theirs (Jaccard, averaged over the
 # training tasks), which share ~0.9 among themselves.
 POOL = ["meta-llama/Llama-3.2-1B-Instruct", "Qwen/Qwen2-1.5B-Instruct", "microsoft/Phi-3-small-8k-instruct",
         "deepseek-ai/deepseek-math-7b-instruct", "mistralai/Mixtral-8x7B-Instruct-v0.1", "meta-llama/Llama-3.3-70B-Instruct"]
-PRICES = {m: v for m, v in __import__("proxray.data.synthetic", fromlist=["MODELS"]).MODELS.items()}
+PRICES = {m: v for m, v in MODELS.items()}
 JUDGE = "meta-llama/Llama-3.3-70B-Instruct"
 
 
@@ -93,7 +94,7 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     from proxray.monitor import get_monitor
     from proxray.routing.routers import KNNRouter
     from proxray.serve.app import build_app
-    from proxray.data.synthetic import make_table
+    from proxray.pool.simulated import make_table
 
     state = Path(state_dir or tempfile.mkdtemp(prefix="proxray-drift-"))
     state.mkdir(parents=True, exist_ok=True)

@@ -79,3 +79,24 @@ def grade(response: str, answer: str, answer_type: str) -> float:
         return float(r == a or (len(a) > 0 and re.search(rf"\b{re.escape(a)}\b", r) is not None
                                 and len(r.split()) <= 4 * max(1, len(a.split()))))
     raise ValueError(f"answer_type={answer_type!r}: allowed values are {', '.join(ANSWER_TYPES)}")
+
+
+_SCORE = re.compile(r"score\s*(?:is|[:=])?\s*\**\s*(\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?))?", re.I)
+
+
+def parse_score(text) -> float | None:
+    """A judge's score in [0, 1] from its output: the last ``Score: X`` (X in [0, 1], or ``X/N``), else a
+    reply that is only a number in [0, 1]; None when there is no such score."""
+    if not isinstance(text, str):
+        return None
+    hits = _SCORE.findall(text)
+    if hits:
+        num, den = hits[-1]
+        v = float(num) / float(den) if den and float(den) > 0 else float(num)
+        return v if 0.0 <= v <= 1.0 else None
+    bare = text.strip().strip("*.").strip()
+    try:
+        v = float(bare)
+    except ValueError:
+        return None
+    return v if 0.0 <= v <= 1.0 else None

@@ -17,7 +17,7 @@ class MonitorConfig(BaseModel):
     table: str = Field(description="the routing table it was fitted on, in the order it was fitted (what "
                        "`proxray fit --table` does); `embedded`: the embedded synthetic table (`proxray fit` without --table)")
     state_dir: str = Field(description="checkpoints, evaluation inputs and outputs, new router versions")
-    job: dict = Field(description="evaluation job template: proxray.evaljob.job.JobConfig without query_sets/output; "
+    job: dict = Field(description="evaluation job template: proxray.evaljob.JobConfig without query_sets/output; "
                       "its grader (a judge of the pool) labels live traffic, which has no reference answers")
     z: int = Field(3, ge=1, description="top-z models compared by J_z")
     lam: float = Field(0.0, ge=0, description="λ of the objective acc − λ·cost ranked by J_z")
@@ -52,7 +52,7 @@ class MonitorConfig(BaseModel):
     @field_validator("job")
     @classmethod
     def _job_template(cls, job: dict) -> dict:
-        from proxray.evaljob.job import JobConfig
+        from proxray.evaljob import JobConfig
 
         if "query_sets" in job or "output" in job:
             raise ValueError("leave out query_sets and output (the monitor writes them per evaluation)")

@@ -42,10 +42,10 @@ from proxray.monitor.jobs import InlineRunner, JobsApiRunner
 from proxray.monitor.overlap import OverlapTracker
 from proxray.monitor.publisher import RouterPublisher
 from proxray.monitor.scheduler import Scheduler
-from proxray.monitor.state import checkpoint_of, restore_into, state_store
+from proxray.monitor.state import state_store
 from proxray.monitor.traffic import TrafficBook
 from proxray.monitor.views import prometheus_text, status_of
-from proxray.pool.engines import _unit
+from proxray.common.hashing import unit_hash
 
 logger = logging.getLogger("proxray.monitor")
 __all__ = ["DriftMonitor", "text_key"]
@@ -66,7 +66,7 @@ class DriftMonitor:
         # the encoder the router was fitted with (MiniLM, the static encoder, …): the monitor's embeddings are its
         self.encoder = encoder or SentenceEncoder(getattr(self.publisher.router, "encoder_id_", None), progress=False)
         if cfg.table == "embedded":
-            from proxray.data.synthetic import make_table
+            from proxray.pool.simulated import make_table
 
             table = make_table()
         else:
@@ -104,7 +104,7 @@ class DriftMonitor:
         with self.lock:
             entry = {"seq": self.book.seq + 1, "t": time.time(), "key": key, "prompt": prompt, "group": group,
                      "drifted": drifted, "score": float(outlier_score),
-                     "shadow": bool(_unit(key, "shadow") < self.config.shadow_rate)}
+                     "shadow": bool(unit_hash(key, "shadow") < self.config.shadow_rate)}
             self.book.apply(entry)
             self.store.append(entry)
             self._dirty += 1
@@ -197,9 +197,9 @@ class DriftMonitor:
     # ---- results ---------------------------------------------------------------------------------
     def _finish(self, e: dict) -> None:
         from proxray.data.table import RoutingTable
-        from proxray.evaljob.job import read_parts
+        from proxray.evaljob import graded_parts
 
-        parts = read_parts(join(e["out"], "table"))
+        parts = graded_parts(e["out"])
         self.evaluations.charge(e, parts)
         if e["kind"] == "growth":  # each new model a column over the training queries, in the router's order
             self._publish(self.publisher.with_models(parts, [f"train-{i}" for i in range(len(self.train_prompts))],
@@ -248,14 +248,27 @@ class DriftMonitor:
                      reserve, now, models=new)
 
     # ---- state ---------------------------------------------------------------------------------
+    def checkpoint(self) -> dict:
+        """The snapshot: each part's own ``state()`` (traffic book, J_z tracker, evaluations, router publisher) and the
+        monitor's decisions and the training prompts absorbed since the table."""
+        return {**self.book.state(), **self.overlap.state(), **self.evaluations.state(), **self.publisher.state(),
+                "triggered": self.triggered, "not_before": self.not_before,
+                "train_prompts_added": self.train_prompts[self._n_table:]}
+
+    def _restore_checkpoint(self, snap: dict) -> None:
+        for part in (self.book, self.overlap, self.evaluations, self.publisher):
+            part.restore(snap)
+        self.triggered, self.not_before = snap["triggered"], snap["not_before"]
+        self.train_prompts.extend(snap["train_prompts_added"])
+
     def _snapshot(self) -> None:
-        self.store.snapshot(checkpoint_of(self))
+        self.store.snapshot(self.checkpoint())
         self._dirty = 0
 
     def _restore(self) -> None:
         snap, entries = self.store.load()
         if snap:
-            restore_into(self, snap)
+            self._restore_checkpoint(snap)
         for e in entries:  # reports after the snapshot
             self.book.apply(e)
         self._dirty = len(entries)

@@ -27,6 +27,13 @@ class Evaluations:
         self.items: list = []
         self.spent = 0.0
 
+    def state(self) -> dict:
+        """What a snapshot keeps of it: every evaluation, the USD spent and the cost estimate per query."""
+        return {"evaluations": self.items, "spent": self.spent, "est_cost": self.est_cost}
+
+    def restore(self, snap: dict) -> None:
+        self.items, self.spent, self.est_cost = snap["evaluations"], snap["spent"], snap["est_cost"]
+
     def running(self, kind: str) -> bool:
         return any(e["kind"] == kind and e["status"] in ("SUBMITTING", "RUNNING") for e in self.items)
 
@@ -94,10 +101,10 @@ class Evaluations:
 
     def fail(self, e: dict, why: str) -> None:
         """Charge what was evaluated before it ended (nothing readable: nothing), and mark it failed."""
-        from proxray.evaljob.job import read_parts
+        from proxray.evaljob import graded_parts
 
         try:
-            self.charge(e, read_parts(join(e["out"], "table")))
+            self.charge(e, graded_parts(e["out"]))
         except Exception:  # noqa: BLE001 - nothing readable: nothing charged
             self.spent -= e["reserved"]
             e["charged"], e["reserved"] = 0.0, 0.0

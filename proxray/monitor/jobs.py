@@ -66,7 +66,7 @@ class InlineRunner:
         self.done = {}
 
     def submit(self, submission_id: str, config_path, out, models=None) -> None:
-        from proxray.evaljob.job import load_config, run_job
+        from proxray.evaljob import load_config, run_job
 
         try:
             run_job(load_config(config_path), out, models=models)

@@ -61,6 +61,14 @@ class OverlapTracker:
             out[kind] = {"j": round(self.j(v), 4) if len(v) >= self.min_group else None, "n": len(v)}
         return out
 
+    def state(self) -> dict:
+        """What a snapshot keeps of it: the shadow-labelled queries and the reference top-z sets."""
+        return {"shadow_obs": list(self.observed.items()), "task_sets": self.task_sets}
+
+    def restore(self, snap: dict) -> None:
+        self.observed.update((k, v) for k, v in snap["shadow_obs"])
+        self.task_sets = snap["task_sets"]
+
     def of(self, keys) -> dict:
         """J_z of the shadow-labelled queries among ``keys``."""
         v = [o["objective"] for k, o in self.observed.items() if k in keys]

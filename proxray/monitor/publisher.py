@@ -5,7 +5,6 @@ from __future__ import annotations
 from proxray.common.storage import join
 
 
-
 class RouterPublisher:
     def __init__(self, path: str, folder):
         from proxray.routing.registry import load_router
@@ -50,9 +49,13 @@ class RouterPublisher:
         self.router, self.path = router, path
         return self.path
 
-    def restore(self, version: int, path: str) -> None:
+    def state(self) -> dict:
+        """What a snapshot keeps of it: the version published last and where it is."""
+        return {"version": self.version, "router_path": self.path}
+
+    def restore(self, snap: dict) -> None:
         from proxray.routing.registry import load_router
 
-        self.version = version
-        if path != self.path:
-            self.path, self.router = path, load_router(path)
+        self.version = snap["version"]
+        if snap["router_path"] != self.path:
+            self.path, self.router = snap["router_path"], load_router(snap["router_path"])

@@ -5,8 +5,8 @@ sequence number, so a crash between writing a snapshot and truncating the journa
 On an object store (``state_dir`` a URI: storage every node reads) nothing can be appended to: each report
 is one small object, ``journal/<seq>.json``, PUT whole (so none is lost and none is half-written), and a
 snapshot removes the ones it holds.
-``checkpoint_of`` / ``restore_into`` say what of a ``DriftMonitor`` the snapshot holds (its keys as they have
-always been, so a state folder written by an earlier version restores).
+A snapshot is what ``DriftMonitor.checkpoint()`` returns: each part's own ``state()`` beside the monitor's (its keys
+as they have always been, so a state folder written by an earlier version restores).
 """
 from __future__ import annotations
 
@@ -83,24 +83,3 @@ class FileStateStore:
         with open(self.journal_path, "w", encoding="utf-8") as f:
             f.flush()
             os.fsync(f.fileno())
-
-
-def checkpoint_of(m) -> dict:
-    """The snapshot of a ``DriftMonitor``: its traffic book, J_z observations and reference sets, evaluations and
-    spending, router version, and the training prompts absorbed since the table."""
-    ev = m.evaluations
-    return {**m.book.state(), "shadow_obs": list(m.overlap.observed.items()), "evaluations": ev.items,
-            "spent": ev.spent, "est_cost": ev.est_cost, "version": m.publisher.version,
-            "router_path": m.publisher.path, "triggered": m.triggered, "not_before": m.not_before,
-            "task_sets": m.overlap.task_sets, "train_prompts_added": m.train_prompts[m._n_table:]}
-
-
-def restore_into(m, snap: dict) -> None:
-    m.book.restore(snap)
-    m.overlap.observed.update((k, v) for k, v in snap["shadow_obs"])
-    m.overlap.task_sets = snap["task_sets"]
-    ev = m.evaluations
-    ev.items, ev.spent, ev.est_cost = snap["evaluations"], snap["spent"], snap["est_cost"]
-    m.triggered, m.not_before = snap["triggered"], snap["not_before"]
-    m.train_prompts.extend(snap["train_prompts_added"])
-    m.publisher.restore(snap["version"], snap["router_path"])

@@ -1,4 +1,4 @@
-"""The one spec of a pool model, used by the evaluation job (``models:`` of a job config), the served app
+"""The one spec of a pool model and the one sampling spec, used by the evaluation job (``models:`` of a job config), the served app
 (``models:`` of the Serve app args) and the monitor's job template: its id, engine and engine arguments, its price
 per million input and output tokens (with the one cost function), where it runs, and how it scales.
 
@@ -14,6 +14,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from proxray.common.pricing import token_cost
 
 ENGINES = ("vllm", "transformers", "sim")
+
+
+class Sampling(BaseModel):
+    """How a model generates: the evaluation job's ``sampling:`` (part of each row's fingerprint, so a change re-runs
+    every pair) and, per request, what a served model is asked for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    temperature: float = Field(0.0, ge=0, allow_inf_nan=False, description="0 = greedy")
+    max_tokens: int = Field(64, ge=1, description="the answer's token limit")
+    seed: int = Field(42, description="sampling seed")
+    top_p: float = Field(1.0, ge=0, le=1, description="nucleus sampling: the probability mass sampled from")
 
 
 class PriceSpec(BaseModel):

@@ -72,8 +72,8 @@ class Manifest(BaseModel):
     encoder_id: str | None
     dim: int
     n_train: int
-    inv_tau: float | None  # the temperature's number (None encodes inf: JSON has no infinity)
-    temperature: str | None = None  # the temperature used, as its spec ("plug-in:0.125"); absent before 0.2
+    temperature: str | None = None  # the temperature the weights use, as its spec ("plug-in:0.125"); absent before 0.2
+    inv_tau: float | None = None  # its number, as earlier artifacts also wrote it: read, never written
     files: dict[str, FileEntry]
     proxray_version: str
 
@@ -157,15 +157,13 @@ def _write_version(router, path: Path) -> None:
         np.save(path / f"{name}.npy", arr, allow_pickle=False)
         files[name] = FileEntry(sha256=_sha256(path / f"{name}.npy"), shape=list(arr.shape), dtype=str(arr.dtype))
     temperature = getattr(router, "temperature_", None)
-    inv_tau = None if temperature is None else temperature.value
     manifest = Manifest(
         format=FORMAT, format_version=FORMAT_VERSION, router_class=type(router).__name__,
         params={k: _json_param(v) for k, v in router.get_params().items()},
         models=list(router.models_), has_cost=bool(router.has_cost_), encoder_id=router.encoder_id_,
         dim=int(router.dim_), n_train=int(router.n_train_),
-        inv_tau=None if inv_tau is None or math.isinf(inv_tau) else float(inv_tau),
         temperature=None if temperature is None else temperature.spec, files=files, proxray_version=__version__)
-    replace_atomically(path / "manifest.json", json.dumps(manifest.model_dump(), indent=2).encode())
+    replace_atomically(path / "manifest.json", json.dumps(manifest.model_dump(exclude={"inv_tau"}), indent=2).encode())
 
 
 def _save_remote(router, uri, name: str) -> str:
@@ -295,8 +293,8 @@ def load_router(path, classes: dict, expected_class=None, encoder_id: str | None
     try:
         params = _current_params(params)
         router = cls(**params)
-        if hasattr(router, "_resolve_temperature"):
-            router.temperature_ = router._resolve_temperature()
+        if hasattr(router, "_effective_temperature"):
+            router.temperature_ = router._effective_temperature()
     except (TypeError, ValueError) as e:
         raise ArtifactError(f"{path}: hyperparameters do not fit {manifest.router_class}: {e}") from None
     router.models_ = list(manifest.models)

@@ -20,10 +20,10 @@ def router_class(name: str):
     raise ValueError(f"router={name!r}: allowed values are {', '.join([*ROUTERS, *CLASSES])}")
 
 
-def make_router(kind: str, weighting: str = "prox", hp: dict | None = None, temperature=20.0,
+def make_router(kind: str, weighting: str = "prox", hp: dict | None = None, temperature="auto",
                 n_train: int | None = None):
     """A KMeans ("km") or kNN ("knn") router from shared hyperparameters {n_clusters, k, random_state}; K is capped
-    at the training-set size when given."""
+    at the training-set size when given. The defaults are the routers' own: ``proxray fit`` builds the same one."""
     hp = hp or {}
     if kind == "km":
         K = hp.get("n_clusters", 32) if n_train is None else min(hp.get("n_clusters", 32), n_train)

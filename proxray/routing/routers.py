@@ -8,8 +8,9 @@
   prior p_i ∝ n_i / s_i with s_i the mean member distance to the centroid).
 
 ``weighting="base"`` is the classic router (KMeans: nearest cluster only, kNN: uniform over the k);
-``weighting="prox"`` tilts the prior by exp(-phi / tau) at the router's ``temperature`` (a number is a fixed
-1/tau, ``"auto"`` the temperature that ships for the router; ``proxray.routing.temperature``). Accuracy and cost
+``weighting="prox"`` tilts the prior by exp(-phi / tau) at the router's ``temperature`` (default ``"auto"``, the
+temperature that ships for the router: the same router ``proxray fit`` builds; a number is a fixed 1/tau;
+``proxray.routing.temperature``). The temperature is parsed once, when it is set, into a typed ``Temperature``. Accuracy and cost
 are estimated separately, so λ is chosen per call (``route(X, lam)``) without refitting.
 
 Both follow the scikit-learn contract: ``__init__`` stores hyperparameters, ``fit`` returns self, learned state
@@ -28,7 +29,7 @@ from sklearn.utils.validation import check_is_fitted
 from proxray.routing import artifact
 from proxray.routing.index import NeighborIndex, as_matrix, check_metric, pairwise_distance, prepare
 from proxray.routing.objective import choose, lambda_for_target, objective
-from proxray.routing.temperature import PAPER_INV_TAU, Fixed, Temperature, legacy, parse_temperature
+from proxray.routing.temperature import Fixed, Temperature, legacy, parse_temperature
 from proxray.routing.weights import bias_variance_stats
 
 WEIGHTINGS = ("base", "prox")
@@ -128,25 +129,33 @@ class _ProxRouter(RouterMixin, BaseEstimator):
             unknown = set(deprecated) - {"inv_tau", "tau"}
             if unknown:
                 raise TypeError(f"{type(self).__name__}() got unexpected keyword arguments {sorted(unknown)}")
-            spec = legacy(deprecated.get("inv_tau"), deprecated.get("tau"),
-                          temperature if isinstance(temperature, str) else "fixed")
+            name = temperature if temperature in ("fixed", "spread", "bv", "plug-in", "ess") else "fixed"
+            spec = legacy(deprecated.get("inv_tau"), deprecated.get("tau"), name)
             warnings.warn(f"{type(self).__name__}(inv_tau=..., tau=...) is deprecated: say temperature="
                           f"{spec if isinstance(spec, str) else spec.spec!r} instead", DeprecationWarning, stacklevel=3)
             temperature = spec
         self.temperature = temperature
 
-    def _resolve_temperature(self) -> Temperature:
-        """The temperature the weights use: the parsed ``temperature`` for Prox; for Base the formula's limit
-        (KMeans 1/tau = inf, the nearest cluster; kNN 1/tau = 0, uniform over the k)."""
+    @property
+    def temperature(self) -> Temperature:
+        """Prox's temperature, a typed ``Temperature`` (``"auto"`` resolved to the router's shipped one)."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value) -> None:  # the one place a router parses it (construction, set_params)
+        self._temperature = parse_temperature(value, self.kind)
+
+    def _effective_temperature(self) -> Temperature:
+        """The temperature the weights use: ``temperature`` for Prox; for Base the formula's limit (KMeans
+        1/tau = inf, the nearest cluster; kNN 1/tau = 0, uniform over the k)."""
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting={self.weighting!r}: allowed values are {', '.join(WEIGHTINGS)}")
         if self.weighting == "base":
-            parse_temperature(self.temperature, self.kind)  # still a valid value
             return Fixed(np.inf if self.kind == "km" else 0.0)
-        return parse_temperature(self.temperature, self.kind)
+        return self.temperature
 
     def _init_common(self, X, acc, cost, models, encoder_id):
-        temperature = self._resolve_temperature()
+        temperature = self._effective_temperature()
         check_metric(self.metric)
         out = self._fit_inputs(X, acc, cost, models, encoder_id)
         self.temperature_ = temperature
@@ -227,9 +236,9 @@ class KNNRouter(_ProxRouter):
     ----------
     k : int, neighbours (clipped to the training-set size).
     weighting : "base" (uniform over the k) | "prox" (uniform prior tilted by exp(-phi/tau)).
-    temperature : Prox's temperature (``proxray.routing.temperature``): a number is a fixed 1/tau (default 20,
-        the paper's), "auto" kNN's shipped one (spread:0.2, 1/tau(x) = 0.2 / std of the query's k distances),
-        or a ``Fixed`` / ``Spread`` value or its string ("spread:0.2").
+    temperature : Prox's temperature (``proxray.routing.temperature``): "auto" (default) kNN's shipped one
+        (spread:0.2, 1/tau(x) = 0.2 / std of the query's k distances), a number a fixed 1/tau (the paper's 20), or
+        a ``Fixed`` / ``Spread`` value or its string ("spread:0.2").
     metric : "cosine" | "euclidean".
     index : "flat" (exact) | "ivf" | "hnsw" (approximate, for large reference sets).
     nprobe, hnsw_m, ef_search : approximate-index knobs.
@@ -240,7 +249,7 @@ class KNNRouter(_ProxRouter):
 
     kind = "knn"
 
-    def __init__(self, k=100, weighting="prox", temperature=PAPER_INV_TAU, metric="cosine", index="flat",
+    def __init__(self, k=100, weighting="prox", temperature="auto", metric="cosine", index="flat",
                  nprobe=16, hnsw_m=32, ef_search=128, **deprecated):
         self.k = k
         self._set_hyper(weighting, temperature, deprecated)
@@ -334,9 +343,9 @@ class KMeansRouter(_ProxRouter):
     ----------
     n_clusters : K.
     weighting : "base" (nearest cluster only) | "prox" (prior tilted by exp(-phi/tau) over all K).
-    temperature : Prox's temperature (``proxray.routing.temperature``): a number is a fixed 1/tau (default 20,
-        the paper's), "auto" KMeans' shipped one (plug-in:0.125, per query the 1/tau minimizing the paper's
-        bias–variance bound over the clusters, ``bias_variance_stats``), or a ``Fixed`` / ``Spread`` / ``PlugIn``
+    temperature : Prox's temperature (``proxray.routing.temperature``): "auto" (default) KMeans' shipped one
+        (plug-in:0.125, per query the 1/tau minimizing the paper's bias–variance bound over the clusters,
+        ``bias_variance_stats``), a number a fixed 1/tau (the paper's 20), or a ``Fixed`` / ``Spread`` / ``PlugIn``
         value or its string.
     metric : "cosine" | "euclidean" (distance of queries to centroids, and of members for s_i).
     prior : "spread" (p_i ∝ n_i / s_i, the paper's least-variance prior) | "size" (∝ n_i) | "uniform".
@@ -351,7 +360,7 @@ class KMeansRouter(_ProxRouter):
 
     kind = "km"
 
-    def __init__(self, n_clusters=32, weighting="prox", temperature=PAPER_INV_TAU, metric="cosine", prior="spread",
+    def __init__(self, n_clusters=32, weighting="prox", temperature="auto", metric="cosine", prior="spread",
                  random_state=42, n_init=3, **deprecated):
         self.n_clusters = n_clusters
         self._set_hyper(weighting, temperature, deprecated)

@@ -25,7 +25,7 @@ from proxray.serve.client import ModelClient
 from proxray.serve.fallback import first_answer
 from proxray.serve.http import check_auth, error_response, gateway_api, parse_request, response_headers
 from proxray.serve.models import ModelServer
-from proxray.serve.plan import RequestError
+from proxray.serve.errors import RequestError
 from proxray.serve.policy import RoutingPolicy, budget_from
 from proxray.serve.schemas import ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, ServedModel, load_api_key, \
     routing_text
@@ -184,7 +184,7 @@ def _vllm_deployment(m: ServedModel, source: str):
     ``engine_kwargs``, ``runtime_env``)."""
     from ray.serve.llm import LLMConfig, build_llm_deployment
 
-    from proxray.pool.engines import vllm_engine_kwargs, vllm_placement
+    from proxray.pool.vllm_adapter import vllm_engine_kwargs, vllm_placement
     from proxray.serve.vllm_server import VLLMModelServer
 
     cfg = LLMConfig(model_loading_config={"model_id": m.id, "model_source": source},
@@ -203,7 +203,7 @@ def _vllm_deployment(m: ServedModel, source: str):
 def check_models(a: AppArgs) -> dict:
     """What would fail inside a replica, checked when the app is built (before any replica starts):
     every problem at once. Returns ``{model id: source}`` with local folders made absolute."""
-    from proxray.pool.engines import check_models as check
+    from proxray.pool.preflight import check_models as check
 
     sources, problems = check(a.models, a.default_max_tokens)
     if problems:

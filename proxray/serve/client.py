@@ -7,6 +7,7 @@ import asyncio
 import re
 import time
 
+from proxray.serve.errors import error
 from proxray.serve.models import refused_parameters
 
 RETRYABLE = {408, 429, 500, 502, 503, 504}  # the model's trouble, not the request's
@@ -32,7 +33,8 @@ class ModelError(Exception):
     def __init__(self, obj: dict):
         err = obj.get("error") or {}
         self.status = int(err.get("code") or 500) if str(err.get("code") or "500").isdigit() else 500
-        self.obj = {"error": {**err, "message": scrub(err.get("message", ""), 2000), "code": self.status}}
+        self.obj = error(self.status, scrub(err.get("message", ""), 2000), err.get("param"),
+                         err.get("type") or "server_error")
         self.retryable = self.status in RETRYABLE
         super().__init__(f"{self.status} {err.get('type')}: {scrub(err.get('message', ''))}")
 

@@ -8,7 +8,8 @@ import asyncio
 import time
 
 from proxray.serve.client import ModelError, failure_reason
-from proxray.serve.plan import Plan, RequestError
+from proxray.serve.errors import RequestError
+from proxray.serve.plan import Plan
 
 
 def has_content(obj: dict) -> bool:

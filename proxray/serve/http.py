@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proxray.serve.plan import RequestError
+from proxray.serve.errors import RequestError
 from proxray.serve.schemas import validation_message
 
 MAX_DEPTH = 32  # JSON nesting a request may have

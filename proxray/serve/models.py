@@ -24,8 +24,10 @@ from collections import deque
 
 from ray import serve
 
-from proxray.pool.engines import Finish, Sampling, make_engine
-from proxray.serve.plan import error
+from proxray.pool.engine import Finish
+from proxray.pool.engines import make_engine
+from proxray.pool.spec import Sampling
+from proxray.serve.errors import error
 from proxray.serve.schemas import ServedModel
 
 
@@ -151,7 +153,7 @@ class ModelServer(OpenAIModel):
         usage = {"prompt_tokens": 0, "completion_tokens": 0}
         texts, reasons = [""] * n, ["stop"] * n
         for i in range(n):
-            s = Sampling(sampling.temperature, sampling.max_tokens, sampling.seed + i, sampling.top_p)
+            s = sampling.model_copy(update={"seed": sampling.seed + i})
             it = iter(self.engine.stream(messages, prompt, s, stop))
             first = True
             while True:

@@ -8,22 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from proxray.routing.objective import choose
-
-
-def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
-    """An OpenAI error object; ``code`` is the HTTP status."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
-
-
-class RequestError(Exception):
-    """A request the gateway refuses: HTTP status, a message naming the problem, the parameter."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-    def body(self) -> dict:
-        return error(self.status, self.message, self.param, self.kind)
+from proxray.serve.errors import RequestError
 
 
 @dataclass

@@ -6,6 +6,7 @@ import json
 import logging
 
 from proxray.serve.client import ModelError, failure_reason
+from proxray.serve.errors import error
 
 logger = logging.getLogger("ray.serve")
 DONE = "data: [DONE]\n\n"
@@ -37,9 +38,8 @@ async def relay(first: list, rest, on_done=None, on_chunk=None):
     except Exception as e:  # noqa: BLE001 - reported to the client as an error event
         failed = True
         logger.warning("proxray: stream failed after its first chunk: %s", e)
-        body = e.obj if isinstance(e, ModelError) else {
-            "error": {"message": f"the model failed mid-stream ({failure_reason(e)})", "type": "server_error",
-                      "param": None, "code": 502}}
+        body = e.obj if isinstance(e, ModelError) else error(
+            502, f"the model failed mid-stream ({failure_reason(e)})", kind="server_error")
         yield event(body)
     finally:
         if not ok and hasattr(rest, "cancel"):

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from ray.serve.llm import LLMServer
 
 from proxray.serve.models import OpenAIModel, refused_parameters
-from proxray.serve.plan import error
+from proxray.serve.errors import error
 from proxray.serve.schemas import validation_message
 
 

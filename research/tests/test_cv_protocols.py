@@ -4,7 +4,7 @@ import pytest
 
 import cv as tuning
 from cv import GRID, auto_inv_tau, chooser
-from proxray.data.synthetic import make_table
+from proxray.pool.simulated import make_table
 from proxray.experiments.protocols import protocol_split
 
 

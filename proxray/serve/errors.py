@@ -1,0 +1,20 @@
+"""The one builder of OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status
+as ``code``, for every error the gateway answers or relays (a refused request, a model's refusal, a stream that
+fails mid-way), and ``RequestError``, the exception that carries one to the HTTP boundary."""
+from __future__ import annotations
+
+
+def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
+    """An OpenAI error object; ``code`` is the HTTP status."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+class RequestError(Exception):
+    """A request the gateway refuses: HTTP status, a message naming the problem, the parameter."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def body(self) -> dict:
+        return error(self.status, self.message, self.param, self.kind)
