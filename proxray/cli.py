@@ -59,13 +59,38 @@ def _cmd_fit(a):
     print(f"fitted {r!r} on {table} -> {a.out}")
 
 
+def _cmd_check(a):
+    from proxray.check import check
+
+    reports = [check(path, a.address, a.simulate) for path in a.config]
+    print("\n".join(r.text() for r in reports))
+    return 0 if all(r.ok for r in reports) else 2
+
+
 def _cmd_serve(a):
+    """``proxray check``'s checks first (a problem stops it before anything starts), then ``serve run``; with
+    ``--simulate`` the config's rehearsal, written beside the run's other files."""
     import os
     import subprocess
+    import tempfile
 
+    import yaml
+
+    from proxray.check import check, simulated_serve_config
+
+    config = a.config
+    if a.simulate:
+        raw = yaml.safe_load(open(config))
+        config = os.path.join(tempfile.mkdtemp(prefix="proxray-rehearsal-"), os.path.basename(config))
+        with open(config, "w") as f:
+            yaml.safe_dump(simulated_serve_config(raw), f, sort_keys=False)
+    report = check(config)
+    print(report.text(), file=sys.stderr)
+    if not report.ok:
+        raise SystemExit(2)
     serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
     # Ray's token auth stays as configured (on by default in Ray 2.60: the local cluster makes a token)
-    raise SystemExit(subprocess.call([serve_bin, "run", a.config]))
+    raise SystemExit(subprocess.call([serve_bin, "run", config]))
 
 
 def _cmd_demo(a):
@@ -88,6 +113,10 @@ def _cmd_monitor(a):
     cfg = None
     if a.config:
         cfg = load_monitor_config(a.config)  # before Ray: a bad config fails here, not inside an actor
+        if a.simulate:
+            from proxray.monitor.config import rehearsal
+
+            cfg = rehearsal(cfg)
         name = name or cfg.name
     name = name or "proxray-monitor"
     if a.what == "start" and cfg is None:
@@ -243,7 +272,13 @@ def _cmd_build_table(a) -> None:
     from proxray.common.storage import Store
     from proxray.evaljob import load_config, run_job
 
+    from proxray.evaljob.config import rehearsal, sampled
+
     config = load_config(a.config)
+    if a.simulate:
+        config = rehearsal(config)
+    if a.sample is not None:
+        config = sampled(config, a.sample)
     res = run_job(config, a.out, models=a.models.split(",") if a.models else None, max_batches=a.max_batches)
     out = Store(res["output"])
     if out.exists("summary.md"):
@@ -255,13 +290,14 @@ OVERVIEW = """\
 proxray evaluates a pool of LLMs, learns where each one is good and cheap, and serves one OpenAI-compatible
 endpoint that routes every query to the right model.
 
-  evaluate a pool     proxray build-table --config JOB.yaml [--out DIR|s3://…]
+  evaluate a pool     proxray build-table --config JOB.yaml [--out DIR|s3://…] [--sample N] [--simulate]
                       (on a cluster: ray job submit … -- python jobs/build_table.py --config JOB.yaml)
   look at a table     proxray info --table TABLE
   import public data  proxray import routerbench|routerdc|hf FILES --out TABLE
   fit a router        proxray fit --table TABLE --out ROUTER [--router km|knn] [--encoder static]
   measure routers     proxray eval [--table TABLE --outliers TASKS] [--router km|knn]
-  serve the endpoint  proxray serve --config SERVE.yaml
+  check a config      proxray check --config SERVE|JOB|MONITOR.yaml [--address auto] [--simulate]
+  serve the endpoint  proxray serve --config SERVE.yaml [--simulate]
   watch for drift     proxray monitor start|status|metrics|stop [--config MONITOR.yaml]
   demos and tools     proxray demo drift · proxray make-tiny-model --out DIR"""
 EPILOG = """\
@@ -310,6 +346,10 @@ def _add_job(sub) -> None:
                    "(default: the config's output)")
     renamed_flag(p, "--output", "--out")
     p.add_argument("--models", default=None, help="comma-separated model ids to run (default: all)")
+    p.add_argument("--sample", type=int, default=None, metavar="N", help="at most N queries of each query set (seeded)"
+                   ": try a job on a few queries first; a full run later resumes from its rows")
+    p.add_argument("--simulate", action="store_true", help="a rehearsal on a CPU: every model on the simulated engine "
+                   "(ids, prices and resources kept), Hub query sets as their synthetic stand-ins")
     p.add_argument("--max-batches", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_build_table)
     t = sub.add_parser("make-tiny-model", help="build a tiny random causal LM + BPE tokenizer offline (for CPU runs)",
@@ -361,9 +401,25 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--out", required=True, help="artifact folder")
     fit.set_defaults(func=_cmd_fit)
 
-    srv = sub.add_parser("serve", help="run a Serve config (serve run CONFIG), Ray's token auth as configured")
+    srv = sub.add_parser("serve", help="check a Serve config, then run it (serve run CONFIG), Ray's token auth as "
+                         "configured")
     flag_with_old_positional(srv, "--config", help="Serve YAML, e.g. serve_configs/cpu_demo.yaml")
+    srv.add_argument("--simulate", action="store_true", help="a rehearsal: every model on the simulated engine, "
+                     "resources (accelerator types, GPUs), autoscaling and routing as configured")
     srv.set_defaults(func=_cmd_serve)
+
+    chk = sub.add_parser("check", help="check Serve, job or monitor configs before anything starts: every problem "
+                         "at once", description="Check configs (a Serve config, an evaluation job config or a "
+                         "monitor config; the kind is read from its keys) before anything starts, every problem at "
+                         "once: the schema, the router (reachable, versioned, its encoder the app's, knowing every "
+                         "served model), model sources, query files, key files and their modes, prices, and with "
+                         "--address the accelerator types and GPUs against the cluster. Exit 0 only when each would "
+                         "deploy.")
+    chk.add_argument("--config", required=True, nargs="+", help="one or more config YAML files")
+    chk.add_argument("--address", default=None, help="a Ray cluster to check resources against (auto: the running "
+                     "one)")
+    chk.add_argument("--simulate", action="store_true", help="check the rehearsal (--simulate) of each config")
+    chk.set_defaults(func=_cmd_check)
 
     demo = sub.add_parser("demo", help="end-to-end demos")
     demo.add_argument("name", choices=["drift"], help="drift: the drift monitor's whole loop on a CPU")
@@ -376,6 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     mon.add_argument("--name", default=None, help="actor name (default: the config's, else proxray-monitor)")
     mon.add_argument("--address", default="auto", help="Ray cluster address (default: the running one)")
     mon.add_argument("--timeout", type=float, default=300.0, help="start: seconds to wait for the monitor")
+    mon.add_argument("--simulate", action="store_true", help="start: a rehearsal, the evaluations it submits run "
+                     "every model on the simulated engine")
     mon.set_defaults(func=_cmd_monitor)
 
     _add_eval(sub)
@@ -389,11 +447,10 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     settle(args)
     try:
-        args.func(args)
+        return args.func(args) or 0  # a command may return its exit status (proxray check: 2 when it would not deploy)
     except (ValueError, FileNotFoundError, KeyError) as e:  # ConfigError and TableValidationError too
         print(f"proxray {args.cmd}: error: {e}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -47,7 +47,15 @@ def test_cluster_yaml_has_cpu_head_and_gpu_workers():
     c = yaml.safe_load((ROOT / "cluster.yaml").read_text())
     types = c["available_node_types"]
     assert types[c["head_node_type"]]["resources"] == {"CPU": 0}
-    assert {"a100_worker", "h100_worker"} <= set(types) and "v100_worker" not in types
+    assert {"a100_worker", "h100_worker", "v100_worker"} <= set(types)
+    assert types["v100_worker"]["resources"] == {"accelerator_type:V100": 8}  # the transformers engine's node type
+    # proxray, Ray and vLLM from install.sh gpu in one environment; the local .venv and outputs are not uploaded
+    assert any("bash install.sh gpu" in cmd for cmd in c["setup_commands"])
+    assert {".venv", "out"} <= set(c["rsync_exclude"])
+    # a missing Hugging Face token (no gated model) does not stop Ray from starting
+    starts = c["head_start_ray_commands"] + c["worker_start_ray_commands"]
+    assert not any("huggingface/token" in cmd and "ray start" in cmd for cmd in starts)
+    assert all("|| true" in cmd for cmd in starts if "huggingface/token" in cmd)
 
 
 def test_cluster_yaml_keeps_ray_auth_on_and_the_dashboard_private():
@@ -76,7 +84,8 @@ def test_nothing_shipped_switches_ray_auth_off_or_opens_the_dashboard():
     c = yaml.safe_load((ROOT / "cluster.yaml").read_text())
     for name in ("paper_pool_h100.yaml", "paper_pool_a100.yaml"):
         args = yaml.safe_load((ROOT / "serve_configs" / name).read_text())["applications"][0]["args"]
-        assert args["api_key_file"] in c["file_mounts"] and "api_key_env" not in args
+        node_path = args["api_key_file"].replace("~", "/home/" + c["auth"]["ssh_user"], 1)
+        assert node_path in c["file_mounts"] and "api_key_env" not in args
         assert "runtime_env" not in args and "PROXRAY_API_KEY" not in (ROOT / "serve_configs" / name).read_text()
 
 

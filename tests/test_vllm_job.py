@@ -58,6 +58,21 @@ def test_cpu_vllm_config_builds_a_complete_table_with_vllms_token_counts(shipped
     assert run_job(config, tmp / "out")["runs"] == []  # resumable: nothing left to do
 
 
+def test_the_cpu_vllm_serve_config_passes_check_with_the_router_its_comment_fits(shipped, tmp_path, monkeypatch):
+    """serve_configs/cpu_vllm.yaml's own steps: the models, the job's table (the test above), proxray fit as written."""
+    from proxray.cli import main
+
+    config, tmp = shipped
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    for m in ("tiny-llama-a", "tiny-llama-b"):
+        (tmp_path / "out" / m).symlink_to(tmp / m)
+    (tmp_path / "out" / "cpu_vllm").symlink_to(tmp / "out")
+    assert main(["fit", "--table", "out/cpu_vllm/routing_table.parquet", "--router", "knn", "--k", "10",
+                 "--out", "out/cpu_vllm/router"]) == 0
+    assert main(["check", "--config", str(ROOT / "serve_configs" / "cpu_vllm.yaml")]) == 0
+
+
 def test_failed_rows_reach_the_errors_file_even_a_whole_failed_batch(shipped, tmp_path):
     """Prompts longer than max_model_len fail inside vLLM. The first batch fails entirely (with engine
     metrics on, Ray 2.60 cannot join that batch's null metrics with the next one's); failed rows arrive

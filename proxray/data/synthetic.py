@@ -241,11 +241,12 @@ def generate_queries(n_per_task: int = 200, seed: int = 0, tasks=None) -> pd.Dat
         # one stream per task, so a task's queries do not change when others are added
         rng = np.random.default_rng([seed, int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)])
         seen = set()
-        i = 0
+        i = tries = 0
         while i < n_per_task:
             prompt, answer, structural = GENERATORS[t](rng)
-            if prompt in seen and len(seen) < 50 * n_per_task:
-                continue  # distinct prompts where the template space allows
+            tries += 1
+            if prompt in seen and tries < 50 * n_per_task:
+                continue  # distinct prompts where the template space allows (a small space repeats some)
             seen.add(prompt)
             difficulty = float(np.clip(structural + 0.8 * rng.normal(), -3, 3))
             kind = "number" if t in ("svamp", "gsm8k") else ("exact" if t == "bbh_boolean_expressions" else "choice")

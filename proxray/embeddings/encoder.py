@@ -46,6 +46,12 @@ def _resolve(model: str | None) -> tuple[str, str]:
     return model, model
 
 
+def encoder_id(model: str | None) -> str:
+    """The id an encoder setting (``None``, a name or path, ``static[:source]``) gives, without loading it: what a
+    router artifact records and an app's encoder must match."""
+    return _resolve(model)[0]
+
+
 class SentenceEncoder:
     """Encode texts to (n, d) float32 unit vectors.
 

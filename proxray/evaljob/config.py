@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxray.common.naming import slug
 from proxray.pool.spec import PoolModel, Sampling
@@ -13,8 +13,19 @@ from proxray.pool.spec import PoolModel, Sampling
 class SyntheticSet(BaseModel):
     """The embedded synthetic tasks (real text, simulated answers) as a query set."""
     model_config = ConfigDict(extra="forbid")
-    n_per_task: int = Field(20, ge=1, description="queries per task (ten tasks)")
+    n_per_task: int = Field(20, ge=1, description="queries per task")
     seed: int = Field(0, description="which queries are drawn")
+    tasks: list[str] | None = Field(None, min_length=1, description="the tasks to draw from (default: all ten)")
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, v):
+        from proxray.data.synthetic import TASKS
+
+        unknown = [t for t in v or () if t not in TASKS]
+        if unknown:
+            raise ValueError(f"{unknown} are not synthetic tasks; allowed: {', '.join(TASKS)}")
+        return v
 
 
 class QuerySetSpec(BaseModel):
@@ -26,7 +37,7 @@ class QuerySetSpec(BaseModel):
         "(answer and answer_type may be empty where a grader judges)"))
     hf: str | None = Field(None, description="one of the paper's ten tasks, from the Hugging Face Hub")
     split: str | None = Field(None, description="hf: the data set's split; default its test split")
-    n: int | None = Field(None, ge=1, description="hf: a seeded sample of this many queries")
+    n: int | None = Field(None, ge=1, description="a seeded sample of at most this many queries of the set")
     synthetic: SyntheticSet | None = Field(None, description="the embedded synthetic tasks")
 
     @model_validator(mode="after")
@@ -115,3 +126,29 @@ def load_config(path) -> JobConfig:
     from proxray.common.yamlconfig import load_yaml_model
 
     return load_yaml_model(path, JobConfig, "job config", ConfigError)
+
+
+def sampled(config: JobConfig, n: int) -> JobConfig:
+    """The config with every query set cut to a seeded sample of at most ``n`` queries (``--sample``: try a job on a
+    few queries first; the rows it writes are the full job's, so a later full run resumes from them)."""
+    if n < 1:
+        raise ConfigError(f"--sample {n}: must be at least 1")
+    sets = [qs.model_copy(update={"n": min(n, qs.n or n), **({"synthetic": qs.synthetic.model_copy(update={
+        "n_per_task": min(n, qs.synthetic.n_per_task)})} if qs.synthetic is not None else {})}) for qs in config.query_sets]
+    return config.model_copy(update={"query_sets": sets})
+
+
+def rehearsal(config: JobConfig) -> JobConfig:
+    """The config as a rehearsal on a CPU (``--simulate``): every model the simulated one under its own id, with its
+    price, replicas and resources (``proxray.pool.simulated.rehearsal``), and every Hugging Face query set the
+    synthetic stand-in of the same task (nothing is downloaded). Local query files stay as they are."""
+    from proxray.pool.simulated import rehearsal as simulated
+
+    sets = []
+    for qs in config.query_sets:
+        if qs.hf is not None:
+            qs = QuerySetSpec(name=qs.name or qs.hf, n=qs.n,
+                              synthetic=SyntheticSet(n_per_task=qs.n or 20, seed=config.sampling.seed, tasks=[qs.hf]))
+        sets.append(qs)
+    return config.model_copy(update={"models": [simulated(m) for m in config.models], "query_sets": sets})
+

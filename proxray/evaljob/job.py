@@ -58,7 +58,9 @@ def load_queries(config: JobConfig, load_dataset=None) -> pd.DataFrame:
         elif qs.hf is not None:
             df = hf_queries(qs.hf, qs.split, qs.n, seed=config.sampling.seed, load_dataset=load_dataset)
         else:
-            df = synthetic_queries(qs.synthetic.n_per_task, qs.synthetic.seed)
+            df = synthetic_queries(qs.synthetic.n_per_task, qs.synthetic.seed, qs.synthetic.tasks)
+        if qs.n is not None and len(df) > qs.n:  # a seeded sample (hf sets are sampled as they are read)
+            df = df.sample(n=qs.n, random_state=config.sampling.seed).sort_index()
         df["split"] = qs.name or qs.hf or (Path(qs.path.split("?")[0]).stem if qs.path else "synthetic")
         frames.append(df)
     return validate_queries(pd.concat(frames, ignore_index=True), "query sets")

@@ -66,12 +66,18 @@ def check_config(config: JobConfig, output=None) -> dict:
 
 def cluster_accelerators() -> set:
     """Accelerator types this Ray cluster has or can start: those of its live nodes, and those of the
-    node types in the autoscaler's config (``~/ray_bootstrap_config.yaml`` on a ``ray up`` head, where
-    a submitted job's driver runs)."""
+    node types in the autoscaler's config (``autoscaler_accelerators``)."""
     import ray
 
     types = {k.split(":", 1)[1] for n in ray.nodes() if n.get("Alive")
              for k in n.get("Resources", {}) if k.startswith("accelerator_type:")}
+    return types | autoscaler_accelerators()
+
+
+def autoscaler_accelerators() -> set:
+    """Accelerator types of the node types the autoscaler can start: from its config (``~/ray_bootstrap_config.yaml``
+    on a ``ray up`` head, where a submitted job's driver runs; ``PROXRAY_AUTOSCALER_CONFIG`` names another)."""
+    types = set()
     bootstrap = Path(os.environ.get("PROXRAY_AUTOSCALER_CONFIG", "~/ray_bootstrap_config.yaml")).expanduser()
     if bootstrap.is_file():
         import yaml

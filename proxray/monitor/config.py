@@ -70,3 +70,14 @@ def load_monitor_config(path) -> MonitorConfig:
     from proxray.common.yamlconfig import load_yaml_model
 
     return load_yaml_model(path, MonitorConfig, "monitor config")
+
+
+def rehearsal(config: MonitorConfig) -> MonitorConfig:
+    """The config as a rehearsal (``proxray monitor start --simulate``): the evaluations it submits run every model of
+    its job template on the simulated engine, with its price and resources (``proxray.pool.simulated.rehearsal``)."""
+    from proxray.pool.simulated import rehearsal as simulated
+    from proxray.pool.spec import PoolModel
+
+    models = [simulated(PoolModel.model_validate(m)).model_dump(exclude_none=True) for m in config.job["models"]]
+    return config.model_copy(update={"job": {**config.job, "models": models}})
+

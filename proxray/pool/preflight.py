@@ -8,6 +8,7 @@ import os
 import re
 
 from proxray.pool.engines import CPU_ENGINES, unknown_kwargs
+from proxray.pool.simulated import MODELS
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 # keys Ray itself puts into engine_kwargs (not vLLM EngineArgs fields)
@@ -192,5 +193,9 @@ def check_models(models, max_tokens: int | None) -> tuple[dict, list]:
             problems += [f"model {m.id!r}: {problem}"] if problem else []
         if m.engine in CPU_ENGINES:
             problems += unknown_kwargs(m.id, CPU_ENGINES[m.engine], m.engine_kwargs)
+        if m.engine == "sim" and (m.source or m.id) not in MODELS and not m.engine_kwargs.get("generic"):
+            problems.append(f"model {m.id!r}: engine sim knows only the simulated pool's {len(MODELS)} models (e.g. "
+                            f"{next(iter(MODELS))!r}; proxray.pool.simulated.MODELS); give it engine_kwargs "
+                            "{generic: true} for a generic profile")
         sources[m.id] = local or source
     return sources, problems

@@ -49,12 +49,35 @@ LARGEST = "meta-llama/Llama-3.3-70B-Instruct"
 OUTPUT_TOKENS = {"svamp": 90, "gsm8k": 180, "hellaswag": 25, "sciq": 20, "social_iqa": 25, "winogrande": 15,
                  "medqa": 40, "commonsense_qa": 20, "logiqa": 60, "bbh_boolean_expressions": 30}
 
-class SimulatedPool:
-    """The 14-model pool of the paper, simulated: ``p_correct``, token counts and cost per query."""
+def generic_profile(model: str) -> tuple:
+    """The simulated profile of a model the synthetic world does not know (a rehearsal of a real pool): each task's
+    skill the pool's mean, moved by up to ±10 points by a hash of the id and the task (so two unknown models differ),
+    the pool's median prices, verbosity 1."""
+    skills = np.mean([v[0] for v in MODELS.values()], axis=0)
+    skills = [float(np.clip(s + 20 * (unit_hash(model, t, "skill") - 0.5), 1, 99)) for s, t in zip(skills, TASKS)]
+    return (skills, float(np.median([v[1] for v in MODELS.values()])),
+            float(np.median([v[2] for v in MODELS.values()])), 1.0)
 
-    def __init__(self, models=None, seed: int = 0):
+
+def profile(model: str, generic: bool = False) -> tuple:
+    """(skills in TASKS order, $/M input, $/M output, verbosity) of a simulated model; ``generic``: a model the
+    synthetic world does not know gets ``generic_profile`` instead of an error."""
+    if model in MODELS:
+        return MODELS[model]
+    if generic:
+        return generic_profile(model)
+    raise ValueError(f"sim engine: model {model!r} is not in the synthetic pool ({', '.join(MODELS)}); a rehearsal "
+                     "(--simulate) gives any other id a generic profile")
+
+
+class SimulatedPool:
+    """The 14-model pool of the paper, simulated: ``p_correct``, token counts and cost per query. ``generic``: models
+    the synthetic world does not know get a generic profile (``generic_profile``)."""
+
+    def __init__(self, models=None, seed: int = 0, generic: bool = False):
         self.models = list(models or MODELS)
         self.seed = seed
+        self.profiles = {m: profile(m, generic) for m in self.models}
 
     def p_correct(self, queries: pd.DataFrame) -> np.ndarray:
         """(n, M) probability that each model answers each query correctly."""
@@ -62,7 +85,7 @@ class SimulatedPool:
         for t, idx in queries.groupby("task").indices.items():
             d = queries["difficulty"].to_numpy()[idx]
             for j, m in enumerate(self.models):
-                target = MODELS[m][0][TASKS.index(t)] / 100.0
+                target = self.profiles[m][0][TASKS.index(t)] / 100.0
                 P[idx, j] = 1 / (1 + np.exp(-(calibrate(target, d) - DIFFICULTY_SLOPE * d)))
         return P
 
@@ -71,7 +94,7 @@ class SimulatedPool:
         rng = np.random.default_rng([self.seed, 1])
         n_in = np.array([int(1.3 * len(p.split())) + 12 for p in queries["prompt"]])
         base = np.array([OUTPUT_TOKENS.get(t, 40) for t in queries["task"]], dtype=float)
-        verb = np.array([MODELS[m][3] for m in self.models])
+        verb = np.array([self.profiles[m][3] for m in self.models])
         n_out = np.maximum(1, np.round(base[:, None] * verb[None, :] * rng.lognormal(0, 0.25, (len(queries), len(self.models)))))
         return n_in, n_out.astype(int)
 
@@ -79,8 +102,8 @@ class SimulatedPool:
         """(n, M) USD: input tokens × input price + output tokens × output price."""
         from proxray.common.pricing import token_cost
 
-        return token_cost(np.asarray(n_in)[:, None], n_out, [MODELS[m][1] for m in self.models],
-                          [MODELS[m][2] for m in self.models])
+        return token_cost(np.asarray(n_in)[:, None], n_out, [self.profiles[m][1] for m in self.models],
+                          [self.profiles[m][2] for m in self.models])
 
 
 def make_table(n_per_task: int = 200, seed: int = 0, tasks=None):
@@ -112,7 +135,8 @@ assert all(len(v[0]) == len(TASKS) for v in MODELS.values()) and math.isclose(le
 
 
 class SimEngine:
-    """A simulated model of the synthetic pool. ``model`` must be one of ``MODELS``.
+    """A simulated model of the synthetic pool. ``model`` must be one of ``MODELS``, or any id with ``generic=True``
+    (a rehearsal of a real pool: ``rehearsal``).
 
     Fault injection for tests (never on by default): ``fail_query_ids`` raise for those rows,
     ``fail_always`` for every call; ``latency_s`` sleeps per call (a slow model, for autoscaling);
@@ -131,11 +155,10 @@ class SimEngine:
 
     def __init__(self, model: str, seed: int = 0, fail_query_ids=(), crash_marker: str | None = None,
                  crash_after_rows: int = 0, latency_s: float = 0.0, fail_always: bool = False,
-                 fail_mid_stream: bool = False, judge_error: float = 0.05, word_latency_s: float = 0.0):
-        if model not in MODELS:
-            raise ValueError(f"sim engine: model {model!r} is not in the synthetic pool ({', '.join(MODELS)})")
+                 fail_mid_stream: bool = False, judge_error: float = 0.05, word_latency_s: float = 0.0,
+                 generic: bool = False):
         self.model, self.seed = model, seed
-        self.pool = SimulatedPool(models=[model], seed=seed)
+        self.pool = SimulatedPool(models=[model], seed=seed, generic=generic)
         self.fail_query_ids = set(fail_query_ids)
         self.crash_marker, self.crash_after_rows = crash_marker, crash_after_rows
         self.latency_s, self.fail_always = latency_s, fail_always  # serving: a slow or a broken model
@@ -155,7 +178,7 @@ class SimEngine:
                           for p, t, u in zip(df["prompt"], df.get("task", [None] * len(df)), unknown)]
         if "difficulty" not in df:  # queries from elsewhere: a stable pseudo-difficulty from the text
             df["difficulty"] = [2 * unit_hash("difficulty", p) - 1 for p in df["prompt"]]
-        p = np.full(len(df), np.mean(MODELS[self.model][0]) / 100.0)
+        p = np.full(len(df), np.mean(self.pool.profiles[self.model][0]) / 100.0)
         known = df["task"].isin(TASKS).to_numpy()
         if known.any():
             p[known] = self.pool.p_correct(df[known].reset_index(drop=True))[:, 0]
@@ -233,4 +256,15 @@ def _sim_answer(answer: str, answer_type: str, right: bool, key: str) -> str:
     flip = {"True": "False", "False": "True"}
     return answer if right else flip.get(answer, "I am not sure.")
 
+
+def rehearsal(spec):
+    """The simulated stand-in of a pool model (``proxray.pool.spec.PoolModel``) for a rehearsal (``--simulate``): the
+    sim engine under the same id (a model the synthetic world does not know gets a generic profile), the same price,
+    autoscaling and placement — accelerator type, CPUs, and one replica's GPUs (``replica_gpus``) — so a GPU config
+    runs on a CPU machine whose Ray cluster declares those GPUs."""
+    if spec.engine == "sim":
+        return spec
+    return spec.model_copy(update={
+        "engine": "sim", "source": None, "engine_kwargs": {} if spec.id in MODELS else {"generic": True},
+        "num_gpus": spec.replica_gpus(), "placement_group_config": None, "runtime_env": None})
 

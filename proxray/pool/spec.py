@@ -123,6 +123,17 @@ class PoolModel(BaseModel):
         """GPUs each replica asks Ray for: ``num_gpus``, else 1 for vllm and 0 for the CPU engines."""
         return self.num_gpus if self.num_gpus is not None else float(self.engine == "vllm")
 
+    def replica_gpus(self) -> float:
+        """GPUs one replica (one engine) takes: the GPUs of its placement bundles where it names them; for vllm else
+        ``num_gpus``, else tensor × pipeline parallel size (1 by default); for the CPU engines ``gpus``."""
+        bundles = (self.placement_group_config or {}).get("bundles") or []
+        if bundles:
+            return float(sum(b.get("GPU", 0) for b in bundles))
+        if self.engine == "vllm" and self.num_gpus is None:
+            kw = self.engine_kwargs
+            return float((kw.get("tensor_parallel_size") or 1) * (kw.get("pipeline_parallel_size") or 1))
+        return self.gpus
+
     def cpus(self, default: float) -> float:
         return self.num_cpus if self.num_cpus is not None else default
 

@@ -213,18 +213,23 @@ def check_models(a: AppArgs) -> dict:
 
 def check_router(a: AppArgs) -> None:
     """The router artifact, read where the app is built (its manifest: checksummed, versioned) before any replica
-    starts: a bad URI, an unreachable store, missing credentials or a folder that holds no router fail here, once."""
-    from proxray.routing.artifact import ArtifactError, read_manifest
+    starts (``serve.preflight.router_problems``): a bad URI, an unreachable store, missing credentials, a folder that
+    holds no router, a router fitted with another encoder or not knowing a served model fail here, all at once."""
+    from proxray.serve.preflight import router_problems
 
-    try:
-        read_manifest(a.router)
-    except (ArtifactError, OSError) as e:
-        raise ValueError(f"invalid app args: router: {e}") from None
+    problems = router_problems(a.router, a.encoder, [m.id for m in a.models], a.new_models)
+    if problems:
+        raise ValueError("invalid app args:\n" + "\n".join(f"  {p}" for p in problems))
 
 
 def build_app(args: dict):
-    """The Serve application: one deployment per model plus the router ingress."""
+    """The Serve application: one deployment per model plus the router ingress (``simulate``: every model the
+    simulated engine, ``proxray.pool.simulated.rehearsal``)."""
     a = AppArgs.model_validate(args)
+    if a.simulate:
+        from proxray.pool.simulated import rehearsal
+
+        a = a.model_copy(update={"models": [rehearsal(m) for m in a.models]})
     check_router(a)
     sources = check_models(a)
     handles = {}
@@ -234,7 +239,8 @@ def build_app(args: dict):
         else:
             handles[m.id] = ModelServer.options(
                 name=deployment_name(m.id), autoscaling_config=m.autoscaling.model_dump(exclude_none=True),
-                ray_actor_options={"num_cpus": m.cpus(0.1), "num_gpus": m.gpus},
+                ray_actor_options={"num_cpus": m.cpus(0.1), "num_gpus": m.gpus,
+                                   **({"accelerator_type": m.accelerator_type} if m.accelerator_type else {})},
                 max_ongoing_requests=m.max_ongoing_requests or 8, max_queued_requests=m.max_queued_requests,
                 **({"max_replicas_per_node": m.max_replicas_per_node} if m.max_replicas_per_node else {}),
             ).bind({**m.model_dump(), "source": sources[m.id] if m.engine == "transformers" else m.source})

@@ -203,14 +203,21 @@ class AppArgs(BaseModel):
         "0 = take what is queued"))
     models: list[ServedModel] = Field(min_length=1, description=(
         "the pool's model deployments (the pool-model spec): the router's models, and any other to pass through to"))
+    new_models: list[str] = Field([], description=(
+        "models of `models` the router does not know yet: served by name (pass-through) until the drift monitor "
+        "adds them to the router; any other served model must be one the router knows"))
+    simulate: bool = Field(False, description=(
+        "a rehearsal: every model answers with the simulated engine under its own id (a model the simulated world "
+        "does not know gets a generic profile), keeping its price, autoscaling and resources (accelerator type, "
+        "GPUs); `proxray serve --simulate` sets it"))
     lam: float = Field(0.0, ge=0, description="default λ when a request gives none (and no budget is set)")
     budget: BudgetSpec | None = Field(None, description=(
         "route to a budget instead of a fixed λ: λ is adjusted online so that the mean cost (estimated, or "
         "realised: budget.basis) of recent routed requests meets budget.cost_per_query"))
     api_key_env: str | None = Field(None, description="env var holding the bearer token; unset = no auth")
     api_key_file: str | None = Field(None, description=(
-        "file holding the bearer token (its first line), present on every node: keeps the key out of "
-        "runtime_env, the Serve config and process environments; exclusive with api_key_env"))
+        "file holding the bearer token (its first line), present on every node (~ is each node's home): keeps the "
+        "key out of runtime_env, the Serve config and process environments; exclusive with api_key_env"))
     timeout_s: float = Field(30.0, gt=0, description=(
         "one deadline per request across fallbacks: for the whole answer, or a stream's first chunk"))
     max_prompt_chars: int = Field(32000, ge=1, description="limit on the routing text (413 past it)")
@@ -261,7 +268,7 @@ def load_api_key(args: AppArgs) -> bytes:
         from pathlib import Path
 
         try:
-            lines = Path(args.api_key_file).read_text().splitlines()
+            lines = Path(args.api_key_file).expanduser().read_text().splitlines()
         except OSError as e:
             raise ValueError(f"api_key_file={args.api_key_file!r}: cannot read it ({e.strerror})") from None
         key = lines[0].strip() if lines else ""

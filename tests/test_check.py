@@ -1,0 +1,168 @@
+"""`proxray check`: every problem of a Serve, job or monitor config at once, before anything starts; the app's builder
+refusing the same; and the rehearsal (`--simulate`) of a GPU config."""
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import ROOT
+from proxray import KNNRouter
+from proxray.check import check, detect_kind
+from proxray.cli import main
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+POOL = ["meta-llama/Llama-3.2-1B-Instruct", "google/gemma-7b-it"]
+
+
+def router(path, encoder_id=MINILM, models=POOL):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 384)).astype(np.float32)
+    KNNRouter(k=5).fit(X, rng.uniform(size=(40, len(models))), rng.uniform(1e-6, 1e-5, size=(40, len(models))),
+                       models=models, encoder_id=encoder_id).save(path)
+    return str(path)
+
+
+def serve_config(tmp_path, args: dict):
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump({"applications": [{"name": "proxray", "route_prefix": "/",
+                                                       "import_path": "proxray.serve.app:build_app", "args": args}]}))
+    return path
+
+
+def test_a_good_serve_config_would_deploy(tmp_path):
+    args = {"router": router(tmp_path / "r"), "models": [{"id": m, "engine": "sim"} for m in POOL]}
+    report = check(serve_config(tmp_path, args))
+    assert report.kind == "serve" and report.ok, report.text()
+    assert "ok, it would deploy" in report.text() and "no api_key_file" in report.text()
+
+
+def test_every_problem_of_a_serve_config_is_named_at_once(tmp_path):
+    key = tmp_path / "key"
+    key.write_text("k\n")
+    key.chmod(0o644)
+    args = {"router": router(tmp_path / "r", encoder_id=f"static:{MINILM}"), "api_key_file": str(key),
+            "models": [{"id": m, "engine": "sim"} for m in POOL] + [
+                {"id": "acme/new-9b", "engine": "sim", "engine_kwargs": {"generic": True}},
+                {"id": "v", "engine": "vllm", "source": "./no/such/model",
+                 "runtime_env": {"env_vars": {"HF_TOKEN": "hf_secret"}}}]}
+    report = check(serve_config(tmp_path, args))
+    text = report.text()
+    assert not report.ok and len(report.problems) == 5, text
+    assert (f"the router was fitted on embeddings of 'static:{MINILM}', the app encodes with '{MINILM}': set "
+            "encoder: static") in text
+    assert "models ['acme/new-9b', 'v']: the router does not know them" in text
+    assert "model 'v': source './no/such/model': no such model folder" in text
+    assert "runtime_env.env_vars.HF_TOKEN: a secret in a runtime_env" in text and "hf_secret" not in text
+    assert f"api_key_file: {key} has mode 644: others can read it; chmod 600 {key}" in text
+    # declared new, the unknown model is served by name; the others stay problems
+    args["new_models"] = ["acme/new-9b", "v"]
+    args["models"] = args["models"][:3]
+    args["encoder"] = "static"
+    key.chmod(0o600)
+    assert check(serve_config(tmp_path, {**args, "new_models": ["acme/new-9b"]})).ok
+
+
+def test_the_app_refuses_what_check_names_before_any_replica(tmp_path):
+    from proxray.serve.app import check_router
+    from proxray.serve.schemas import AppArgs
+
+    a = AppArgs(router=router(tmp_path / "r"), encoder="static", models=[{"id": m, "engine": "sim"} for m in POOL])
+    with pytest.raises(ValueError, match="fitted on embeddings of 'sentence-transformers/all-MiniLM-L6-v2', the app "
+                                         "encodes with 'static:"):
+        check_router(a)
+
+
+def test_the_kind_is_read_from_the_keys(tmp_path):
+    assert [detect_kind(d) for d in ({"applications": []}, {"query_sets": [], "models": []},
+                                     {"state_dir": "s", "job": {}})] == ["serve", "job", "monitor"]
+    (tmp_path / "x.yaml").write_text("models: []\n")
+    report = check(tmp_path / "x.yaml")
+    assert not report.ok and "not a Serve config (applications:), an evaluation job config (query_sets:)" in \
+        report.problems[0]
+    assert main(["check", "--config", str(tmp_path / "x.yaml")]) == 2
+
+
+def test_every_shipped_job_config_passes_as_its_guide_runs_it(tmp_path, monkeypatch, capsys):
+    """The CPU configs after make-tiny-model (as their comments say), the GPU configs on this machine: schema, prices,
+    engine arguments against the installed vLLM, query sets."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "jobs").symlink_to(ROOT / "jobs")
+    for seed in (0, 1):
+        assert main(["make-tiny-model", "--out", f"out/tiny-llama-{'ab'[seed]}", "--seed", str(seed)]) == 0
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # Hub ids are checked against the cache, never fetched
+    configs = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "jobs" / "configs").glob("*.yaml"))
+    assert main(["check", "--config", *configs]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.count("ok, it would deploy") == len(configs) == 5
+
+
+def test_a_job_config_names_every_problem(tmp_path):
+    bad = {"query_sets": [{"path": str(tmp_path / "missing.jsonl")}],
+           "models": [{"id": "a", "engine": "sim", "price": {"input_per_mtok": 1, "output_per_mtok": 1}},
+                      {"id": "b", "engine": "vllm", "accelerator_type": "H1OO",
+                       "price": {"input_per_mtok": 1, "output_per_mtok": 1}}]}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(bad))
+    report = check(tmp_path / "job.yaml")
+    assert report.kind == "job" and len(report.problems) >= 3, report.text()
+    text = report.text()
+    assert "model 'a': engine sim knows only the simulated pool's 14 models" in text
+    assert "model 'b': accelerator_type 'H1OO' is not one of Ray's accelerator types" in text
+    assert "missing.jsonl' does not exist" in text
+
+
+def test_a_gpu_job_config_rehearses_on_the_simulated_engine():
+    from proxray.evaljob import load_config
+    from proxray.evaljob.config import rehearsal, sampled
+
+    real = load_config(ROOT / "jobs" / "configs" / "paper_pool_h100.yaml")
+    sim = sampled(rehearsal(real), 4)
+    assert [m.id for m in sim.models] == [m.id for m in real.models] and {m.engine for m in sim.models} == {"sim"}
+    assert [m.price for m in sim.models] == [m.price for m in real.models]
+    assert {m.accelerator_type for m in sim.models} == {"H100"}
+    assert sum(m.replica_gpus() for m in real.models) == sum(m.num_gpus for m in sim.models) == 15.5
+    assert all(qs.synthetic.tasks == [qs.name] and qs.n == 4 for qs in sim.query_sets)
+    unknown = next(m for m in sim.models if m.id == "microsoft/Phi-3-mini-4k-instruct")  # not in the simulated world
+    assert unknown.engine_kwargs == {"generic": True}
+    from proxray.pool.engines import make_engine
+
+    engine = make_engine(unknown)
+    out = engine.generate([{"query_id": "q", "task": "svamp", "prompt": "How many apples does Ava have now?",
+                            "answer": "3", "answer_type": "number"}])
+    assert out[0]["output_tokens"] > 0
+    with pytest.raises(ValueError, match="not in the synthetic pool"):
+        make_engine(unknown.model_copy(update={"engine_kwargs": {}}))
+
+
+def test_the_serve_and_monitor_configs_name_the_monitor_and_the_bucket():
+    for name in ("paper_pool_h100", "paper_pool_a100"):
+        args = yaml.safe_load((ROOT / "serve_configs" / f"{name}.yaml").read_text())["applications"][0]["args"]
+        assert "encoder" not in args  # the default, as the guide fits it
+        assert args["router"] == "s3://my-proxray-bucket/proxray/routers/paper_pool"
+        assert args["monitor"] == "proxray-monitor" and args["router_max_replicas_per_node"] == 1
+        assert args["api_key_file"] == "~/.proxray/api_key"
+    mon = yaml.safe_load((ROOT / "monitor_configs" / "paper_pool_h100.yaml").read_text())
+    job = yaml.safe_load((ROOT / "jobs" / "configs" / "paper_pool_h100.yaml").read_text())
+    assert mon["name"] == "proxray-monitor" and mon["job"]["models"] == job["models"]
+    assert mon["router"] == args["router"] and mon["state_dir"].startswith("s3://my-proxray-bucket/")
+
+
+def test_the_kuberay_manifests_embed_the_shipped_configs():
+    svc = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayservice.yaml").read_text())
+    assert svc["kind"] == "RayService" and svc["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token"}
+    assert svc["spec"]["serveConfigV2"] == (ROOT / "serve_configs" / "paper_pool_h100.yaml").read_text()
+    job = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayjob.yaml").read_text())
+    config = job["spec"]["entrypoint"].split("--config ")[1].split()[0]
+    assert job["kind"] == "RayJob" and (ROOT / config).is_file() and config == "jobs/configs/paper_pool_h100.yaml"
+    assert os.path.isfile(ROOT / "deploy" / "kuberay" / "Dockerfile")
+
+
+def test_the_cpu_demo_configs_pass_with_the_router_the_readme_fits(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--router", "knn", "--k", "50", "--out", "out/demo/router", "--models",
+                 "meta-llama/Llama-3.2-1B-Instruct,google/gemma-7b-it,microsoft/Phi-3-small-8k-instruct,"
+                 "meta-llama/Llama-3.3-70B-Instruct"]) == 0
+    capsys.readouterr()
+    assert main(["check", "--config", str(ROOT / "serve_configs" / "cpu_demo.yaml"),
+                 str(ROOT / "monitor_configs" / "cpu_demo.yaml")]) == 0, capsys.readouterr().out
+    assert capsys.readouterr().out.count("ok, it would deploy") == 2
