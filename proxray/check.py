@@ -137,9 +137,12 @@ def key_file_problems(path: str, what: str) -> list:
 
 
 def secret_problems(models, where: str) -> list:
-    """A secret written into a model's runtime_env (it would be stored with the job or the app, and logged)."""
+    """A secret written into a model's runtime_env (it would be stored with the job or the app, and logged); an
+    endpoint's key file that is missing, empty or readable by others."""
     out = []
     for i, m in enumerate(models):
+        if getattr(m, "api_key_file", None):
+            out += key_file_problems(m.api_key_file, f"{where}.{i}.api_key_file")
         env = ((m.runtime_env or {}).get("env_vars") or {}) if hasattr(m, "runtime_env") else {}
         for name, value in env.items():
             if SECRET_NAME.search(name) and value:

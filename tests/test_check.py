@@ -91,7 +91,8 @@ def test_every_shipped_job_config_passes_as_its_guide_runs_it(tmp_path, monkeypa
     for seed in (0, 1):
         assert main(["make-tiny-model", "--out", f"out/tiny-llama-{'ab'[seed]}", "--seed", str(seed)]) == 0
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # Hub ids are checked against the cache, never fetched
-    configs = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "jobs" / "configs").glob("*.yaml"))
+    configs = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "jobs" / "configs").glob("*.yaml")
+                     if p.name != "mixed_cpu.yaml")  # its external server runs in test_vllm_endpoint, which checks it
     assert main(["check", "--config", *configs]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
     assert out.count("ok, it would deploy") == len(configs) == 5

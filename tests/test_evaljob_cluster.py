@@ -56,7 +56,7 @@ def test_models_land_where_their_config_asks_and_run_at_once(cluster, tmp_path):
 def test_an_accelerator_the_cluster_lacks_fails_before_any_work(cluster, tmp_path):
     with pytest.raises(ConfigError, match=r"model 'x': accelerator_type 'A100' is not among the cluster's "
                                           r"\(H100, V100\)"):
-        run_job(config([{**slow_sim(SIM[0], "A100"), "id": "x"}]), tmp_path / "out")
+        run_job(config([{**slow_sim(SIM[0], "A100"), "id": "x", "source": SIM[0]}]), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

@@ -15,10 +15,13 @@ from proxray.pool.spec import PoolModel, Sampling
 
 def fingerprints(spec: PoolModel, queries: pd.DataFrame, sampling: Sampling) -> np.ndarray:
     """What produced a (model, query) row, one hash per query: the prompt, the answer it is graded
-    against, the sampling, the model's source and its prices. A stored row counts as done only while
+    against, the sampling, the model's source (and endpoint) and its prices. A stored row counts as done only while
     its fingerprint is still the one the config gives."""
-    head = json.dumps({"model": spec.id, "source": spec.source or spec.id, "price_in": spec.price.input_per_mtok,
-                       "price_out": spec.price.output_per_mtok, "sampling": sampling.model_dump()}, sort_keys=True)
+    what = {"model": spec.id, "source": spec.source or spec.id, "price_in": spec.price.input_per_mtok,
+            "price_out": spec.price.output_per_mtok, "sampling": sampling.model_dump()}
+    if spec.base_url:  # an endpoint's model: another endpoint re-runs it
+        what["base_url"] = spec.base_url.rstrip("/")
+    head = json.dumps(what, sort_keys=True)
     answers = queries["answer"] if "answer" in queries else pd.Series([""] * len(queries))
     types = queries["answer_type"] if "answer_type" in queries else pd.Series([""] * len(queries))
     return np.array([hashlib.sha256("\x1f".join((head, p, str(a), str(t))).encode()).hexdigest()[:20]

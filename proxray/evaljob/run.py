@@ -15,18 +15,21 @@ from proxray.evaljob.grading import grade
 from proxray.pool.spec import PoolModel, Sampling
 
 
+LIMITERS: dict = {}  # model id -> its RateLimiter actor, held by the driver while the job runs
+
+
 class EngineWorker:
     """Ray Data actor: one engine per replica; a batch in, one output row per input row out.
     A batch that fails is retried row by row, so one bad row costs only itself (``error`` column).
     Each row also says where it ran (``node_id``), which the driver reports and does not store."""
 
-    def __init__(self, spec: dict, sampling: dict):
+    def __init__(self, spec: dict, sampling: dict, limiter=None):
         import ray
 
         from proxray.pool.engines import make_engine
 
         self.spec = PoolModel(**spec)
-        self.engine = make_engine(self.spec)
+        self.engine = make_engine(self.spec, limiter)
         self.sampling = Sampling(**sampling)
         self.node_id = ray.get_runtime_context().get_node_id()
 
@@ -34,7 +37,7 @@ class EngineWorker:
         rows = batch.to_dict("records")
         try:
             outs = self.engine.generate(rows, self.sampling)
-            errors = [""] * len(rows)
+            errors = [o.get("error", "") for o in outs]  # an engine may fail one row without raising (openai)
         except Exception:  # noqa: BLE001 - isolate the failing rows
             outs, errors = [], []
             for r in rows:
@@ -70,8 +73,14 @@ def pipeline(spec: PoolModel, todo: pd.DataFrame, sampling: Sampling, source: st
         where["accelerator_type"] = spec.accelerator_type
     if spec.runtime_env:  # e.g. a torch built for the node's GPUs (jobs/configs/paper_pool_v100.yaml)
         where["runtime_env"] = spec.runtime_env
+    kwargs = {"spec": spec.model_dump(), "sampling": sampling.model_dump()}
+    if spec.engine == "openai" and spec.rate_limit is not None:  # one limiter for all of the model's workers
+        from proxray.pool.openai_engine import RateLimiter
+
+        kwargs["limiter"] = LIMITERS[spec.id] = ray.remote(RateLimiter).options(num_cpus=0).remote(
+            spec.rate_limit.requests_per_minute, spec.rate_limit.tokens_per_minute)
     return ds.map_batches(
-        EngineWorker, fn_constructor_kwargs={"spec": spec.model_dump(), "sampling": sampling.model_dump()},
+        EngineWorker, fn_constructor_kwargs=kwargs,
         batch_size=spec.batch_size, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=spec.replicas),
         num_cpus=spec.cpus(1.0), **where)  # Ray Data restarts a dead actor and retries its batch (max_restarts=-1)
 
@@ -100,6 +109,7 @@ def run_pool(specs, todos: dict, queries: pd.DataFrame, keys: pd.DataFrame, samp
     """Run every model of ``specs`` on its ``todos[id]`` at once (one unioned Ray Data execution); write
     each finished batch to ``store`` as it comes back: graded rows to ``table/``, responses the judge
     grades to ``generated/``. Returns per-model counts, in ``specs`` order."""
+    LIMITERS.clear()  # the previous run's limiters
     specs = [s for s in specs if len(todos[s.id])]
     if not specs:
         return []

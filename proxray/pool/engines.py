@@ -5,6 +5,8 @@ pool-model spec. Every engine answers through the one interface, ``proxray.pool.
   tests;
 * ``transformers`` (``proxray.pool.transformers_engine.TransformersEngine``): real generation with Hugging Face
   ``transformers`` on a CPU;
+* ``openai`` (``proxray.pool.openai_engine.OpenAIEngine``): the client of an OpenAI-compatible endpoint proxray does
+  not host, with its rate limit, retries and key;
 * ``vllm`` is not built here: it runs through Ray's own ``ray.data.llm`` in the job and ``ray.serve.llm`` when
   served (``proxray.pool.vllm_adapter``), imported only there.
 """
@@ -32,8 +34,13 @@ def unknown_kwargs(name: str, cls, kwargs: dict) -> list:
             f"(allowed: {', '.join(params)}){hints}"]
 
 
-def make_engine(spec) -> Engine:
-    """The CPU engine for a model spec (``proxray.pool.spec.PoolModel``); vLLM is not built here."""
+def make_engine(spec, limiter=None) -> Engine:
+    """The in-process engine for a model spec (``proxray.pool.spec.PoolModel``): a CPU engine, or the client of an
+    OpenAI-compatible endpoint (``limiter``: the job's ``RateLimiter`` actor for it); vLLM is not built here."""
     if spec.engine in CPU_ENGINES:
         return CPU_ENGINES[spec.engine](spec.source or spec.id, **spec.engine_kwargs)
+    if spec.engine == "openai":
+        from proxray.pool.openai_engine import OpenAIEngine
+
+        return OpenAIEngine(spec, limiter)
     raise ValueError(f"engine {spec.engine!r} has no in-process engine (vllm runs through ray.data.llm)")

@@ -193,6 +193,10 @@ def check_models(models, max_tokens: int | None) -> tuple[dict, list]:
             problems += [f"model {m.id!r}: {problem}"] if problem else []
         if m.engine in CPU_ENGINES:
             problems += unknown_kwargs(m.id, CPU_ENGINES[m.engine], m.engine_kwargs)
+        if m.engine == "openai":
+            from proxray.pool.openai_engine import probe
+
+            problems += [p for p in [probe(m)] if p]
         if m.engine == "sim" and (m.source or m.id) not in MODELS and not m.engine_kwargs.get("generic"):
             problems.append(f"model {m.id!r}: engine sim knows only the simulated pool's {len(MODELS)} models (e.g. "
                             f"{next(iter(MODELS))!r}; proxray.pool.simulated.MODELS); give it engine_kwargs "

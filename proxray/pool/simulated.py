@@ -266,5 +266,6 @@ def rehearsal(spec):
         return spec
     return spec.model_copy(update={
         "engine": "sim", "source": None, "engine_kwargs": {} if spec.id in MODELS else {"generic": True},
-        "num_gpus": spec.replica_gpus(), "placement_group_config": None, "runtime_env": None})
+        "num_gpus": spec.replica_gpus(), "placement_group_config": None, "runtime_env": None,
+        "base_url": None, "api_key_env": None, "api_key_file": None, "rate_limit": None})
 

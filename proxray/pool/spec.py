@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxray.common.pricing import token_cost
 
-ENGINES = ("vllm", "transformers", "sim")
+ENGINES = ("vllm", "transformers", "sim", "openai")
 
 
 class Sampling(BaseModel):
@@ -63,14 +63,35 @@ class AutoscalingSpec(BaseModel):
     look_back_period_s: float | None = Field(None, gt=0, description="the window load is averaged over; default Serve's")
 
 
+class RateLimit(BaseModel):
+    """What an endpoint allows one model, across all of its workers in one job."""
+
+    model_config = ConfigDict(extra="forbid")
+    requests_per_minute: float | None = Field(None, gt=0, description="requests started in any minute, at most")
+    tokens_per_minute: float | None = Field(None, gt=0, description="prompt + completion tokens in any minute, at "
+                                            "most (a request reserves its prompt estimate + max_tokens)")
+
+
 class PoolModel(BaseModel):
     """One model of the pool, wherever it runs."""
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(min_length=1, description="the model's name in tables, router artifacts and responses")
     engine: Literal[ENGINES] = Field(description="vllm (GPU nodes, or the CPU build), transformers (CPU), sim "
-                                     "(the synthetic world's simulated models)")
-    source: str | None = Field(None, description="weights: Hub id or local folder (default: id)")
+                                     "(the synthetic world's simulated models), openai (an OpenAI-compatible endpoint "
+                                     "proxray does not host: a hosted API, or a vLLM / SGLang / TGI server)")
+    source: str | None = Field(None, description="weights: Hub id or local folder; openai: the model's name at the "
+                               "endpoint (default: id)")
+    base_url: str | None = Field(None, description="openai: the endpoint, e.g. https://api.example.com/v1")
+    api_key_env: str | None = Field(None, description="openai: the environment variable (on the workers) holding "
+                                    "its key; never in a config, a log, a table or an artifact")
+    api_key_file: str | None = Field(None, description="openai: a file (on the workers) whose first line is its key")
+    rate_limit: RateLimit | None = Field(None, description="openai: what the endpoint allows, kept across all of "
+                                         "the model's workers in a job (one limiter)")
+    timeout_s: float = Field(60.0, gt=0, description="openai: seconds one request may take")
+    max_concurrency: int = Field(8, ge=1, description="openai: requests in flight per worker at most")
+    max_retries: int = Field(4, ge=0, description="openai: retries of a request after a 429, a 5xx or a dropped "
+                                                  "connection (backoff, Retry-After honoured); never after another 4xx")
     engine_kwargs: dict = Field(default_factory=dict, description="arguments of the engine (vLLM: EngineArgs "
                                 "fields; transformers and sim: their own)")
     price: PriceSpec | None = Field(None, description="token prices; the evaluation job needs them (it prices every "
@@ -117,6 +138,20 @@ class PoolModel(BaseModel):
             data["num_gpus"] = data.pop("gpus_per_replica")
             warnings.warn(f"{where}gpus_per_replica is deprecated: write num_gpus", FutureWarning, stacklevel=2)
         return data
+
+    @model_validator(mode="after")
+    def _endpoint(self):
+        endpoint = ("base_url", "api_key_env", "api_key_file", "rate_limit")
+        if self.engine == "openai":
+            if not self.base_url or not self.base_url.startswith(("http://", "https://")):
+                raise ValueError(f"model {self.id!r}: engine openai needs base_url: http(s)://host[:port]/v1 (got "
+                                 f"{self.base_url!r})")
+            if self.api_key_env and self.api_key_file:
+                raise ValueError(f"model {self.id!r}: give api_key_env or api_key_file, not both")
+        elif any(getattr(self, f) is not None for f in endpoint):
+            given = [f for f in endpoint if getattr(self, f) is not None]
+            raise ValueError(f"model {self.id!r}: {', '.join(given)} belong to engine openai, not {self.engine}")
+        return self
 
     @property
     def gpus(self) -> float:

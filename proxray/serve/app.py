@@ -2,6 +2,7 @@
 
     RouterIngress (FastAPI)  --DeploymentHandle.respond-->  ModelServer "<model a>"        (CPU engines)
       composes: HTTP boundary (http), encoder service,      VLLMModelServer "<model b>"   (ray.serve.llm)
+                                                            EndpointServer "<model c>"    (an endpoint it does not host)
       routing policy (policy), model client (client) with   ... every one: respond(endpoint, body)
       fallback (fallback), stream writer (sse), monitor client, metrics
 
@@ -218,6 +219,8 @@ def check_router(a: AppArgs) -> None:
     from proxray.serve.preflight import router_problems
 
     problems = router_problems(a.router, a.encoder, [m.id for m in a.models], a.new_models)
+    if len(problems) == 1:
+        raise ValueError(f"invalid app args: {problems[0]}")
     if problems:
         raise ValueError("invalid app args:\n" + "\n".join(f"  {p}" for p in problems))
 
@@ -236,12 +239,17 @@ def build_app(args: dict):
     for m in a.models:
         if m.engine == "vllm":
             handles[m.id] = _vllm_deployment(m, sources[m.id])
-        else:
-            handles[m.id] = ModelServer.options(
+        else:  # a CPU engine in the replica, or the relay to an endpoint proxray does not host
+            if m.engine == "openai":
+                from proxray.serve.endpoint_server import EndpointServer as cls
+            else:
+                cls = ModelServer
+            handles[m.id] = cls.options(
                 name=deployment_name(m.id), autoscaling_config=m.autoscaling.model_dump(exclude_none=True),
                 ray_actor_options={"num_cpus": m.cpus(0.1), "num_gpus": m.gpus,
                                    **({"accelerator_type": m.accelerator_type} if m.accelerator_type else {})},
-                max_ongoing_requests=m.max_ongoing_requests or 8, max_queued_requests=m.max_queued_requests,
+                max_ongoing_requests=m.max_ongoing_requests or (64 if m.engine == "openai" else 8),
+                max_queued_requests=m.max_queued_requests,
                 **({"max_replicas_per_node": m.max_replicas_per_node} if m.max_replicas_per_node else {}),
             ).bind({**m.model_dump(), "source": sources[m.id] if m.engine == "transformers" else m.source})
     spread = {"max_replicas_per_node": a.router_max_replicas_per_node} if a.router_max_replicas_per_node else {}

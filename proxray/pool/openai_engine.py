@@ -1,0 +1,174 @@
+"""The ``openai`` engine: a pool model behind an OpenAI-compatible endpoint proxray does not host (a hosted API, or a
+vLLM / SGLang / TGI server another team runs), for the evaluation job (served: ``proxray.serve.endpoint_server``).
+
+* **Limits across workers.** ``rate_limit`` is kept by one ``RateLimiter`` actor per model and job, which every
+  worker asks before a request: requests start at least 60 / requests_per_minute apart (so no minute holds more), and
+  a request reserves its prompt estimate + ``max_tokens`` against tokens_per_minute, corrected by the answer's
+  ``usage``.
+* **Retries.** A 429, a 5xx, a timeout or a dropped connection is retried (``max_retries``) after the endpoint's
+  ``Retry-After``, else an exponential backoff; another 4xx (a bad request, a refused key, an unknown model) is not:
+  the row becomes an error row with the endpoint's message, which the job writes to its errors and the next run
+  retries.
+* **Keys.** From ``api_key_env`` (an environment variable of the worker) or ``api_key_file``; sent only in the
+  ``Authorization`` header; never logged, and scrubbed from every error message.
+* **Cost** from the answer's ``usage`` (the endpoint's own token counts) at the model's price.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from proxray.pool.spec import Sampling
+
+RETRYABLE = {408, 409, 429, 500, 502, 503, 504}
+
+
+def endpoint_key(spec) -> str:
+    """The key of an openai model spec, from its env var or file ("" when it names neither)."""
+    if spec.api_key_env:
+        return os.environ.get(spec.api_key_env, "").strip()
+    if spec.api_key_file:
+        with open(os.path.expanduser(spec.api_key_file)) as f:
+            return (f.readline() or "").strip()
+    return ""
+
+
+def scrub(text: str, key: str, limit: int = 300) -> str:
+    """An endpoint's message fit for a table or a log: without the key, one line, bounded."""
+    text = (text or "").replace(key, "<key>") if key else (text or "")
+    return " ".join(text.split())[:limit]
+
+
+class RateLimiter:
+    """One per (job, model): the times at which requests may start and the tokens reserved in the last minute.
+    ``reserve(tokens)`` returns how long the caller waits before sending (the reservation is made now)."""
+
+    def __init__(self, requests_per_minute: float | None, tokens_per_minute: float | None):
+        self.interval = 60.0 / requests_per_minute if requests_per_minute else 0.0
+        self.tpm = tokens_per_minute
+        self.next_start = 0.0
+        self.spent: list = []  # (start time, tokens) of the last minute
+
+    def reserve(self, tokens: int) -> float:
+        now = time.time()
+        start = max(now, self.next_start)
+        if self.tpm:
+            tokens = min(tokens, self.tpm)  # one request larger than a minute's tokens still goes, alone
+            self.spent = [(t, n) for t, n in self.spent if t > start - 60.0]
+            while sum(n for _, n in self.spent) + tokens > self.tpm:
+                start = max(start, self.spent[0][0] + 60.0)
+                self.spent = [(t, n) for t, n in self.spent if t > start - 60.0]
+            self.spent.append((start, tokens))
+        self.next_start = start + self.interval
+        return start - now
+
+    def correct(self, reserved: int, used: int) -> None:
+        """Replace a reservation's estimate by what the answer really used."""
+        for i in range(len(self.spent) - 1, -1, -1):
+            if self.spent[i][1] == reserved:
+                self.spent[i] = (self.spent[i][0], used)
+                return
+
+
+class OpenAIEngine:
+    """``generate(rows, sampling)`` through ``/chat/completions`` of ``spec.base_url``; one output per row, an
+    ``error`` in it where the endpoint failed after its retries (the job's error rows)."""
+
+    def __init__(self, spec, limiter=None):
+        import httpx
+
+        self.spec, self.model = spec, spec.source or spec.id
+        self.key = endpoint_key(spec)
+        self.limiter = limiter
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        self.client = httpx.Client(base_url=spec.base_url.rstrip("/"), headers=headers, timeout=spec.timeout_s)
+        self.stats = {"requests": 0, "retries": 0}
+
+    def _wait(self, tokens: int) -> None:
+        if self.limiter is not None:
+            import ray
+
+            delay = ray.get(self.limiter.reserve.remote(tokens))
+            if delay > 0:
+                time.sleep(delay)
+
+    def _one(self, row: dict, sampling: Sampling) -> dict:
+        import httpx
+
+        body = {"model": self.model, "messages": [{"role": "user", "content": row["prompt"]}],
+                "max_tokens": sampling.max_tokens, "temperature": sampling.temperature, "seed": sampling.seed}
+        if sampling.top_p != 1.0:
+            body["top_p"] = sampling.top_p
+        estimate = len(str(row["prompt"])) // 3 + sampling.max_tokens
+        why = ""
+        for attempt in range(self.spec.max_retries + 1):
+            self._wait(estimate)
+            self.stats["requests"] += 1
+            wait = min(30.0, 0.5 * 2 ** attempt) * (0.5 + random.random())
+            try:
+                r = self.client.post("/chat/completions", json=body)
+            except (httpx.TimeoutException, httpx.TransportError) as e:
+                why = f"{type(e).__name__}: {scrub(str(e), self.key)}"
+            else:
+                if r.status_code == 200:
+                    return self._answer(r.json(), estimate)
+                why = f"HTTP {r.status_code}: {scrub(r.text, self.key)}"
+                if r.status_code not in RETRYABLE:
+                    break  # the request's own fault: another try gets the same answer
+                after = r.headers.get("retry-after")
+                if after and after.replace(".", "", 1).isdigit():
+                    wait = min(60.0, float(after))
+            if attempt < self.spec.max_retries:
+                self.stats["retries"] += 1
+                time.sleep(wait)
+        return {"response": "", "input_tokens": 0, "output_tokens": 0, "error": f"{self.model} at "
+                f"{self.spec.base_url}: {why}"}
+
+    def _answer(self, obj: dict, estimate: int) -> dict:
+        usage = obj.get("usage") or {}
+        n_in, n_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        if self.limiter is not None and (n_in or n_out):
+            self.limiter.correct.remote(min(estimate, self.spec.rate_limit.tokens_per_minute or estimate), n_in + n_out)
+        choice = (obj.get("choices") or [{}])[0]
+        text = (choice.get("message") or {}).get("content") or ""
+        return {"response": text, "input_tokens": n_in, "output_tokens": n_out}
+
+    def generate(self, rows, sampling: Sampling = Sampling()):
+        with ThreadPoolExecutor(min(self.spec.max_concurrency, max(len(rows), 1))) as pool:
+            return list(pool.map(lambda r: self._one(r, sampling), rows))
+
+    def stream(self, messages, prompt, sampling: Sampling = Sampling(), stop=()):
+        raise NotImplementedError("served, an endpoint's model is relayed as it is (proxray.serve.endpoint_server)")
+
+
+def probe(spec) -> str | None:
+    """What stops an openai model before any work, from one ``GET /models``: an unreachable URL, a refused key, a
+    model the endpoint does not list. None when it would answer."""
+    import httpx
+
+    try:
+        key = endpoint_key(spec)
+    except OSError as e:
+        return f"model {spec.id!r}: api_key_file {spec.api_key_file}: cannot read it ({e.strerror})"
+    where = f"model {spec.id!r}: {spec.base_url}"
+    if (spec.api_key_env or spec.api_key_file) and not key:
+        return f"model {spec.id!r}: its key ({spec.api_key_env or spec.api_key_file}) is empty or unset here"
+    try:
+        r = httpx.get(spec.base_url.rstrip("/") + "/models", timeout=min(spec.timeout_s, 20.0),
+                      headers={"Authorization": f"Bearer {key}"} if key else {})
+    except (httpx.TimeoutException, httpx.TransportError) as e:
+        return f"{where}: cannot reach it ({type(e).__name__}: {scrub(str(e), key)})"
+    if r.status_code in (401, 403):
+        return f"{where}: the key was refused (HTTP {r.status_code})"
+    if r.status_code != 200:
+        return f"{where}: GET /models answered HTTP {r.status_code}: {scrub(r.text, key)}"
+    try:
+        listed = [m.get("id") for m in r.json().get("data", [])]
+    except ValueError:
+        return f"{where}: GET /models did not answer JSON"
+    name = spec.source or spec.id
+    if listed and name not in listed:
+        return f"{where}: serves no model {name!r} (it lists {', '.join(map(str, listed[:10]))})"
+    return None
