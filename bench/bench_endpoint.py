@@ -5,7 +5,7 @@
 Serves a stand-in OpenAI-compatible API on 127.0.0.1 (tests/openai_standin.py, no faults) as the pool model
 `frontier` (engine openai) beside a simulated one, and at each concurrency sends the same chat completion to the
 endpoint directly and through the app by name (pass-through) and routed: p50 / p99 latency, and for streams the
-time to the first content chunk. Then runs the evaluation job on `--job-queries` queries against the endpoint at
+time to the first content chunk; first, Ray Serve's own floor (an empty route, GET /health, through its proxy). Then runs the evaluation job on `--job-queries` queries against the endpoint at
 `--rpm` requests a minute over two workers and reports requests a minute reached and the most in any minute.
 """
 from __future__ import annotations
@@ -72,6 +72,15 @@ def main(argv=None):
     body = (lambda model: lambda i: {"model": model, "max_tokens": 16,
                                      "messages": [{"role": "user", "content": f"What is {i} times 7?"}]})
     rows = []
+    import httpx
+
+    floor = []  # Serve's own floor on this machine: an empty route (GET /health) through its proxy to the router
+    with httpx.Client(timeout=30) as client:
+        for i in range(a.requests):
+            t0 = time.perf_counter()
+            client.get(f"{url}/health")
+            floor.append(1e3 * (time.perf_counter() - t0))
+    print(json.dumps({"serve_floor_health_p50_ms": round(statistics.median(floor[a.requests // 10:]), 2)}), flush=True)
     for c in [int(x) for x in a.concurrency.split(",")]:
         for stream in (False, True):
             direct = timed(f"{standin.url}/chat/completions", body(MODEL), {"Authorization": f"Bearer {key}"},

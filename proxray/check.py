@@ -169,7 +169,7 @@ def _check_serve(raw: dict, report: Report, simulate: bool = False):
 def check_app_args(args: dict, report: Report, where: str = "args") -> list:
     """The proxray app's ``args``: schema, router, models, key, prices. Returns its GPU demand at minimum scale."""
     from proxray.pool.preflight import check_models
-    from proxray.serve.preflight import router_problems
+    from proxray.serve.preflight import relay_problems, router_problems
     from proxray.serve.schemas import AppArgs
 
     a = _validated(AppArgs, args, report, f"{where}.")
@@ -178,6 +178,7 @@ def check_app_args(args: dict, report: Report, where: str = "args") -> list:
     report.problems += router_problems(a.router, a.encoder, [m.id for m in a.models], a.new_models, f"{where}.router")
     if not a.simulate:
         report.problems += check_models(a.models, a.default_max_tokens)[1]
+    report.problems += relay_problems(a.models, f"{where}.models")
     report.problems += secret_problems(a.models, f"{where}.models")
     if a.api_key_file:
         report.problems += key_file_problems(a.api_key_file, f"{where}.api_key_file")

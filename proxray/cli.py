@@ -54,9 +54,15 @@ def _cmd_fit(a):
     acc, cost = table.matrices(models=models)
     enc = SentenceEncoder(a.encoder)
     X = enc.encode(table.prompts)
-    r = make_router(a.router, a.weighting, {"n_clusters": a.clusters, "k": a.k}, temperature)
+    r = make_router(a.router, a.weighting, {"n_clusters": a.clusters, "k": a.k, "recall_floor": a.recall_floor},
+                    temperature)
     r.fit(X, acc, cost, models=models, encoder_id=enc.id).save(a.out)
     print(f"fitted {r!r} on {table} -> {a.out}")
+    info = getattr(r, "index_info_", None)
+    if info:
+        knobs = ", ".join(f"{k}={info[k]}" for k in ("nlist", "nprobe", "hnsw_m", "ef_search") if k in info)
+        print(f"index: {info['kind']}{f' ({knobs})' if knobs else ''}, recall@{info['k']} {info['recall_at_k']} "
+              f"against exact search — {info['chosen']}")
 
 
 def _cmd_check(a):
@@ -396,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="prox: proximity-weighted (robust on unfamiliar queries); base: the classic router")
     fit.add_argument("--k", type=int, default=100, help="knn: neighbours per query")
     fit.add_argument("--clusters", type=int, default=32, help="km: KMeans clusters")
+    fit.add_argument("--recall-floor", type=float, default=0.95, help="knn: recall@k against exact search an "
+                     "approximate index must reach (tables over 8k queries; below it, exact search)")
     add_temperature_options(fit)
     fit.add_argument("--encoder", default=None, help=ENCODER_HELP)
     fit.add_argument("--out", required=True, help="artifact folder")

@@ -180,3 +180,46 @@ def test_encoder_batcher_forms_the_next_pass_from_everything_queued_while_the_en
     asyncio.run(main())
     with pytest.raises(ValueError, match="max_batch=0"):
         EncoderBatcher(encode, max_batch=0)
+
+
+def test_an_endpoint_model_has_no_deployment_fields():
+    from proxray.pool.spec import PoolModel
+    from proxray.serve.preflight import relay_problems
+
+    ext = {"id": "frontier", "engine": "openai", "base_url": "http://127.0.0.1:9/v1"}
+    assert relay_problems([PoolModel(**ext, max_ongoing_requests=16)]) == []  # its cap per router replica
+    problems = relay_problems([PoolModel(**ext, autoscaling={"max_replicas": 4}, num_cpus=1),
+                               PoolModel(id="meta-llama/Llama-3.2-1B-Instruct", engine="sim", num_cpus=1)])
+    assert [p.split(": ")[2] for p in problems] == ["autoscaling", "num_cpus"]
+    assert all("relayed by the router's replicas" in p for p in problems)
+
+
+def test_a_relay_past_its_cap_answers_429_at_once(monkeypatch):
+    """An endpoint's relay with every slot taken answers 429 (the gateway falls back) without calling the endpoint."""
+    import asyncio
+
+    from proxray.serve.endpoint_server import EndpointRelay
+
+    class Quiet:  # ray.util.metrics stand-in: no Ray needed to count
+        def __init__(self, *a, **k):
+            self.n = 0
+
+        def inc(self, *a):
+            self.n += 1
+
+        observe = inc
+
+    import ray.util.metrics
+
+    monkeypatch.setattr(ray.util.metrics, "Counter", Quiet)
+    monkeypatch.setattr(ray.util.metrics, "Histogram", Quiet)
+    relay = EndpointRelay({"id": "frontier", "engine": "openai", "base_url": "http://127.0.0.1:9/v1",
+                           "max_ongoing_requests": 1})
+
+    async def go():
+        async with relay.slots:  # one request in flight
+            return [obj async for obj in relay.respond("chat", {"messages": [{"role": "user", "content": "hi"}]})]
+
+    (obj,) = asyncio.run(go())
+    assert obj["error"]["code"] == 429 and "1 requests in flight" in obj["error"]["message"]
+    assert relay.limited.n == 1

@@ -1,7 +1,9 @@
 """engine: openai against a real server no proxray code writes: vLLM's own OpenAI server (the CPU build, on a tiny
-model, with --api-key) on 127.0.0.1. The evaluation job evaluates it with vLLM's token counts and the key in no
-output; the app passes requests through to it and streams its answer; the shipped mixed-pool example (a co-hosted
-vLLM model beside it) passes proxray check. Faults are the stand-in's (test_openai_engine, test_endpoint_serve)."""
+model, with --api-key) on 127.0.0.1, behind a fault-injecting proxy (tests/fault_proxy.py: 429s, 500s, dropped
+connections, answers too slow, answers cut mid-way). The evaluation job evaluates it with vLLM's token counts, every
+row once, the rate limit kept and the key in no output; the app passes requests through to it, streams its answer,
+falls back on a 500 and ends a stream cut mid-way with an error event; the shipped mixed pool (a co-hosted vLLM model
+beside it) is checked, evaluated, fitted, served and monitored with the shipped configs."""
 import os
 import secrets
 import socket
@@ -9,14 +11,18 @@ import subprocess
 import sys
 import time
 
+import zlib
+
 import pytest
 import yaml
 
 from conftest import ROOT
+from fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.slow
 
 NAME = "tiny-llama-b"  # the name vLLM serves it under
+SIM = "meta-llama/Llama-3.3-70B-Instruct"
 
 
 def free_port() -> int:
@@ -62,13 +68,36 @@ def vllm_server(tmp_path_factory):
     proc.wait(60)
 
 
-def spec(server, **kw):
-    url, _, key_file, _ = server
-    return {"id": NAME, "engine": "openai", "base_url": url, "api_key_file": key_file,
+FAULTS = {0: "429", 1: "500", 2: "drop", 3: "cut", 4: "slow"}  # on a prompt's first try, by its hash (5: none)
+SLOW_S, TIMEOUT_S = 3.0, 2.0  # a slow answer comes after the job's request timeout
+
+
+def fault_of(prompt: str, tries: int = 1):
+    return FAULTS.get(zlib.crc32(prompt.encode()) % 6) if tries == 1 else None
+
+
+def prompt_of(kind: int, stem: str) -> str:
+    """A prompt whose first try meets fault ``kind`` (5: none)."""
+    return next(t for t in (f"{stem} (case {i})" for i in range(1000)) if zlib.crc32(t.encode()) % 6 == kind)
+
+
+@pytest.fixture
+def proxy(vllm_server):
+    """A fault proxy for one test: every prompt meets its fault on its first try in that test."""
+    p = FaultProxy(vllm_server[0], fault_of, slow_s=SLOW_S)
+    yield p
+    p.stop()
+
+
+def spec(server, url=None, **kw):
+    _, _, key_file, _ = server
+    return {"id": NAME, "engine": "openai", "base_url": url or server[0], "api_key_file": key_file,
             "price": {"input_per_mtok": 0.02, "output_per_mtok": 0.04}, "num_cpus": 0.25, "batch_size": 8, **kw}
 
 
-def test_the_job_evaluates_vllms_server_with_its_token_counts(vllm_server, local_ray):
+def test_the_job_evaluates_vllms_server_through_faults_every_row_once(vllm_server, proxy, local_ray):
+    import json
+
     from proxray import RoutingTable
     from proxray.evaljob import JobConfig, run_job
 
@@ -76,71 +105,136 @@ def test_the_job_evaluates_vllms_server_with_its_token_counts(vllm_server, local
     cfg = JobConfig.model_validate({
         "query_sets": [{"name": "tiny", "path": str(ROOT / "jobs" / "data" / "tiny_queries.jsonl")}],
         "sampling": {"max_tokens": 16},
-        "models": [spec(vllm_server, rate_limit={"requests_per_minute": 6000}),
+        "models": [spec(vllm_server, proxy.url, timeout_s=TIMEOUT_S, rate_limit={"requests_per_minute": 600}),
                    {"id": "meta-llama/Llama-3.3-70B-Instruct", "engine": "sim", "num_cpus": 0.25,
                     "price": {"input_per_mtok": 0.15, "output_per_mtok": 0.3}}]})
     res = run_job(cfg, tmp / "out")
     assert res["complete_queries"] == 40 and res["open_errors"] == 0
     rows = RoutingTable.read(tmp / "out" / "routing_table.parquet").df
     mine = rows[rows["model"] == NAME]
-    assert len(mine) == 40 and (mine["input_tokens"] > 0).all()
+    assert len(mine) == 40 and mine["query_id"].is_unique and (mine["input_tokens"] > 0).all()
     assert ((mine["output_tokens"] >= 1) & (mine["output_tokens"] <= 16)).all()
+    # every fault was met; each prompt reached vLLM once, twice where its first answer was cut or too slow
+    prompts = [json.loads(line)["prompt"] for line in (ROOT / "jobs" / "data" / "tiny_queries.jsonl").open()]
+    assert {f for _, _, f, _ in proxy.log} >= set(FAULTS.values())
+    forwarded = proxy.forwarded()
+    assert {p: forwarded[p] for p in prompts} == {p: 1 + (fault_of(p) in ("cut", "slow")) for p in prompts}
+    # the limit (600 a minute: starts 0.1 s apart) held over every try, faulted ones included
+    times = sorted(t for t, p, _, _ in proxy.log if p in prompts)
+    assert len(times) > 40 and min(b - a for a, b in zip(times, times[10:])) >= 0.9
     for path in (tmp / "out").rglob("*"):
         if path.is_file():
             assert key.encode() not in path.read_bytes(), path
 
 
-def test_the_shipped_mixed_pool_is_evaluated_fitted_and_checked(vllm_server, tmp_path, monkeypatch, capsys, local_ray):
-    """jobs/configs/mixed_cpu.yaml and serve_configs/mixed_cpu.yaml as their comments run them: the co-hosted model's
-    folder, the external server (here on this test's port, with this test's key file), proxray check, build-table
-    (the co-hosted model through ray.data.llm's vLLM, the external one through its server), fit, and check the app."""
+def serve_config(raw: dict) -> int:
+    """Deploy a Serve config's app the way `proxray serve --config` does (Serve's own schema, the app's import path) on
+    a free port of 127.0.0.1; returns the port."""
+    import ray
+    from ray import serve
+    from ray.serve.schema import ServeDeploySchema
+
+    from proxray.serve.app import build_app
+
+    schema = ServeDeploySchema.model_validate(raw)
+    port = free_port()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})
+    serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": 300})
+    app = schema.applications[0]
+    serve.run(build_app(app.args), name=app.name, route_prefix=app.route_prefix)
+    return port
+
+
+def test_the_shipped_mixed_pool_end_to_end(vllm_server, proxy, tmp_path, monkeypatch, capsys, local_ray):
+    """jobs/configs/mixed_cpu.yaml, serve_configs/mixed_cpu.yaml and monitor_configs/mixed_cpu.yaml as their comments
+    run them — the co-hosted model's folder, the external server (vLLM's, here behind the fault proxy on this test's
+    port, with this test's key file) — through proxray check, build-table (the co-hosted model through ray.data.llm's
+    vLLM, the external one through its server), fit, serve (ray.serve.llm beside the relay) and the monitor, which
+    re-evaluates drifted traffic on the same pool and grows the router."""
+    import ray
+    from openai import APIError, OpenAI
+    from ray import serve
+
     from proxray.cli import main
     from proxray.devtools import build_tiny_model
+    from proxray.monitor import DriftMonitor
+    from proxray.monitor.config import load_monitor_config
+    from proxray.routing.registry import load_router
 
-    url, _, key_file, _ = vllm_server
+    url, key, key_file, _ = vllm_server
     monkeypatch.chdir(tmp_path)
     build_tiny_model(tmp_path / "out" / "tiny-llama-a", seed=0)
-    raw = yaml.safe_load((ROOT / "jobs" / "configs" / "mixed_cpu.yaml").read_text())
-    external = next(m for m in raw["models"] if m["engine"] == "openai")
-    external.update(base_url=url, api_key_file=key_file)
-    raw["query_sets"][0]["path"] = str(ROOT / raw["query_sets"][0]["path"])
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(raw))
-    assert main(["check", "--config", str(tmp_path / "job.yaml")]) == 0, capsys.readouterr().out
-    assert main(["build-table", "--config", str(tmp_path / "job.yaml")]) == 0
+
+    def rewritten(name, folder, models_at):
+        raw = yaml.safe_load((ROOT / folder / "mixed_cpu.yaml").read_text())
+        external = next(m for m in models_at(raw) if m["engine"] == "openai")
+        external.update(base_url=proxy.url, api_key_file=key_file)
+        (tmp_path / name).write_text(yaml.safe_dump(raw))
+        return raw, external
+
+    job, external = rewritten("job.yaml", "jobs/configs", lambda r: r["models"])
+    job["query_sets"][0]["path"] = str(ROOT / job["query_sets"][0]["path"])
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    assert main(["check", "--config", "job.yaml"]) == 0, capsys.readouterr().out
+    assert main(["build-table", "--config", "job.yaml"]) == 0
     assert "40 complete queries × 3 models" in capsys.readouterr().err
+    assert {f for _, _, f, _ in proxy.log} >= {"429", "500", "drop", "cut"}  # met, retried, no row lost
     assert main(["fit", "--table", "out/mixed_cpu/routing_table.parquet", "--router", "knn", "--k", "10",
                  "--out", "out/mixed_cpu/router"]) == 0
-    app = yaml.safe_load((ROOT / "serve_configs" / "mixed_cpu.yaml").read_text())
-    served = next(m for m in app["applications"][0]["args"]["models"] if m["engine"] == "openai")
-    served.update(base_url=url, api_key_file=key_file)
-    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(app))
+    monitor, _ = rewritten("monitor.yaml", "monitor_configs", lambda r: r["job"]["models"])
+    app, _ = rewritten("serve.yaml", "serve_configs", lambda r: r["applications"][0]["args"]["models"])
     capsys.readouterr()
-    assert main(["check", "--config", str(tmp_path / "serve.yaml")]) == 0, capsys.readouterr().out
+    for name in ("serve.yaml", "monitor.yaml"):
+        assert main(["check", "--config", name]) == 0, capsys.readouterr().out
     external["api_key_file"] = str(tmp_path / "job.yaml")  # not its key
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(raw))
-    assert main(["check", "--config", str(tmp_path / "job.yaml")]) == 2
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    assert main(["check", "--config", "job.yaml"]) == 2
     assert "the key was refused (HTTP 401)" in capsys.readouterr().out
 
-
-def test_the_app_passes_through_and_streams_vllms_answer(vllm_server, tmp_path, encoder):
-    import ray
-    from openai import OpenAI
-    from serve_helpers import start_app, stop_app
-
-    ray.shutdown()  # the job tests' local Ray: the app starts its own
-    url = start_app(tmp_path, encoder, [spec(vllm_server), {"id": "meta-llama/Llama-3.3-70B-Instruct", "engine": "sim"}],
-                    profile={NAME: (0.95, 1e-7)})
+    # served: every model by name, and routed; a 500 before the first token falls back, a stream cut mid-way ends in
+    # an error event
+    ray.shutdown()  # the job's local Ray: the app starts its own
     try:
-        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
-        full = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Count to three."}],
-                                              max_tokens=12, temperature=0, seed=1)
-        assert full.model == NAME and full.usage.completion_tokens >= 1 and full.usage.prompt_tokens > 0
-        chunks = list(client.chat.completions.create(
-            model="proxray", messages=[{"role": "user", "content": "Count to three."}], max_tokens=12, temperature=0,
-            seed=1, stream=True, stream_options={"include_usage": True}))
-        assert chunks[0].model_extra["proxray"]["model"] == NAME
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert text == full.choices[0].message.content  # greedy: the stream is the answer, piece by piece
+        port = serve_config(app)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=240)
+        ask = (lambda model, text, **kw: client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": text}], max_tokens=12, temperature=0, seed=1, **kw))
+        for m in ("tiny-llama-a", NAME, SIM):
+            r = ask(m, prompt_of(5, "Count to three."))
+            assert r.model == m and r.usage.completion_tokens >= 1 and r.model_extra["proxray"]["fallback_from"] == []
+        full = ask(NAME, prompt_of(5, "Name a colour."))
+        chunks = list(ask(NAME, prompt_of(5, "Name a colour."), stream=True, stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full.choices[0].message.content
         assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+        # routed among the external model and the 70B one, cheapest first: the external one, whose first answer is a 500
+        routed = ask("proxray", prompt_of(1, "Tom has 3 boxes of 4 apples. How many apples?"),
+                     extra_body={"proxray": {"allowed_models": [NAME, SIM], "lam": 1e9}}).model_extra["proxray"]
+        assert routed["fallback_from"] == [NAME] and routed["model"] == SIM and "500" in routed["failures"][0]["error"]
+        got = []
+        with pytest.raises(APIError, match="mid-stream"):
+            for c in ask(NAME, prompt_of(3, "Count to ten."), stream=True):
+                got.append(c)
+        assert got  # what came before the cut reached the client
     finally:
-        stop_app()
+        serve.shutdown()
+        ray.shutdown()
+
+    # monitored: drifted traffic re-evaluated on the same mixed pool, the router grown
+    from conftest import _start_local_ray
+
+    _start_local_ray()
+    mon = DriftMonitor(load_monitor_config("monitor.yaml").model_copy(update={"submit": "inline"}))
+    router = mon.publisher.router
+    new = [f"Translate into French, please: the garden by river number {i} is green." for i in range(12)]
+    X = mon.encoder.encode(new)
+    assert sum(mon.report(p, x, float(s)) for p, x, s in zip(new, X, router.outlier_score(X))) >= 8
+    mon.tick()
+    st = mon.status()
+    (evaluation,) = [j for j in st["jobs"] if j["kind"] == "drift"]
+    assert evaluation["status"] == "DONE" and evaluation["n"] == 8 and st["router_version"] == 1
+    assert load_router(st["router_path"]).n_train_ == router.n_train_ + 8
+    assert sum(proxy.forwarded().get(p, 0) >= 1 for p in new) == 8  # the external model answered what was evaluated
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path.stat().st_size < 50_000_000:
+            assert key.encode() not in path.read_bytes(), path

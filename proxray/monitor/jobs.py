@@ -72,6 +72,9 @@ class InlineRunner:
             run_job(load_config(config_path), out, models=models)
             self.done[submission_id] = "SUCCEEDED"
         except Exception:  # noqa: BLE001 - reported as a failed job, like the Jobs API would
+            import logging
+
+            logging.getLogger("proxray.monitor").exception("evaluation %s failed", submission_id)
             self.done[submission_id] = "FAILED"
 
     def status(self, submission_id: str) -> str:

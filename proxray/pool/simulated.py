@@ -150,7 +150,9 @@ class SimEngine:
     response says, in a bracket a judge can read, whether the simulated answer is right:
     ``[<model>, simulated, correct] …``. As a **judge** (a prompt that quotes such a response, e.g. the
     evaluation job's rubric prompt) the model answers ``Score: 1`` or ``Score: 0`` — the verdict in the
-    bracket, flipped with probability ``judge_error`` (a judge is not perfect).
+    bracket, flipped with probability ``judge_error`` (a judge is not perfect). A rubric prompt (one that asks
+    for ``Score: X``) about a response it cannot read — a real model's, in a mixed pool — gets ``Score: 1`` with the
+    probability the judge model itself would answer the row right: a stand-in verdict, seeded per row.
     """
 
     def __init__(self, model: str, seed: int = 0, fail_query_ids=(), crash_marker: str | None = None,
@@ -206,6 +208,9 @@ class SimEngine:
                 flip = unit_hash(self.seed, self.model, r["query_id"], "judge") < self.judge_error
                 text = f"Score: {int((verdict.group(1) == 'correct') != flip)}"
                 n_out[i] = 4
+            elif isinstance(r["prompt"], str) and _JUDGE_ASK.search(r["prompt"]):  # judging a real model's answer
+                text = f"Score: {int(right)}"
+                n_out[i] = 4
             elif _has_key(r):
                 text = _sim_answer(r["answer"], r["answer_type"], right, r["query_id"])
             else:  # live traffic has no key: say (for a judge) whether the simulated answer is right
@@ -239,6 +244,7 @@ class SimEngine:
 
 
 _SIM_VERDICT = re.compile(r"\[[^,\]\n]+, simulated, (correct|incorrect)\]")
+_JUDGE_ASK = re.compile(r"['\"]?Score: X['\"]?")  # a rubric prompt (the evaluation job's default asks so)
 
 
 def _has_key(row: dict) -> bool:

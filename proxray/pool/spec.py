@@ -110,9 +110,10 @@ class PoolModel(BaseModel):
     replicas: int = Field(1, ge=1, description="evaluation job: engines working through the queries at once")
     batch_size: int = Field(16, ge=1, description="evaluation job: queries per batch")
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="serving: the deployment's "
-                                         "Ray Serve autoscaling_config")
+                                         "Ray Serve autoscaling_config (not openai: the router's replicas relay it)")
     max_ongoing_requests: int | None = Field(
-        None, ge=1, description="serving, per replica; default 8 for the CPU engines, ray.serve.llm's own for vllm")
+        None, ge=1, description="serving, per replica; default 8 for the CPU engines, ray.serve.llm's own for vllm; "
+        "openai: requests in flight to the endpoint per router replica (default 64; past it a 429, which falls back)")
     max_queued_requests: int = Field(256, ge=1, description="serving, per deployment; past it a call fails fast "
                                      "(the next model is tried)")
     max_replicas_per_node: int | None = Field(None, ge=1, description="serving: at most this many replicas on one "

@@ -74,6 +74,7 @@ class Manifest(BaseModel):
     n_train: int
     temperature: str | None = None  # the temperature the weights use, as its spec ("plug-in:0.125"); absent before 0.2
     inv_tau: float | None = None  # its number, as earlier artifacts also wrote it: read, never written
+    index: dict[str, Any] | None = None  # kNN: the search index's kind, parameters and measured recall (0.2.x on)
     files: dict[str, FileEntry]
     proxray_version: str
 
@@ -162,8 +163,10 @@ def _write_version(router, path: Path) -> None:
         params={k: _json_param(v) for k, v in router.get_params().items()},
         models=list(router.models_), has_cost=bool(router.has_cost_), encoder_id=router.encoder_id_,
         dim=int(router.dim_), n_train=int(router.n_train_),
-        temperature=None if temperature is None else temperature.spec, files=files, proxray_version=__version__)
-    replace_atomically(path / "manifest.json", json.dumps(manifest.model_dump(exclude={"inv_tau"}), indent=2).encode())
+        temperature=None if temperature is None else temperature.spec, index=getattr(router, "index_info_", None),
+        files=files, proxray_version=__version__)
+    replace_atomically(path / "manifest.json", json.dumps(manifest.model_dump(
+        exclude={"inv_tau"} | ({"index"} if manifest.index is None else set())), indent=2).encode())
 
 
 def _save_remote(router, uri, name: str) -> str:

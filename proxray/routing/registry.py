@@ -22,15 +22,17 @@ def router_class(name: str):
 
 def make_router(kind: str, weighting: str = "prox", hp: dict | None = None, temperature="auto",
                 n_train: int | None = None):
-    """A KMeans ("km") or kNN ("knn") router from shared hyperparameters {n_clusters, k, random_state}; K is capped
-    at the training-set size when given. The defaults are the routers' own: ``proxray fit`` builds the same one."""
+    """A KMeans ("km") or kNN ("knn") router from shared hyperparameters {n_clusters, k, random_state, recall_floor};
+    K is capped at the training-set size when given. The defaults are the routers' own: ``proxray fit`` builds the
+    same one."""
     hp = hp or {}
     if kind == "km":
         K = hp.get("n_clusters", 32) if n_train is None else min(hp.get("n_clusters", 32), n_train)
         return KMeansRouter(n_clusters=K, weighting=weighting, temperature=temperature,
                             random_state=hp.get("random_state", 42))
     if kind == "knn":
-        return KNNRouter(k=hp.get("k", 100), weighting=weighting, temperature=temperature)
+        return KNNRouter(k=hp.get("k", 100), weighting=weighting, temperature=temperature,
+                         recall_floor=hp.get("recall_floor", 0.95))
     raise ValueError(f"router={kind!r}: allowed values are {', '.join(ROUTERS)}")
 
 

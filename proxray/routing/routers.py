@@ -27,7 +27,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from proxray.routing import artifact
-from proxray.routing.index import NeighborIndex, as_matrix, check_metric, pairwise_distance, prepare
+from proxray.routing.index import NeighborIndex, as_matrix, check_metric, fit_index, pairwise_distance, prepare
 from proxray.routing.objective import choose, lambda_for_target, objective
 from proxray.routing.temperature import Fixed, Temperature, legacy, parse_temperature
 from proxray.routing.weights import bias_variance_stats
@@ -240,22 +240,30 @@ class KNNRouter(_ProxRouter):
         (spread:0.2, 1/tau(x) = 0.2 / std of the query's k distances), a number a fixed 1/tau (the paper's 20), or
         a ``Fixed`` / ``Spread`` value or its string ("spread:0.2").
     metric : "cosine" | "euclidean".
-    index : "flat" (exact) | "ivf" | "hnsw" (approximate, for large reference sets).
-    nprobe, hnsw_m, ef_search : approximate-index knobs.
+    index : "auto" (default: exact search up to 8k references, an HNSW graph above, tuned to recall_floor) |
+        "flat" (exact) | "ivf" | "hnsw" (approximate, for large reference sets; see ``proxray.routing.index``).
+    recall_floor : recall@k against exact search an approximate index must reach on a sample of the references
+        (auto falls back to exact search below it; ivf / hnsw by name are an error). 0 accepts any.
+    nprobe : IVF lists searched; None (default) tunes it: the fewest that reach recall_floor.
+    nlist : IVF lists; None: ~2 sqrt(n). hnsw_m : HNSW graph degree.
+    ef_search : HNSW search breadth; None (default) tunes it: the least (64, 96, 144, ...) that reaches recall_floor.
 
     Learned: ``acc_values_``, ``cost_values_`` (n_train, M), ``models_``, ``k_``, ``temperature_``,
-    ``index_`` (faiss), ``reference_`` (n_train, d) prepared embeddings.
+    ``index_`` (faiss), ``index_info_`` (its kind, parameters and the recall it reached), ``reference_``
+    (n_train, d) prepared embeddings.
     """
 
     kind = "knn"
 
-    def __init__(self, k=100, weighting="prox", temperature="auto", metric="cosine", index="flat",
-                 nprobe=16, hnsw_m=32, ef_search=128, **deprecated):
+    def __init__(self, k=100, weighting="prox", temperature="auto", metric="cosine", index="auto",
+                 recall_floor=0.95, nprobe=None, nlist=None, hnsw_m=32, ef_search=None, **deprecated):
         self.k = k
         self._set_hyper(weighting, temperature, deprecated)
         self.metric = metric
         self.index = index
+        self.recall_floor = recall_floor
         self.nprobe = nprobe
+        self.nlist = nlist
         self.hnsw_m = hnsw_m
         self.ef_search = ef_search
 
@@ -271,8 +279,11 @@ class KNNRouter(_ProxRouter):
         return self
 
     def _build_index(self):
-        self.index_ = NeighborIndex(self.dim_, self.metric, self.index, self.nprobe, self.hnsw_m, self.ef_search)
-        self.index_.add(self.reference_)
+        if not 0.0 <= float(self.recall_floor) <= 1.0:
+            raise ValueError(f"recall_floor={self.recall_floor!r}: must be in [0, 1]")
+        self.index_, self.index_info_ = fit_index(self.reference_, self.metric, self.index, self.k_,
+                                                  float(self.recall_floor), self.nprobe, self.nlist, self.hnsw_m,
+                                                  self.ef_search)
 
     @property
     def n_train_(self):
@@ -321,19 +332,47 @@ class KNNRouter(_ProxRouter):
         self.cost_values_ = np.hstack([self.cost_values_, cost])
         self._values = None
 
-    # State for artifacts: plain arrays only.
+    # State for artifacts: plain arrays only (an approximate index as faiss serializes it: read, not rebuilt).
     def _state(self):
-        return {"reference": self.reference_, "acc_values": self.acc_values_, "cost_values": self.cost_values_}
+        state = {"reference": self.reference_, "acc_values": self.acc_values_, "cost_values": self.cost_values_}
+        if self.index_.kind != "flat":
+            state["index"] = self.index_.to_bytes()
+        return state
 
     def _set_state(self, arrays, meta):
         self.reference_ = arrays["reference"]
         self.acc_values_, self.cost_values_ = arrays["acc_values"], arrays["cost_values"]
         self._values = None
         self.dim_ = self.reference_.shape[1]
-        self._build_index()
+        info = getattr(meta, "index", None)
+        if "index" in arrays and info:
+            self.index_ = NeighborIndex.from_bytes(arrays["index"], self.dim_, self.metric, info)
+            self.index_info_ = dict(info)
+        elif info and info.get("kind") == "flat":  # an exact index is the references themselves
+            self.index_ = NeighborIndex(self.dim_, self.metric, "flat")
+            self.index_.add(self.reference_)
+            self.index_info_ = dict(info)
+        else:  # saved before indexes were recorded: built as its parameters say
+            self._build_index()
 
 
 SPREAD_RESOLUTION = 1e-2  # KMeansRouter.prior_: a spread this far below the median is rounding, not spread
+KMEANS_ALL_ROWS_MAX = 50_000  # KMeansRouter: scikit-learn's KMeans on every row up to this; faiss's on a sample above
+KMEANS_POINTS_PER_CLUSTER = 256  # the sample faiss's KMeans trains on, per cluster
+
+
+def sampled_kmeans(R: np.ndarray, K: int, seed: int, n_init: int) -> np.ndarray:
+    """Centroids (K, d) of faiss's KMeans on a seeded sample of ``KMEANS_POINTS_PER_CLUSTER`` rows per cluster
+    (``n_init`` runs, the lowest objective kept)."""
+    import faiss
+
+    seed = 0 if seed is None else int(seed) % 2**31
+    n_sample = min(len(R), KMEANS_POINTS_PER_CLUSTER * K)
+    pick = np.sort(np.random.default_rng(seed).choice(len(R), n_sample, replace=False))
+    km = faiss.Kmeans(R.shape[1], K, niter=25, nredo=max(1, int(n_init)), seed=seed,
+                      max_points_per_centroid=KMEANS_POINTS_PER_CLUSTER, verbose=False)
+    km.train(np.ascontiguousarray(R[pick]))
+    return np.asarray(km.centroids)
 
 
 class KMeansRouter(_ProxRouter):
@@ -349,7 +388,9 @@ class KMeansRouter(_ProxRouter):
         value or its string.
     metric : "cosine" | "euclidean" (distance of queries to centroids, and of members for s_i).
     prior : "spread" (p_i ∝ n_i / s_i, the paper's least-variance prior) | "size" (∝ n_i) | "uniform".
-    random_state, n_init : KMeans seeding.
+    random_state, n_init : KMeans seeding. Up to 50k training queries scikit-learn's KMeans fits them all; above,
+        faiss's KMeans fits a sample of 256 per cluster (n_init runs, the best kept) and every query joins its
+        nearest centroid: a million queries fit in seconds instead of minutes.
 
     Learned: ``centers_`` (K, d) prepared centroids, ``sizes_`` n_i (K,), ``spreads_`` s_i (K,),
     ``acc_values_``, ``cost_values_`` (K, M) cluster means, ``labels_`` (n_train,) cluster of each
@@ -380,16 +421,20 @@ class KMeansRouter(_ProxRouter):
         if not 1 <= K <= len(X):
             raise ValueError(f"n_clusters={self.n_clusters!r}: must be between 1 and the {len(X)} training queries")
         R = prepare(X, self.metric)
-        km = KMeans(n_clusters=K, random_state=self.random_state, n_init=self.n_init).fit(R)
-        self.centers_ = prepare(km.cluster_centers_.astype(np.float32), self.metric)
+        if len(R) <= KMEANS_ALL_ROWS_MAX:
+            centers = KMeans(n_clusters=K, random_state=self.random_state, n_init=self.n_init).fit(R).cluster_centers_
+        else:
+            centers = sampled_kmeans(R, K, self.random_state, self.n_init)
+        self.centers_ = prepare(centers.astype(np.float32), self.metric)
         # membership by the distance routing and add_queries use (to the prepared centroids), not by
         # sklearn's euclidean labels against the raw centroids: n_i, s_i and V_i describe what routing sees
         self._assign_fit(R, self._nearest(R), acc, cost)
         return self
 
-    def _nearest(self, R) -> np.ndarray:
-        """The cluster of each prepared row: nearest prepared centroid in the router's metric."""
-        return np.argmin(pairwise_distance(R, self.centers_, self.metric), axis=1).astype(np.int64)
+    def _nearest(self, R, chunk: int = 65536) -> np.ndarray:
+        """The cluster of each prepared row: nearest prepared centroid in the router's metric (in chunks of rows)."""
+        return np.concatenate([np.argmin(pairwise_distance(R[i:i + chunk], self.centers_, self.metric), axis=1)
+                               for i in range(0, len(R), chunk)] or [np.zeros(0)]).astype(np.int64)
 
     def _assign_fit(self, R, labels, acc, cost):
         """Cluster statistics from an assignment: n_i, s_i, V_i (cluster means)."""

@@ -2,9 +2,9 @@
 
     RouterIngress (FastAPI)  --DeploymentHandle.respond-->  ModelServer "<model a>"        (CPU engines)
       composes: HTTP boundary (http), encoder service,      VLLMModelServer "<model b>"   (ray.serve.llm)
-                                                            EndpointServer "<model c>"    (an endpoint it does not host)
-      routing policy (policy), model client (client) with   ... every one: respond(endpoint, body)
-      fallback (fallback), stream writer (sse), monitor client, metrics
+      routing policy (policy), model client (client) with   --in process-->  EndpointRelay "<model c>"
+      fallback (fallback), stream writer (sse), monitor       (an endpoint it does not host)
+      client, metrics                                       ... every one: respond(endpoint, body)
 
 The client's request goes to the chosen model as sent (only ``model`` is rewritten); the model's response
 or chunk stream comes back unchanged, with a ``proxray`` object added (and ``x-proxray-*`` headers).
@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
+from proxray.routing.index import single_thread
 from proxray.serve import plan as planning
 from proxray.serve.client import ModelClient
 from proxray.serve.fallback import first_answer
@@ -59,6 +60,9 @@ class RouterIngress:
         if not hasattr(router, "estimate_with_outlier_score"):
             raise ValueError(f"{a.router}: serving needs a KNNRouter or KMeansRouter artifact "
                              f"(it reports outlier scores), not a {type(router).__name__}")
+        from proxray.serve.endpoint_server import relays
+
+        handles = relays(handles)  # an endpoint proxray does not host is relayed from this process
         self.client = ModelClient(handles)
         self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a))
         self.kinds = {m.id: m.engine for m in a.models}
@@ -84,6 +88,7 @@ class RouterIngress:
         refusals = await self.client.refusals(self.policy.routable, body, endpoint)
         X = (await self.encoder.vector(text, timings))[None, :]
         t1 = time.perf_counter()
+        single_thread()  # one query, one faiss thread (more threads cost more than they give on one query)
         p = self.policy.decide(X, req.proxray, refusals)
         timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
@@ -205,8 +210,10 @@ def check_models(a: AppArgs) -> dict:
     """What would fail inside a replica, checked when the app is built (before any replica starts):
     every problem at once. Returns ``{model id: source}`` with local folders made absolute."""
     from proxray.pool.preflight import check_models as check
+    from proxray.serve.preflight import relay_problems
 
     sources, problems = check(a.models, a.default_max_tokens)
+    problems += relay_problems(a.models)
     if problems:
         raise ValueError("invalid app args:\n" + "\n".join(f"  {p}" for p in problems))
     return sources
@@ -239,16 +246,14 @@ def build_app(args: dict):
     for m in a.models:
         if m.engine == "vllm":
             handles[m.id] = _vllm_deployment(m, sources[m.id])
-        else:  # a CPU engine in the replica, or the relay to an endpoint proxray does not host
-            if m.engine == "openai":
-                from proxray.serve.endpoint_server import EndpointServer as cls
-            else:
-                cls = ModelServer
-            handles[m.id] = cls.options(
+        elif m.engine == "openai":  # relayed by the router's replicas (proxray.serve.endpoint_server)
+            handles[m.id] = {"relay": m.model_dump()}
+        else:  # a CPU engine in the replica
+            handles[m.id] = ModelServer.options(
                 name=deployment_name(m.id), autoscaling_config=m.autoscaling.model_dump(exclude_none=True),
                 ray_actor_options={"num_cpus": m.cpus(0.1), "num_gpus": m.gpus,
                                    **({"accelerator_type": m.accelerator_type} if m.accelerator_type else {})},
-                max_ongoing_requests=m.max_ongoing_requests or (64 if m.engine == "openai" else 8),
+                max_ongoing_requests=m.max_ongoing_requests or 8,
                 max_queued_requests=m.max_queued_requests,
                 **({"max_replicas_per_node": m.max_replicas_per_node} if m.max_replicas_per_node else {}),
             ).bind({**m.model_dump(), "source": sources[m.id] if m.engine == "transformers" else m.source})

@@ -1,6 +1,7 @@
-"""The model client: calls a model deployment through its handle, the same way for every engine
-(``respond(endpoint, body)``, see ``proxray.serve.models``), and sorts out which failures another model
-could fix (fall back) from those that belong to the request (answer the client)."""
+"""The model client: calls a model the same way for every engine (``respond(endpoint, body)``, see
+``proxray.serve.models``) — a deployment through its handle, an endpoint relayed in this process
+(``proxray.serve.endpoint_server.EndpointRelay``) directly — and sorts out which failures another model could fix
+(fall back) from those that belong to the request (answer the client)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,7 @@ import re
 import time
 
 from proxray.serve.errors import error
-from proxray.serve.models import refused_parameters
+from proxray.serve.models import OpenAIModel, refused_parameters
 
 RETRYABLE = {408, 429, 500, 502, 503, 504}  # the model's trouble, not the request's
 _PATH = re.compile(r"(?<![\w.])/(?:[\w.\-]+/)+[\w.\-]*")
@@ -39,24 +40,53 @@ class ModelError(Exception):
         super().__init__(f"{self.status} {err.get('type')}: {scrub(err.get('message', ''))}")
 
 
+class LocalStream:
+    """An in-process model's ``respond`` stream, with ``cancel()`` as a deployment's stream has it."""
+
+    def __init__(self, gen):
+        self.gen = gen
+
+    def __aiter__(self):
+        return self
+
+    def __anext__(self):
+        return self.gen.__anext__()
+
+    def cancel(self) -> None:
+        """Close the stream (the relay's request to its endpoint with it), soon, from the running loop."""
+        async def close():
+            try:
+                await self.gen.aclose()
+            except RuntimeError:  # still running: it ends with the task that runs it
+                pass
+
+        asyncio.get_running_loop().create_task(close())
+
+
 class ModelClient:
     ASK_AGAIN_S = 30.0  # a model that did not say its capabilities (not up yet) is asked again after this
 
     def __init__(self, handles: dict):
-        self.handles = handles  # model id -> DeploymentHandle (every one with ``respond``)
+        self.handles = handles  # model id -> DeploymentHandle or in-process OpenAIModel (every one with ``respond``)
         self.caps: dict = {}  # model id -> {endpoint: frozenset of parameters it honours}, asked lazily
         self.caps_retry: dict = {}  # model id -> when to ask again a model that did not answer
 
     def stream(self, model: str, endpoint: str, body: dict):
-        """The deployment's stream of OpenAI objects (a DeploymentResponseGenerator: ``cancel()`` stops it)."""
-        return self.handles[model].options(stream=True).respond.remote(endpoint, body)
+        """The model's stream of OpenAI objects (a DeploymentResponseGenerator, or a ``LocalStream`` for an in-process
+        model: ``cancel()`` stops either)."""
+        callee = self.handles[model]
+        if isinstance(callee, OpenAIModel):
+            return LocalStream(callee.respond(endpoint, body))
+        return callee.options(stream=True).respond.remote(endpoint, body)
 
     async def capabilities(self, models, timeout_s: float = 10.0) -> dict:
         """``{model: {endpoint: [parameters it honours]}}`` for those of ``models`` that answer in time (a
         model not yet up is left out and asked again next time)."""
         async def one(m):
             try:
-                caps = await asyncio.wait_for(self.handles[m].capabilities.remote(), timeout_s)
+                callee = self.handles[m]
+                asked = callee.capabilities() if isinstance(callee, OpenAIModel) else callee.capabilities.remote()
+                caps = await asyncio.wait_for(asked, timeout_s)
                 return m, {endpoint: frozenset(names) for endpoint, names in caps.items()}
             except Exception:  # noqa: BLE001 - unknown for now: the plan treats it as capable
                 return m, None

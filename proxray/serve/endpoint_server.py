@@ -1,21 +1,25 @@
 """Pool models proxray does not host (``engine: openai``): a hosted API, or a vLLM / SGLang / TGI server another team
 runs, behind the gateway's one model interface, ``respond(endpoint, body)`` (see ``proxray.serve.models``).
 
+An endpoint needs no replica of its own: each router replica relays to it in its own process (``EndpointRelay``; the
+model client calls it as it calls a deployment's handle), which saves a Ray hop and a copy of every chunk through
+the object store. Its scale is the router's (``router_replicas``), its concurrency per router replica
+``max_ongoing_requests`` (default 64): a request past it is answered 429 at once, so it falls back.
+
 The client's request goes to the endpoint as sent — messages, tools, ``response_format``, ``stream`` and its
 options — with ``model`` set to the model's name there (``source``), and only the configured key as a header (none of
 the client's own headers). Its response, or its stream chunk by chunk with ``usage``, comes back unchanged but for
 ``model``, which names the pool model the client knows. A 429, a 5xx, a timeout or a refused connection before the
 first chunk is an error object the gateway falls back on, as for a co-hosted model; the key is scrubbed from every
-message. ``rate_limit`` is kept by one limiter actor per model (namespace ``proxray``) that every replica asks
+message. ``rate_limit`` is kept by one limiter actor per model (namespace ``proxray``) that every router replica asks
 before a request; a request the limit would hold past its timeout is answered 429 at once, so it falls back instead
-of waiting. Latency, answers by status and waits are Prometheus metrics per model.
+of waiting. Latency, answers by status and waits are Prometheus metrics per model (fallbacks, the gateway's retries
+on the next model, are ``proxray_fallbacks``).
 """
 from __future__ import annotations
 
 import json
 import time
-
-from ray import serve
 
 from proxray.serve.errors import error
 from proxray.serve.models import OpenAIModel
@@ -35,11 +39,22 @@ def honoured() -> dict:
             "completions": sorted({*completions.CompletionCreateParamsBase.__annotations__, "stream"})}
 
 
-@serve.deployment
-class EndpointServer(OpenAIModel):
-    """One ``engine: openai`` pool model, relayed to its endpoint (``base_url``) with its key and limit."""
+DEFAULT_CONCURRENCY = 64  # requests in flight to one endpoint per router replica, unless max_ongoing_requests says
+
+
+def relays(handles: dict) -> dict:
+    """The router's callees: deployment handles as given, and an ``EndpointRelay`` for each ``{"relay": spec}``
+    (what ``build_app`` binds for an ``engine: openai`` model)."""
+    return {m: EndpointRelay(h["relay"]) if isinstance(h, dict) and "relay" in h else h for m, h in handles.items()}
+
+
+class EndpointRelay(OpenAIModel):
+    """One ``engine: openai`` pool model, relayed from the router's process to its endpoint (``base_url``) with its
+    key, limit and concurrency cap."""
 
     def __init__(self, spec: dict):
+        import asyncio
+
         import httpx
         from ray.util.metrics import Counter, Histogram
 
@@ -51,12 +66,14 @@ class EndpointServer(OpenAIModel):
         self.client = httpx.AsyncClient(base_url=self.spec.base_url.rstrip("/"), headers=headers,
                                         timeout=httpx.Timeout(self.spec.timeout_s, connect=min(10.0, self.spec.timeout_s)))
         self.limiter = self._limiter() if self.spec.rate_limit is not None else None
+        self.cap = self.spec.max_ongoing_requests or DEFAULT_CONCURRENCY
+        self.slots = asyncio.Semaphore(self.cap)
         self.latency = Histogram(NAMES["latency"], "seconds to an external endpoint's answer or first chunk",
                                  boundaries=LATENCY_BOUNDARIES, tag_keys=("model",))
         self.answers = Counter(NAMES["answers"], "external endpoint calls, by model and HTTP status (0: no answer)",
                                tag_keys=("model", "status"))
-        self.limited = Counter(NAMES["limited"],
-                               "requests the model's rate limit held or refused", tag_keys=("model",))
+        self.limited = Counter(NAMES["limited"], "requests the model's rate limit or concurrency cap held or refused",
+                               tag_keys=("model",))
 
     def _limiter(self):
         import ray
@@ -78,6 +95,16 @@ class EndpointServer(OpenAIModel):
         return scrub(text, self.key, 2000)
 
     async def _respond(self, endpoint: str, body: dict):
+        if self.slots.locked():
+            self.limited.inc(1, {"model": self.spec.id})
+            yield error(429, f"model {self.spec.id!r}: {self.cap} requests in flight to its endpoint from this router "
+                             "replica (max_ongoing_requests)", kind="rate_limit_error")
+            return
+        async with self.slots:
+            async for obj in self._relay(endpoint, body):
+                yield obj
+
+    async def _relay(self, endpoint: str, body: dict):
         import asyncio
 
         import httpx

@@ -45,3 +45,14 @@ def encoder_setting(encoder_id: str) -> str:
     """How an app's ``encoder:`` (and ``proxray fit --encoder``) names the encoder of this id."""
     return {"sentence-transformers/all-MiniLM-L6-v2": "(leave it out: the shipped MiniLM, the default)",
             "static:sentence-transformers/all-MiniLM-L6-v2": "static"}.get(encoder_id, encoder_id)
+
+
+RELAYED = ("autoscaling", "max_replicas_per_node", "max_queued_requests", "num_cpus", "num_gpus", "accelerator_type")
+
+
+def relay_problems(models, where: str = "models") -> list:
+    """Serving fields set on an ``engine: openai`` model, which the router's replicas relay in their own process
+    (``proxray.serve.endpoint_server``): it has no replicas to scale, place or queue for."""
+    return [f"{where}: model {m.id!r}: {f}: an openai model is relayed by the router's replicas and has no replicas of "
+            "its own (router_replicas scales it; max_ongoing_requests caps it per router replica)"
+            for m in models if m.engine == "openai" for f in RELAYED if f in m.model_fields_set]

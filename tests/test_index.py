@@ -1,0 +1,87 @@
+"""The kNN router's index chosen by size: exact search up to EXACT_MAX references, an approximate index above whose
+search is tuned to the recall floor (measured against exact search on a sample), recorded in the artifact and read
+back without a rebuild; live growth keeps it valid; KMeans on a sample above its row limit. Sizes here are small: the
+limits are lowered for the test (bench/bench_scale.py measures the real sizes). The recall is measured on references
+held out of the index while it is built, then added."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import blobs
+from proxray import KMeansRouter, KNNRouter
+from proxray.routing import index as index_mod
+from proxray.routing import routers as routers_mod
+from proxray.routing.index import NeighborIndex, exact_neighbours, fit_index, normalize
+
+
+@pytest.fixture
+def small_limits(monkeypatch):
+    monkeypatch.setattr(index_mod, "EXACT_MAX", 500)
+    monkeypatch.setattr(routers_mod, "KMEANS_ALL_ROWS_MAX", 500)
+
+
+def refs(rng, n=3000, d=32):
+    X, acc, cost, labels = blobs(rng, n_per=n // 10, centers=10, dim=d, spread=0.3)
+    return X, acc, cost
+
+
+def test_small_sets_are_searched_exactly(rng):
+    X, acc, cost = refs(rng, 400)
+    r = KNNRouter(k=20).fit(X, acc, cost)
+    assert r.index_info_["kind"] == "flat" and r.index_.kind == "flat" and r.index_info_["recall_at_k"] == 1.0
+
+
+def test_above_the_limit_an_approximate_index_reaches_the_floor_and_the_artifact_keeps_it(rng, small_limits, tmp_path,
+                                                                                         monkeypatch):
+    X, acc, cost = refs(rng)
+    r = KNNRouter(k=20).fit(X, acc, cost)
+    info = r.index_info_
+    assert info["kind"] == index_mod.AUTO_APPROX and info["recall_at_k"] >= 0.95 and info["sample"] == 256
+    # on fresh queries near the references it holds too (a margin for the sample's 256)
+    Q = normalize(X[rng.choice(len(X), 200)] + 0.05 * rng.normal(size=(200, X.shape[1])).astype(np.float32))
+    _, approx = r.index_.search(Q, 20)
+    exact = exact_neighbours(Q, r.reference_, 20, "cosine")
+    assert np.mean([len(np.intersect1d(a, e)) / 20 for a, e in zip(approx, exact)]) >= 0.9
+    before = r.estimate(Q)
+    v = r.save(tmp_path / "r")
+    manifest = json.loads((v / "manifest.json").read_text())
+    assert manifest["index"]["kind"] == info["kind"] and manifest["index"]["recall_at_k"] == info["recall_at_k"]
+    assert "index" in manifest["files"]
+    monkeypatch.setattr(NeighborIndex, "add", lambda *a: pytest.fail("loading rebuilt the index"))
+    loaded = KNNRouter.load(tmp_path / "r")
+    assert loaded.index_info_ == info
+    for x, y in zip(loaded.estimate(Q), before):
+        np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
+def test_live_growth_keeps_the_index_valid(rng, small_limits):
+    X, acc, cost = refs(rng)
+    r = KNNRouter(k=20).fit(X[:2500], acc[:2500], cost[:2500])
+    r.add_queries(X[2500:], acc[2500:], cost[2500:])
+    _, idx = r.index_.search(r.reference_[2500:2600], 1)
+    assert r.n_train_ == 3000 and (idx[:, 0] >= 2500).mean() >= 0.95  # the added references are found
+
+
+def test_a_floor_out_of_reach(rng, small_limits, monkeypatch):
+    R = normalize(rng.normal(size=(3000, 32)).astype(np.float32))  # no structure: hard for any approximate index
+    with pytest.raises(ValueError, match=r"index='ivf': recall@20 .* below recall_floor=0.999; raise nprobe"):
+        fit_index(R, "cosine", "ivf", 20, floor=0.999, nprobe=1)
+    monkeypatch.setattr(index_mod, "MIN_EF_SEARCH", 4)
+    monkeypatch.setattr(index_mod, "MAX_EF_SEARCH", 4)
+    index, info = fit_index(R, "cosine", "auto", 20, floor=0.999)
+    assert index.kind == "flat" and "exact search instead" in info["chosen"]
+    with pytest.raises(ValueError, match="recall_floor=1.5: must be in"):
+        KNNRouter(k=5, recall_floor=1.5).fit(R[:50], rng.uniform(size=(50, 2)))
+
+
+def test_kmeans_on_a_sample_above_its_row_limit(rng, small_limits):
+    X, acc, cost, labels = blobs(rng, n_per=300, centers=6, dim=16, spread=0.05)
+    km = KMeansRouter(n_clusters=6).fit(X, acc, cost)
+    assert km.centers_.shape == (6, 16) and sorted(np.bincount(km.labels_)) == [300] * 6  # the blobs, found
+    # the same clusters as scikit-learn's fit on every row (which it still uses below the limit)
+    full = KMeansRouter(n_clusters=6)
+    routers_mod.KMEANS_ALL_ROWS_MAX = 10**9
+    full.fit(X, acc, cost)
+    np.testing.assert_allclose(np.sort(km.sizes_), np.sort(full.sizes_))
+    np.testing.assert_allclose(np.sort(km.acc_values_, axis=0), np.sort(full.acc_values_, axis=0), atol=1e-9)
