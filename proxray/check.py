@@ -180,12 +180,23 @@ def check_app_args(args: dict, report: Report, where: str = "args") -> list:
         report.problems += check_models(a.models, a.default_max_tokens)[1]
     report.problems += relay_problems(a.models, f"{where}.models")
     report.problems += secret_problems(a.models, f"{where}.models")
+    if a.keys_file:
+        from proxray.serve.keys import read_keys
+
+        try:
+            unknown = sorted({m for k in read_keys(os.path.expanduser(a.keys_file)).keys
+                              for m in k.allowed_models or () if m not in {x.id for x in a.models}})
+            if unknown:
+                report.problems.append(f"{where}.keys_file: allowed_models name models the app does not serve: "
+                                       f"{', '.join(unknown)}")
+        except (OSError, ValueError) as e:
+            report.problems.append(f"{where}.keys_file: {str(e).splitlines()[0]}")
     if a.api_key_file:
         report.problems += key_file_problems(a.api_key_file, f"{where}.api_key_file")
     elif a.api_key_env:
         if not os.environ.get(a.api_key_env):
             report.notes.append(f"api_key_env {a.api_key_env}: not set here; it must be set on every node")
-    else:
+    elif not a.keys_file:
         report.notes.append("no api_key_file: the endpoint answers anyone who reaches it")
     if a.simulate:
         report.notes.append("simulate: every engine is the simulated one (a rehearsal), resources as configured")

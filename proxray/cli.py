@@ -56,13 +56,41 @@ def _cmd_fit(a):
     X = enc.encode(table.prompts)
     r = make_router(a.router, a.weighting, {"n_clusters": a.clusters, "k": a.k, "recall_floor": a.recall_floor},
                     temperature)
-    r.fit(X, acc, cost, models=models, encoder_id=enc.id).save(a.out)
+    r.fit(X, acc, cost, models=models, encoder_id=enc.id, query_ids=table.query_ids, tasks=table.tasks).save(a.out)
     print(f"fitted {r!r} on {table} -> {a.out}")
     info = getattr(r, "index_info_", None)
     if info:
         knobs = ", ".join(f"{k}={info[k]}" for k in ("nlist", "nprobe", "hnsw_m", "ef_search") if k in info)
         print(f"index: {info['kind']}{f' ({knobs})' if knobs else ''}, recall@{info['k']} {info['recall_at_k']} "
               f"against exact search — {info['chosen']}")
+
+
+def _cmd_explain(a):
+    import json
+
+    from proxray.embeddings.encoder import SentenceEncoder
+    from proxray.routing.explain import evidence, format_evidence
+    from proxray.routing.registry import load_router
+
+    router = load_router(a.router)
+    if not hasattr(router, "neighbourhood"):
+        raise ValueError(f"{a.router}: holds a {type(router).__name__}; only KNNRouter and KMeansRouter give evidence")
+    X = SentenceEncoder(router.encoder_id_, progress=False).encode([a.text])
+    ev = evidence(router, X[0], a.lam, top=a.top)
+    print(json.dumps(ev, indent=1) if a.json else format_evidence(ev))
+
+
+def _cmd_keys(a):
+    from proxray.serve.keys import new_key_entry
+
+    budget = None
+    if a.budget_usd is not None:
+        budget = {"usd": a.budget_usd, "window_s": a.budget_window_s, "over_budget": a.over_budget}
+    key = new_key_entry(a.file, a.name, lam=a.lam, allowed_models=a.models.split(",") if a.models else None,
+                        requests_per_minute=a.rpm, budget=budget)
+    print(f"added key {a.name!r} to {a.file} (its hash; ingress replicas pick it up within seconds). The key, shown "
+          "this once:", file=sys.stderr)
+    print(key)
 
 
 def _cmd_check(a):
@@ -302,8 +330,10 @@ endpoint that routes every query to the right model.
   import public data  proxray import routerbench|routerdc|hf FILES --out TABLE
   fit a router        proxray fit --table TABLE --out ROUTER [--router km|knn] [--encoder static]
   measure routers     proxray eval [--table TABLE --outliers TASKS] [--router km|knn]
+  explain a decision  proxray explain "TEXT" --router ROUTER [--lam λ] [--json]
   check a config      proxray check --config SERVE|JOB|MONITOR.yaml [--address auto] [--simulate]
   serve the endpoint  proxray serve --config SERVE.yaml [--simulate]
+  API keys, policies  proxray keys new --file KEYS.yaml --name N [--lam λ] [--models …] [--rpm R] [--budget-usd U]
   watch for drift     proxray monitor start|status|metrics|stop [--config MONITOR.yaml]
   demos and tools     proxray demo drift · proxray make-tiny-model --out DIR"""
 EPILOG = """\
@@ -408,6 +438,29 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--encoder", default=None, help=ENCODER_HELP)
     fit.add_argument("--out", required=True, help="artifact folder")
     fit.set_defaults(func=_cmd_fit)
+
+    exp = sub.add_parser("explain", help="why a router picks the model it picks for a text: the training queries or "
+                         "clusters with the most weight, every model's estimate, the margin, the outlier score")
+    exp.add_argument("text", help="the query text (a routed request's routing text)")
+    exp.add_argument("--router", required=True, help="router artifact (a folder or a URI)")
+    exp.add_argument("--lam", type=float, default=0.0, help="λ of acc − λ·cost (default 0: accuracy alone)")
+    exp.add_argument("--top", type=int, default=10, help="reference elements shown, 1 to 20")
+    exp.add_argument("--json", action="store_true", help="the evidence as JSON (what the endpoint returns)")
+    exp.set_defaults(func=_cmd_explain)
+
+    keys = sub.add_parser("keys", help="API keys with their own policy: `new` adds one to a keys file (the app's "
+                          "keys_file) and prints the key once")
+    keys.add_argument("what", choices=["new"], help="new: add a key")
+    keys.add_argument("--file", required=True, help="the keys file (created if absent; it holds hashes only)")
+    keys.add_argument("--name", required=True, help="the key's name in metrics and reports")
+    keys.add_argument("--lam", type=float, default=None, help="default λ of its routed requests")
+    keys.add_argument("--models", default=None, help="comma-separated models it may reach (default: all)")
+    keys.add_argument("--rpm", type=float, default=None, help="requests a minute at most, across every replica")
+    keys.add_argument("--budget-usd", type=float, default=None, help="USD it may spend per window")
+    keys.add_argument("--budget-window-s", type=float, default=86400.0, help="the budget's window (default a day)")
+    keys.add_argument("--over-budget", choices=["reject", "cheapest"], default="reject",
+                      help="past the budget: 429, or route to the cheapest model it allows")
+    keys.set_defaults(func=_cmd_keys)
 
     srv = sub.add_parser("serve", help="check a Serve config, then run it (serve run CONFIG), Ray's token auth as "
                          "configured")

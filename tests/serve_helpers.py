@@ -32,7 +32,7 @@ def fit_router(path, encoder, models, profile=None):
     cost = np.tile([profile[m][1] for m in models], (n, 1))
     table = RoutingTable.from_matrices(acc, cost, models=models, prompts=list(q.prompt))
     KNNRouter(k=10).fit(encoder.encode(table.prompts), *table.matrices(models=models), models=models,
-                        encoder_id=encoder.id).save(path)
+                        encoder_id=encoder.id, query_ids=list(q.query_id), tasks=list(q.task)).save(path)
 
 
 def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxray", profile=None, **args):

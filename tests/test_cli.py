@@ -45,6 +45,17 @@ def test_fit_writes_a_loadable_artifact(tmp_path, shared_data, capsys):
                  "--out", str(tmp_path / "km")]) == 0
     km = KMeansRouter.load(tmp_path / "km", encoder_id="sentence-transformers/all-MiniLM-L6-v2")
     assert km.temperature_ == PlugIn(0.125)
+    # proxray explain: the evidence of a decision, named by the table's ids and tasks, as text and as JSON
+    capsys.readouterr()
+    text = small.prompts[3]
+    assert main(["explain", text, "--router", str(tmp_path / "art"), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("routed to ") and "the 3 neighbours with the most weight of 10" in out
+    assert small.query_ids[3] in out  # the text is a training query: its own row weighs most
+    assert main(["explain", text, "--router", str(tmp_path / "km"), "--json", "--lam", "100"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["kind"] == "clusters" and ev["lam"] == 100 and ev["shown"] == 4 and ev["outlier"] is False
+    assert set(ev["elements"][0]["tasks"]) <= set(small.tasks)
     assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "knn", "--temperature",
                  "plug-in:0.125", "--out", str(tmp_path / "bad")]) == 2  # KMeans only, refused before fitting
     assert not (tmp_path / "bad").exists()
@@ -123,5 +134,6 @@ def test_one_grammar_and_the_old_spellings_still_parse(tmp_path, shared_data, ca
     assert (tmp_path / "tiny" / "config.json").exists()
     # --help names every command, in plain text
     help_text = p.format_help()
-    for cmd in ("import", "info", "fit", "eval", "build-table", "make-tiny-model", "serve", "monitor", "demo"):
+    for cmd in ("import", "info", "fit", "explain", "eval", "build-table", "make-tiny-model", "serve", "monitor",
+                "demo"):
         assert f"    {cmd}" in help_text

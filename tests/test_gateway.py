@@ -41,8 +41,12 @@ def server(tmp_path_factory, encoder):
               {"id": BROKEN, "engine": "sim", "engine_kwargs": {"fail_always": True}, "autoscaling": one},
               {"id": MIDFAIL, "engine": "sim", "engine_kwargs": {"fail_mid_stream": True}, "autoscaling": one},
               {"id": LONG, "engine": "sim", "engine_kwargs": {"word_latency_s": 0.5}, "autoscaling": one}]
+    from proxray.serve.keys import new_key_entry
+
+    FOLDERS["team-key"] = new_key_entry(tmp / "keys.yaml", "team")  # a key of the keys file: its metrics
     yield start_app(tmp, encoder, models, api_key_env="PROXRAY_TEST_KEY", timeout_s=60, max_body_bytes=64 * 1024,
-                    default_max_tokens=16, app_name=APP, profile=PROFILE, router_num_cpus=0.2)
+                    default_max_tokens=16, app_name=APP, profile=PROFILE, router_num_cpus=0.2,
+                    keys_file=str(tmp / "keys.yaml"))
     stop_app()
 
 
@@ -284,9 +288,14 @@ def test_metrics_reach_rays_prometheus_endpoint(client):
 
     client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "What is 2+2?"}],
                                    extra_body={"proxray": {"allowed_models": [BROKEN, WEAK]}})  # one fallback
+    from openai import OpenAI
+
+    team = OpenAI(base_url=str(client.base_url), api_key=FOLDERS["team-key"], max_retries=0, timeout=60)
+    team.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "What is 3+3?"}])
     port = ray.nodes()[0]["MetricsExportPort"]
     want = ["ray_proxray_routing_decisions", "ray_proxray_routing_latency_ms_bucket", "ray_proxray_fallbacks",
-            "ray_proxray_outlier_score_bucket", "ray_proxray_request_errors"]
+            "ray_proxray_outlier_score_bucket", "ray_proxray_request_errors", "ray_proxray_key_requests",
+            "ray_proxray_key_spend_usd"]
     deadline, text = time.time() + 90, ""
     while time.time() < deadline:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text

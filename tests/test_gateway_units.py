@@ -223,3 +223,38 @@ def test_a_relay_past_its_cap_answers_429_at_once(monkeypatch):
     (obj,) = asyncio.run(go())
     assert obj["error"]["code"] == 429 and "1 requests in flight" in obj["error"]["message"]
     assert relay.limited.n == 1
+
+
+def test_the_conversation_book_is_bounded_and_forgets_idle_conversations():
+    from proxray.serve.conversations import ConversationBook
+
+    book = ConversationBook(max_entries=2, ttl_s=60)
+    book.remember("a", "m1", now=0)
+    book.remember("b", "m2", now=10)
+    assert book.recall("a", now=59) == "m1" and book.recall("a", now=61) is None  # idle past ttl_s
+    book.remember("c", "m3", now=70)
+    book.remember("d", "m1", now=71)  # over max_entries: the least recently remembered goes
+    assert book.recall("b", now=72) is None and book.recall("c", now=72) == "m3"
+    assert book.stats() == {"conversations": 2, "dropped": 1}
+
+
+@pytest.mark.parametrize("acc,cost,lam,expect", [
+    ([0.80, 0.81], [1.0, 1.0], 0.0, ("kept", "escalate")),       # better by 0.01 < escalate margin 0.02
+    ([0.80, 0.85], [1.0, 1.0], 0.0, ("switched", "escalate")),   # better by 0.05 > 0.02
+    ([0.80, 0.77], [3.0, 0.0], 0.01, ("kept", "step down")),     # a cheaper model better by 0.0 - 0.04: no
+    ([0.80, 0.78], [10.0, 0.0], 0.01, ("switched", "step down")),  # 0.78 vs 0.70: better by 0.08 > 0.05
+    ([0.80, 0.76], [5.0, 0.0], 0.01, ("kept", "step down")),     # 0.76 vs 0.75: 0.01 < step-down margin 0.05
+])
+def test_a_conversation_keeps_its_model_within_the_margins(acc, cost, lam, expect):
+    from proxray.serve.conversations import ConversationSpec, keep
+
+    models = ["held", "other"]
+    obj = np.array(acc) - lam * np.array(cost)
+    candidates = [models[i] for i in np.argsort(-obj, kind="stable")]
+    if candidates[0] == "held":
+        candidates = ["other", "held"]  # the router prefers the other model (the cases are built so)
+    report = keep(candidates, "held", acc, cost, lam, models, ConversationSpec())
+    assert (report["action"], report["direction"]) == expect
+    assert candidates[0] == ("held" if expect[0] == "kept" else "other")
+    assert keep(["other", "held"], None, acc, cost, lam, models, ConversationSpec())["action"] == "new"
+    assert keep(["other"], "held", acc, cost, lam, models, ConversationSpec())["action"] == "new"  # not a candidate

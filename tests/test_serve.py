@@ -27,9 +27,20 @@ def server(tmp_path_factory, encoder):
                                "look_back_period_s": 1}},
               {"id": BROKEN, "engine": "sim", "engine_kwargs": {"fail_always": True}, "autoscaling": fast},
               {"id": STRONG, "engine": "sim", "autoscaling": fast}]
-    yield start_app(tmp_path_factory.mktemp("serve"), encoder, models, api_key_env="PROXRAY_TEST_KEY",
+    from proxray.serve.keys import new_key_entry
+
+    tmp = tmp_path_factory.mktemp("serve")
+    KEYS["file"] = tmp / "keys.yaml"  # keys with their own policy beside the single key
+    KEYS["weak"] = new_key_entry(KEYS["file"], "weak-only", allowed_models=[WEAK])
+    KEYS["rate"] = new_key_entry(KEYS["file"], "two-a-minute", requests_per_minute=2)
+    KEYS["reject"] = new_key_entry(KEYS["file"], "spent", budget={"usd": 1e-12, "over_budget": "reject"})
+    KEYS["down"] = new_key_entry(KEYS["file"], "routed-down", budget={"usd": 1e-12, "over_budget": "cheapest"})
+    yield start_app(tmp, encoder, models, api_key_env="PROXRAY_TEST_KEY", keys_file=str(KEYS["file"]),
                     timeout_s=5, max_prompt_chars=2000, docs=True, cors_origins=[ORIGIN])
     stop_app()
+
+
+KEYS: dict = {}
 
 
 @pytest.fixture
@@ -59,6 +70,137 @@ def test_routed_chat_with_the_openai_client(client):
     cheap = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "2+2?"}],
                                            extra_body={"proxray": {"lam": 1e6, "allowed_models": [WEAK, STRONG]}})
     assert cheap.model == WEAK
+
+
+def test_explain_gives_the_evidence_behind_the_choice(client, server):
+    from proxray.data.synthetic import generate_queries
+
+    q = generate_queries(8, seed=1)  # the router's training queries (serve_helpers.fit_router)
+    ids, tasks = dict(zip(q.query_id, q.task)), set(q.task)
+    ask = dict(model="proxray", messages=[{"role": "user", "content": "Tom has 3 boxes of 4 apples. How many apples?"}])
+    opts = {"lam": 0.0, "allowed_models": [WEAK, STRONG]}
+    plain = client.chat.completions.create(**ask, extra_body={"proxray": opts}).model_extra["proxray"]
+    assert "evidence" not in plain  # off by default
+    r = client.chat.completions.create(**ask, extra_body={"proxray": {**opts, "explain": True}})
+    rep = r.model_extra["proxray"]
+    ev = rep["evidence"]
+    assert ev["winner"] == r.model == STRONG and ev["runner_up"] == rep["runner_up"] == WEAK
+    assert ev["kind"] == "neighbours" and ev["shown"] == ev["of"] == 10 and ev["weight_shown"] == pytest.approx(1.0)
+    weights = [e["weight"] for e in ev["elements"]]
+    assert weights == sorted(weights, reverse=True) and all(w > 0 for w in weights)
+    assert all(ids[e["query_id"]] == e["task"] for e in ev["elements"])  # named by the table's ids and tasks
+    by_model = {m["model"]: m for m in ev["models"]}
+    for m, est in rep["estimates"].items():  # the same estimates the choice was made on
+        assert by_model[m]["accuracy"] == pytest.approx(est["accuracy"], abs=1e-6) and by_model[m]["candidate"]
+    assert not by_model[BROKEN]["candidate"]
+    assert ev["margin"] == pytest.approx(by_model[STRONG]["objective"] - by_model[WEAK]["objective"], abs=1e-6)
+    assert ev["margin"] >= 0 and ev["outlier_score"] == pytest.approx(rep["outlier_score"], abs=1e-6)
+    assert ev["outlier"] == (ev["outlier_score"] > ev["outlier_threshold"]) and ev["explain_ms"] > 0
+    assert {e["task"] for e in ev["elements"]} <= tasks
+    # the header asks for it too, on a stream as well
+    res = post(server, "/v1/chat/completions", {**ask, "proxray": opts}, headers={"x-proxray-explain": "1"})
+    assert res.json()["proxray"]["evidence"]["winner"] == STRONG
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json={**ask, "stream": True, "proxray": opts},
+                      headers={"Authorization": f"Bearer {KEY}", "x-proxray-explain": "true"}, timeout=30) as s:
+        first = json.loads(next(line for line in s.iter_lines() if line.startswith("data:"))[5:])
+    assert first["proxray"]["evidence"]["winner"] == STRONG
+    bad = post(server, "/v1/chat/completions", {**ask, "proxray": {"explain": "very"}})
+    assert bad.status_code == 400 and "proxray.explain" in bad.text
+
+
+def test_a_conversation_keeps_its_model_unless_another_is_better_by_the_margin(client, server):
+    import ray
+
+    ask = dict(model="proxray", messages=[{"role": "user", "content": "Tom has 3 boxes of 4 apples. How many apples?"}])
+
+    def turn(lam, cid="conv-1"):
+        r = client.chat.completions.create(**ask, extra_body={"proxray": {"lam": lam, "allowed_models": [WEAK, STRONG],
+                                                                          "conversation": cid}})
+        return r.model, r.model_extra["proxray"]
+
+    model, rep = turn(0.0)
+    assert model == STRONG and rep["conversation"] == {"id": "conv-1", "action": "new", "previous": None}
+    est = rep["estimates"]
+    # a λ at which the cheap model's objective beats the strong one's by 0.01: under the step-down margin (0.05)
+    gap = est[STRONG]["accuracy"] - est[WEAK]["accuracy"]
+    lam = (gap + 0.01) / (est[STRONG]["cost"] - est[WEAK]["cost"])
+    book = ray.get_actor("proxray-conversations-proxray", namespace="proxray")  # shared by every ingress replica
+    for _ in range(100):  # the answer does not wait for the book: wait on its state
+        if ray.get(book.recall.remote("conv-1")) == STRONG:
+            break
+        time.sleep(0.05)
+    model, rep = turn(lam)
+    assert model == STRONG and rep["conversation"]["action"] == "kept"
+    assert rep["conversation"]["gain"] == pytest.approx(0.01, abs=1e-4) and rep["conversation"]["direction"] == "step down"
+    alone, _ = turn(lam, cid="conv-2")  # the same turn alone goes to the cheaper model
+    assert alone == WEAK
+    model, rep = turn(1e6)  # far better: the conversation moves
+    assert model == WEAK and rep["conversation"]["action"] == "switched"
+    for _ in range(100):
+        if ray.get(book.recall.remote("conv-1")) == WEAK:
+            break
+        time.sleep(0.05)
+    res = post(server, "/v1/chat/completions", {**ask, "proxray": {"lam": 0.0, "allowed_models": [WEAK, STRONG]}},
+               headers={"x-proxray-conversation": "conv-1"})  # back up: escalation beats its smaller margin
+    conv = res.json()["proxray"]["conversation"]
+    assert res.json()["model"] == STRONG and conv["action"] == "switched" and conv["direction"] == "escalate"
+    assert res.json()["proxray"]["timings"]["conversation_ms"] > 0
+
+
+def test_keys_with_their_own_policy(server):
+    from openai import APIStatusError, OpenAI, PermissionDeniedError, RateLimitError
+
+    from proxray.serve.keys import new_key_entry
+
+    def as_key(name):
+        return OpenAI(base_url=f"{server}/v1", api_key=KEYS[name], max_retries=0, timeout=30)
+
+    ask = dict(model="proxray", messages=[{"role": "user", "content": "Tom has 3 boxes of 4 apples. How many apples?"}],
+               extra_body={"proxray": {"lam": 0.0}})
+    weak = as_key("weak")
+    r = weak.chat.completions.create(**ask)  # routed among the models it may use only
+    assert r.model == WEAK and r.model_extra["proxray"]["key"] == {"name": "weak-only", "spent_usd": 0.0,
+                                                                    "over_budget": False}
+    with pytest.raises(PermissionDeniedError, match="may not use model"):
+        weak.chat.completions.create(**{**ask, "model": STRONG})
+    rate = as_key("rate")
+    rate.chat.completions.create(**ask)
+    rate.chat.completions.create(**ask)
+    with pytest.raises(RateLimitError, match="2 requests a minute") as e:
+        rate.chat.completions.create(**ask)
+    assert 1 <= int(e.value.response.headers["retry-after"]) <= 60
+    spent, down = as_key("reject"), as_key("down")
+    first = spent.chat.completions.create(**ask).model_extra["proxray"]
+    assert first["key"]["over_budget"] is False
+    assert down.chat.completions.create(**ask).model == STRONG  # λ = 0 picks the strong model while in budget
+    for _ in range(100):  # the answers' cost reaches the shared ledger after them: wait on its state
+        try:
+            spent.chat.completions.create(**ask)
+        except RateLimitError as err:
+            assert "budget" in str(err) and err.body["type"] == "insufficient_quota"
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the key's budget was never enforced")
+    for _ in range(100):  # past its budget, the other key is routed to the cheapest model it may use
+        r = down.chat.completions.create(**ask)
+        if r.model_extra["proxray"]["key"]["over_budget"]:
+            break
+        time.sleep(0.05)
+    assert r.model == WEAK and r.model_extra["proxray"]["lam"] == 1e9
+    # a key added to the file works without a restart; the single key stays unrestricted
+    late = new_key_entry(KEYS["file"], "late")
+    for _ in range(100):
+        try:
+            OpenAI(base_url=f"{server}/v1", api_key=late, max_retries=0).chat.completions.create(**ask)
+            break
+        except APIStatusError as err:
+            assert err.status_code == 401
+            time.sleep(0.1)
+    else:
+        pytest.fail("the new key was never accepted")
+    assert OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0).chat.completions.create(
+        **{**ask, "model": STRONG}).model == STRONG
 
 
 def test_the_fast_encoder_routes_as_the_fitted_one_and_repeats_skip_it(client, encoder):

@@ -62,7 +62,7 @@ def test_a_router_artifact_on_s3_is_complete_before_its_pointer_moves_and_cached
     np.testing.assert_array_equal(back.estimate(X[:7])[0], r.estimate(X[:7])[0])
     assert back.temperature_ == r.temperature_ and current_version(art) == v1 and versions(art) == [name]
     cached = sorted((tmp_path / "cache" / "artifacts").iterdir())
-    assert len(cached) == len(r._state())  # one file per array, named by its checksum
+    assert len(cached) == len({**r._state(), **r._provenance()})  # one file per array, by its checksum
     # a second replica on the node reads the cache, not the store: the store's copy may even be gone
     for k in keys(client, f"job/routers/r/{name}/"):
         if k.endswith(".npy"):
@@ -144,7 +144,8 @@ def test_the_served_app_loads_its_router_from_s3(s3, tmp_path, encoder, monkeypa
             model="proxray", messages=[{"role": "user", "content": "What is 12 times 7?"}])
         report = answer.model_extra["proxray"]
         assert report["routed"] and report["router_path"] == art and answer.model in (WEAK, STRONG)
-        assert len(list((tmp_path / "cache" / "artifacts").iterdir())) == 3  # reference, accuracies, costs
+        # reference, accuracies, costs; the training queries' ids and tasks, the outlier threshold
+        assert len(list((tmp_path / "cache" / "artifacts").iterdir())) == 6
     finally:
         stop_app()
     with pytest.raises(ValueError, match="invalid app args: router: .*no manifest.json"):

@@ -216,7 +216,8 @@ class DriftMonitor:
                 for i, k in enumerate(table.query_ids):
                     self.overlap.observe(k, e["meta"][k], acc[i], cost[i])
             else:  # add the labelled queries to the router (no refit); they are a training "task" for J_z now
-                router = self.publisher.with_queries(self.encoder.encode(table.prompts), acc, cost)
+                router = self.publisher.with_queries(self.encoder.encode(table.prompts), acc, cost,
+                                                     query_ids=list(table.query_ids), tasks=list(table.tasks))
                 self.train_prompts.extend(table.prompts)
                 self.overlap.add_task(e["id"], acc, cost)
                 self._publish(router, absorbed=e["id"], n=len(table.prompts))

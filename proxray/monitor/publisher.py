@@ -23,10 +23,10 @@ class RouterPublisher:
 
         return load_router(self.path)
 
-    def with_queries(self, X, acc, cost):
+    def with_queries(self, X, acc, cost, query_ids=None, tasks=None):
         """The current router, loaded anew, with labelled queries added (``add_queries``: no refit)."""
         router = self.fresh()
-        return router.add_queries(X, acc, cost if router.has_cost_ else None)
+        return router.add_queries(X, acc, cost if router.has_cost_ else None, query_ids=query_ids, tasks=tasks)
 
     def with_models(self, parts, order: list, models: list):
         """The current router, loaded anew, with a column per new model (``add_model``) from an evaluation's rows

@@ -153,7 +153,7 @@ def _write_version(router, path: Path) -> None:
     from proxray import __version__
 
     files = {}
-    for name, arr in router._state().items():
+    for name, arr in {**router._state(), **router._provenance()}.items():
         arr = np.ascontiguousarray(arr)
         np.save(path / f"{name}.npy", arr, allow_pickle=False)
         files[name] = FileEntry(sha256=_sha256(path / f"{name}.npy"), shape=list(arr.shape), dtype=str(arr.dtype))
@@ -304,6 +304,7 @@ def load_router(path, classes: dict, expected_class=None, encoder_id: str | None
     router.has_cost_ = manifest.has_cost
     router.encoder_id_ = manifest.encoder_id
     router._set_state(arrays, manifest)
+    router._set_provenance(arrays)  # training query ids and tasks, the outlier threshold (absent in older artifacts)
     if router.dim_ != manifest.dim or router.n_train_ != manifest.n_train:
         raise ArtifactError(f"{path}: arrays give dim {router.dim_} and {router.n_train_} training queries, "
                             f"manifest says {manifest.dim} and {manifest.n_train}")

@@ -97,6 +97,45 @@ class RouterMixin:
     def _check_fitted(self):
         check_is_fitted(self, "models_", msg=f"This {type(self).__name__} is not fitted: call fit(X, acc, cost) first")
 
+    # Provenance: what the evidence of a decision names (proxray.routing.explain), saved beside the state.
+    def _note_training(self, X, query_ids, tasks) -> None:
+        """The training queries' ids and tasks (optional, one each per row), and the outlier threshold: the
+        ``OUTLIER_QUANTILE`` of the training queries' own outlier scores (each left out), on a seeded sample."""
+        n = len(X)
+        for name, v in (("query_ids", query_ids), ("tasks", tasks)):
+            if v is not None and len(v) != n:
+                raise ValueError(f"{name} has {len(v)} entries for {n} training queries")
+            setattr(self, name + "_", None if v is None else np.asarray([str(x) for x in v]))
+        pick = np.random.default_rng(0).choice(n, min(n, OUTLIER_SAMPLE), replace=False)
+        scores = self.training_outlier_scores(np.asarray(X)[np.sort(pick)])
+        self.outlier_threshold_ = float(np.quantile(scores, OUTLIER_QUANTILE)) if len(scores) else None
+
+    @staticmethod
+    def _check_growth(n: int, query_ids, tasks) -> None:
+        for name, v in (("query_ids", query_ids), ("tasks", tasks)):
+            if v is not None and len(v) != n:
+                raise ValueError(f"{name} has {len(v)} entries for {n} new queries")
+
+    def _grow_training(self, n: int, query_ids, tasks) -> None:
+        """``add_queries``, once the rows are in: the new rows' ids and tasks (empty where not given)."""
+        for name, v in (("query_ids", query_ids), ("tasks", tasks)):
+            have = getattr(self, name + "_", None)
+            if have is not None:
+                setattr(self, name + "_", np.concatenate([have, np.asarray([""] * n if v is None else
+                                                                           [str(x) for x in v])]))
+
+    def _provenance(self) -> dict:
+        out = {name: getattr(self, name + "_") for name in ("query_ids", "tasks")
+               if getattr(self, name + "_", None) is not None}
+        if getattr(self, "outlier_threshold_", None) is not None:
+            out["outlier_threshold"] = np.asarray(self.outlier_threshold_, dtype=np.float64)
+        return out
+
+    def _set_provenance(self, arrays: dict) -> None:
+        self.query_ids_, self.tasks_ = arrays.get("query_ids"), arrays.get("tasks")
+        t = arrays.get("outlier_threshold")
+        self.outlier_threshold_ = None if t is None else float(t)
+
     # Artifacts: arrays + a versioned, checksummed manifest (proxray.routing.artifact).
     def save(self, path):
         """A new version of the artifact at ``path`` (a folder or a URI); returns the version's location."""
@@ -106,6 +145,10 @@ class RouterMixin:
     def load(cls, path, encoder_id: str | None = None):
         """An artifact of this class (``proxray.routing.registry.load_router`` loads any router class)."""
         return artifact.load_router(path, {cls.__name__: cls}, expected_class=cls, encoder_id=encoder_id)
+
+
+OUTLIER_QUANTILE = 0.99  # a query scoring above this quantile of the training queries' own scores is an outlier
+OUTLIER_SAMPLE = 2000  # training queries the threshold is computed on
 
 
 class Neighbourhood(NamedTuple):
@@ -267,8 +310,9 @@ class KNNRouter(_ProxRouter):
         self.hnsw_m = hnsw_m
         self.ef_search = ef_search
 
-    def fit(self, X, acc, cost=None, models=None, encoder_id=None):
-        """X (n, d) embeddings, acc (n, M) in [0, 1], cost (n, M) >= 0 or None, models M names."""
+    def fit(self, X, acc, cost=None, models=None, encoder_id=None, query_ids=None, tasks=None):
+        """X (n, d) embeddings, acc (n, M) in [0, 1], cost (n, M) >= 0 or None, models M names; query_ids and tasks
+        (n,) what the evidence of a decision names its neighbours by (optional)."""
         if int(self.k) < 1:
             raise ValueError(f"k={self.k!r}: must be >= 1")
         X, acc, cost = self._init_common(X, acc, cost, models, encoder_id)
@@ -276,6 +320,7 @@ class KNNRouter(_ProxRouter):
         self._values = None
         self.reference_ = prepare(X, self.metric)
         self._build_index()
+        self._note_training(X, query_ids, tasks)
         return self
 
     def _build_index(self):
@@ -313,9 +358,10 @@ class KNNRouter(_ProxRouter):
         M = self.acc_values_.shape[1]
         return out[:, :M], out[:, M:]
 
-    def add_queries(self, X, acc, cost=None):
+    def add_queries(self, X, acc, cost=None, query_ids=None, tasks=None):
         """Add labeled training queries without refitting (an index add)."""
         self._check_fitted()
+        self._check_growth(len(X), query_ids, tasks)
         X = as_matrix(X, dim=self.dim_)
         acc, cost = check_targets(acc, cost, n=len(X))
         self._check_new_targets(acc, cost)
@@ -325,6 +371,7 @@ class KNNRouter(_ProxRouter):
         self.reference_ = np.vstack([self.reference_, R])
         self._values = None
         self.index_.add(R)
+        self._grow_training(len(R), query_ids, tasks)
         return self
 
     def _append_model_column(self, acc, cost):
@@ -410,8 +457,9 @@ class KMeansRouter(_ProxRouter):
         self.random_state = random_state
         self.n_init = n_init
 
-    def fit(self, X, acc, cost=None, models=None, encoder_id=None):
-        """X (n, d) embeddings, acc (n, M) in [0, 1], cost (n, M) >= 0 or None, models M names."""
+    def fit(self, X, acc, cost=None, models=None, encoder_id=None, query_ids=None, tasks=None):
+        """X (n, d) embeddings, acc (n, M) in [0, 1], cost (n, M) >= 0 or None, models M names; query_ids and tasks
+        (n,) what the evidence of a decision describes its clusters by (optional)."""
         from sklearn.cluster import KMeans
 
         if self.prior not in self.PRIORS:
@@ -429,6 +477,7 @@ class KMeansRouter(_ProxRouter):
         # membership by the distance routing and add_queries use (to the prepared centroids), not by
         # sklearn's euclidean labels against the raw centroids: n_i, s_i and V_i describe what routing sees
         self._assign_fit(R, self._nearest(R), acc, cost)
+        self._note_training(X, query_ids, tasks)
         return self
 
     def _nearest(self, R, chunk: int = 65536) -> np.ndarray:
@@ -504,10 +553,11 @@ class KMeansRouter(_ProxRouter):
         return self._kept("_bv_memo", (self.acc_values_, self.sizes_, self.centers_), lambda: bias_variance_stats(
             self.acc_values_, self.sizes_, pairwise_distance(self.centers_, self.centers_, self.metric)))
 
-    def add_queries(self, X, acc, cost=None):
+    def add_queries(self, X, acc, cost=None, query_ids=None, tasks=None):
         """Add labeled queries without refitting: each joins its nearest cluster and updates n_i, s_i
         and V_i as running means. Centroids stay fixed, so s_i stays a mean distance to r_i."""
         self._check_fitted()
+        self._check_growth(len(X), query_ids, tasks)
         X = as_matrix(X, dim=self.dim_)
         acc, cost = check_targets(acc, cost, n=len(X))
         self._check_new_targets(acc, cost)
@@ -526,6 +576,7 @@ class KMeansRouter(_ProxRouter):
         self.cost_values_ = (self.cost_values_ * old_n + cluster_sums(labels, cost, K)) / denom[:, None]
         self.sizes_ = new_n
         self.labels_ = np.concatenate([self.labels_, labels])
+        self._grow_training(len(R), query_ids, tasks)
         return self
 
     def _append_model_column(self, acc, cost):

@@ -24,8 +24,9 @@ from ray import serve
 from proxray.routing.index import single_thread
 from proxray.serve import plan as planning
 from proxray.serve.client import ModelClient
+from proxray.serve.conversations import ConversationClient
 from proxray.serve.fallback import first_answer
-from proxray.serve.http import check_auth, error_response, gateway_api, parse_request, response_headers
+from proxray.serve.http import error_response, gateway_api, parse_request, response_headers
 from proxray.serve.models import ModelServer
 from proxray.serve.errors import RequestError
 from proxray.serve.policy import RoutingPolicy, budget_from
@@ -51,6 +52,8 @@ class RouterIngress:
     def __init__(self, args: dict, handles: dict):
         from proxray.routing.registry import load_router
         from proxray.serve.encoder_service import EncoderService
+        from proxray.serve.endpoint_server import relays
+        from proxray.serve.keys import KeyGate
         from proxray.serve.metrics import GatewayMetrics
 
         self.args = a = AppArgs(**args)
@@ -60,13 +63,13 @@ class RouterIngress:
         if not hasattr(router, "estimate_with_outlier_score"):
             raise ValueError(f"{a.router}: serving needs a KNNRouter or KMeansRouter artifact "
                              f"(it reports outlier scores), not a {type(router).__name__}")
-        from proxray.serve.endpoint_server import relays
-
         handles = relays(handles)  # an endpoint proxray does not host is relayed from this process
         self.client = ModelClient(handles)
-        self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a))
+        self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a), a.conversations)
+        app_name = serve.get_replica_context().app_name
+        self.conversations = ConversationClient(app_name, a.conversations)
+        self.gate = KeyGate(a.keys_file, load_api_key(a), app_name, {m.id: m.price for m in a.models if m.price})
         self.kinds = {m.id: m.engine for m in a.models}
-        self.api_key = load_api_key(a)
         self.requests = 0
         self.created = int(time.time())  # the model objects' "created"
         self.replica = serve.get_replica_context().replica_id.unique_id  # which ingress replica answered
@@ -87,9 +90,14 @@ class RouterIngress:
                                f"{self.args.max_prompt_chars}", "messages" if isinstance(req, ChatRequest) else "prompt")
         refusals = await self.client.refusals(self.policy.routable, body, endpoint)
         X = (await self.encoder.vector(text, timings))[None, :]
+        previous = None
+        if req.proxray.conversation:  # the model of the conversation's last turn, from the app's shared book
+            t1 = time.perf_counter()
+            previous = await self.conversations.recall(req.proxray.conversation)
+            timings["conversation_ms"] = 1e3 * (time.perf_counter() - t1)
         t1 = time.perf_counter()
         single_thread()  # one query, one faiss thread (more threads cost more than they give on one query)
-        p = self.policy.decide(X, req.proxray, refusals)
+        p = self.policy.decide(X, req.proxray, refusals, previous)
         timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
         self.metrics.routed(p.report["route_ms"], p.report["outlier_score"])
@@ -106,8 +114,13 @@ class RouterIngress:
         deadline = time.monotonic() + self.args.timeout_s
         timings = {}  # where the gateway's time went: read, parse, embed (+ cache), estimate, model
         try:
-            check_auth(self.api_key, request)
+            key = self.gate.identify(request)
             req = await parse_request(request, model_cls, self.args.max_body_bytes, timings)
+            key_report = await self.gate.admit(key, req)  # the key's models, λ, rate and budget
+            if request.headers.get("x-proxray-explain", "").lower() in ("1", "true", "yes"):
+                req.proxray.explain = True
+            if request.headers.get("x-proxray-conversation") and req.proxray.conversation is None:
+                req.proxray.conversation = request.headers["x-proxray-conversation"][:256]
             body = req.forward(req.model, self.args.default_max_tokens)  # what every candidate gets, model aside
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             p = await self._plan(req, body, endpoint, timings)
@@ -120,10 +133,16 @@ class RouterIngress:
             return error_response(e)
         self.requests += 1
         self.metrics.answered(model, p.report["routed"])
+        if p.report.get("conversation"):  # the model that answered (after any fallback) carries the conversation
+            self.conversations.remember(p.report["conversation"]["id"], model)
         p.report["latency_s"] = time.perf_counter() - t0
         p.report["timings"] = timings
         p.report["replica"] = self.replica
-        meter = self.policy.meter(p, model)
+        if key_report:
+            p.report["key"] = key_report
+        # what an answer's usage counts toward: a budget on realised cost, the key's spend
+        counts = [f for f in (self.policy.meter(p, model), self.gate.charger(
+            key, model, p.report.get("estimates", {}).get(model, {}).get("cost"))) if f]
         if req.stream:
             head[0] = {**head[0], "proxray": p.report}
             usage = {}  # a stream's usage: in its last chunk, where the client asked for it (include_usage)
@@ -135,13 +154,13 @@ class RouterIngress:
             def done(ok):
                 if not ok:  # a stream that ended in an error event
                     self.metrics.error(502)
-                if meter:
-                    meter(usage.get("usage"))
+                for count in counts:
+                    count(usage.get("usage"))
 
-            return StreamingResponse(relay(head, gen, done, seen if meter else None), media_type="text/event-stream",
+            return StreamingResponse(relay(head, gen, done, seen if counts else None), media_type="text/event-stream",
                                      headers=response_headers(p.report))
-        if meter:
-            meter(head[0].get("usage"))
+        for count in counts:
+            count(head[0].get("usage"))
         return JSONResponse({**head[0], "proxray": p.report}, headers=response_headers(p.report))
 
     # ---- routes (http.gateway_api binds them) ---------------------------------------------------
@@ -163,14 +182,14 @@ class RouterIngress:
 
     async def models(self, request: Request):
         try:
-            check_auth(self.api_key, request)
+            self.gate.identify(request)
         except RequestError as e:
             return error_response(e)
         return {"object": "list", "data": self._model_objects()}
 
     async def model(self, model: str, request: Request):
         try:
-            check_auth(self.api_key, request)
+            self.gate.identify(request)
             found = [m for m in self._model_objects() if m["id"] == model]
             if not found:
                 raise planning.not_served(model, self.client.handles)

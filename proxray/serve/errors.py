@@ -12,9 +12,11 @@ def error(status: int, message: str, param: str | None = None, kind: str = "inva
 class RequestError(Exception):
     """A request the gateway refuses: HTTP status, a message naming the problem, the parameter."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.headers = headers or {}  # e.g. retry-after on a 429
 
     def body(self) -> dict:
         return error(self.status, self.message, self.param, self.kind)

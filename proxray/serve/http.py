@@ -3,7 +3,6 @@ OpenAI-shaped errors, response headers, and the FastAPI app whose routes are the
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 
@@ -23,7 +22,7 @@ EXPOSED_HEADERS = ["x-request-id", "x-proxray-model", "x-proxray-routed", "x-pro
 
 
 def error_response(e: RequestError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers or None)
 
 
 def check_json(value) -> None:
@@ -53,16 +52,6 @@ def parse_json(body: bytes):
         raise RequestError(400, "body must be a JSON object")
     check_json(raw)
     return raw
-
-
-def check_auth(api_key: bytes | None, request: Request) -> None:
-    """The bearer token against the app's key, in constant time; the key is never logged. No key: open."""
-    if not api_key:
-        return
-    header = request.headers.get("authorization", "")
-    token = header[7:].encode() if header.lower().startswith("bearer ") else b""
-    if not hmac.compare_digest(token, api_key):
-        raise RequestError(401, "missing or invalid API key (Authorization: Bearer …)", kind="authentication_error")
 
 
 async def read_body(request: Request, limit: int) -> bytes:

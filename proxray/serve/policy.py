@@ -5,8 +5,11 @@ it the same."""
 from __future__ import annotations
 
 import logging
+import time
 
+from proxray.routing.explain import evidence
 from proxray.serve import plan as planning
+from proxray.serve.conversations import ConversationSpec, keep
 
 logger = logging.getLogger("ray.serve")
 
@@ -15,9 +18,10 @@ class RoutingPolicy:
     """``decide(X, opts, refusals)`` -> the ``Plan``; ``use_router`` switches routers between requests;
     ``meter(plan, model)`` counts an answer toward a realised-cost budget."""
 
-    def __init__(self, router, router_path: str, served, lam: float = 0.0, budget=None):
+    def __init__(self, router, router_path: str, served, lam: float = 0.0, budget=None, conversations=None):
         self.served = served  # model ids the app serves (a mapping or set)
         self.lam, self.budget = lam, budget
+        self.conversations = conversations or ConversationSpec()
         self.router = self.router_path = None
         self.routable: list = []
         if not self.use_router(router, router_path):
@@ -43,15 +47,24 @@ class RoutingPolicy:
             return self.budget.lam, True
         return self.lam, False
 
-    def decide(self, X, opts, refusals: dict | None = None) -> planning.Plan:
+    def decide(self, X, opts, refusals: dict | None = None, previous: str | None = None) -> planning.Plan:
         """The plan for one routed query's embedding ``X`` (1, d) under the request's ``opts`` (``proxray``
-        options); ``refusals``: ``{model: [parameters it cannot honour]}``. A budget on estimated cost counts the
-        chosen model's estimate now."""
+        options); ``refusals``: ``{model: [parameters it cannot honour]}``; ``previous``: the model of the
+        request's conversation, kept first unless another beats it by the margin. A budget on estimated cost counts
+        the chosen model's estimate now."""
         router, path = self.router, self.router_path
         acc, cost, outlier = router.estimate_with_outlier_score(X)  # one search for both
         lam, on_budget = self.lam_for(opts)
         p = planning.routed(router.models_, self.served, acc[0], cost[0], float(outlier[0]), lam, opts, path,
                             refusals)
+        if opts.conversation is not None:
+            p.report["conversation"] = {"id": opts.conversation, **keep(p.candidates, previous, acc[0], cost[0], lam,
+                                                                          router.models_, self.conversations)}
+            p.report["runner_up"] = p.candidates[1] if len(p.candidates) > 1 else None
+        if opts.explain:  # asked for: one more pass over the same neighbourhood, bounded in size
+            t0 = time.perf_counter()
+            p.report["evidence"] = evidence(router, X, lam, p.candidates)
+            p.report["evidence"]["explain_ms"] = round(1e3 * (time.perf_counter() - t0), 3)
         if on_budget:
             if self.budget.basis == "estimated":  # known now; a realised cost when the answer is complete
                 self.budget.observe(cost[0][router.models_.index(p.candidates[0])])

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from proxray.pool.spec import PoolModel
+from proxray.serve.conversations import ConversationSpec
 
 ROUTER_MODEL = "proxray"  # the model name that asks for routing
 INT64 = 2**63  # integers in a request must fit a signed 64-bit int (seed, logit_bias, ...)
@@ -87,6 +88,13 @@ class RoutingOptions(BaseModel):
     lam: float | None = Field(None, ge=0, le=1e9, description="λ of acc − λ·cost; default: the app's")
     allowed_models: list[str] | None = Field(None, min_length=1, max_length=256, description="route only among these")
     max_cost: float | None = Field(None, ge=0, description="USD: skip models whose estimated cost is higher")
+    explain: bool = Field(False, description="add the evidence behind the choice to the answer's proxray report "
+                          "(the 10 nearest training queries or clusters with the most weight, every model's estimate "
+                          "and objective, the winner's margin, the outlier score against the router's threshold); "
+                          "also the header x-proxray-explain: 1")
+    conversation: str | None = Field(None, min_length=1, max_length=256, description="a conversation id: its turns "
+                                     "keep the model that answered the last one unless another is better by more "
+                                     "than the app's conversations margins; also the header x-proxray-conversation")
 
 
 class StreamOptions(BaseModel):
@@ -218,12 +226,19 @@ class AppArgs(BaseModel):
     api_key_file: str | None = Field(None, description=(
         "file holding the bearer token (its first line), present on every node (~ is each node's home): keeps the "
         "key out of runtime_env, the Serve config and process environments; exclusive with api_key_env"))
+    keys_file: str | None = Field(None, description=(
+        "a file (on every node) of API keys with their own policy — λ, allowed models, request rate, budget — held as "
+        "SHA-256 hashes and read again when it changes (proxray.serve.keys; `proxray keys new` adds one); beside "
+        "api_key_file / api_key_env, whose key stays unrestricted"))
     timeout_s: float = Field(30.0, gt=0, description=(
         "one deadline per request across fallbacks: for the whole answer, or a stream's first chunk"))
     max_prompt_chars: int = Field(32000, ge=1, description="limit on the routing text (413 past it)")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="request body limit, checked before parsing (413)")
     default_max_tokens: int = Field(256, ge=1, description="added when a request sets no token limit")
     routing_text: Literal[ROUTING_TEXT] = Field("system+last_user", description="what the router embeds")
+    conversations: ConversationSpec = Field(default_factory=ConversationSpec, description=(
+        "requests naming a conversation keep its model across turns unless another is better by a margin "
+        "(proxray.serve.conversations)"))
     docs: bool = Field(False, description="serve /docs and /openapi.json")
     cors_origins: list[str] = Field([], max_length=64, description=(
         "origins whose web pages may call the endpoint from a browser (CORS), e.g. https://app.example.com, "

@@ -1,0 +1,106 @@
+"""Conversations that keep their model: a routed request that names a conversation (``"proxray": {"conversation":
+ID}`` or the header ``x-proxray-conversation``) stays on the model that answered the conversation's last turn unless
+the new turn's estimate favours another by more than a margin — a smaller one to escalate to a more accurate model
+(``escalate_margin``: a turn that needs more capability should get it) than to step down to a cheaper one
+(``step_down_margin``: saving cost mid-conversation risks the answer's quality and its coherence with the turns
+before). Margins are in the router's objective, acc − λ·cost (estimated accuracy at λ = 0).
+
+Which model a conversation is on lives in one actor per app (``ConversationBook``, named, namespace ``proxray``)
+that every ingress replica asks, so a conversation keeps its model whichever replica a turn reaches. The book is
+bounded (``max_entries``, the least recently used dropped first) and forgets a conversation idle for ``ttl_s``.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from proxray.routing.objective import objective
+
+
+class ConversationSpec(BaseModel):
+    """``conversations:`` of the app args."""
+
+    model_config = ConfigDict(extra="forbid")
+    escalate_margin: float = Field(0.02, ge=0, description="switch to a model with higher estimated accuracy when "
+                                   "its objective beats the conversation's model by more than this")
+    step_down_margin: float = Field(0.05, ge=0, description="switch to a model with lower estimated accuracy (a "
+                                    "cheaper one) only when its objective is better by more than this")
+    ttl_s: float = Field(3600.0, gt=0, description="a conversation idle this long is forgotten (its next turn is new)")
+    max_entries: int = Field(100_000, ge=1, description="conversations remembered at most (least recently used "
+                             "dropped first; ~200 bytes each)")
+
+
+class ConversationBook:
+    """Conversation id → the model that answered its last turn, bounded and expiring (the app's shared actor)."""
+
+    def __init__(self, max_entries: int = 100_000, ttl_s: float = 3600.0):
+        self.max_entries, self.ttl_s = max_entries, ttl_s
+        self.entries: OrderedDict = OrderedDict()  # id -> (model, last seen)
+        self.dropped = 0
+
+    def recall(self, cid: str, now: float | None = None) -> str | None:
+        now = time.time() if now is None else now
+        hit = self.entries.get(cid)
+        if hit is None:
+            return None
+        if now - hit[1] > self.ttl_s:
+            del self.entries[cid]
+            return None
+        return hit[0]
+
+    def remember(self, cid: str, model: str, now: float | None = None) -> None:
+        self.entries[cid] = (model, time.time() if now is None else now)
+        self.entries.move_to_end(cid)
+        while len(self.entries) > self.max_entries:
+            self.entries.popitem(last=False)
+            self.dropped += 1
+
+    def stats(self) -> dict:
+        return {"conversations": len(self.entries), "dropped": self.dropped}
+
+
+def keep(candidates: list, previous: str | None, acc, cost, lam: float, models: list, spec: ConversationSpec) -> dict:
+    """Put the conversation's model first in ``candidates`` (the plan's order, changed in place) unless the router's
+    choice beats it by more than the margin that applies; returns what the conversation did: ``new`` (no model yet,
+    or its model is not a candidate of this request), ``kept`` or ``switched``, with the gain and the margin."""
+    if previous is None or previous not in candidates:
+        return {"action": "new", "previous": previous}
+    best = candidates[0]
+    if best == previous:
+        return {"action": "kept", "previous": previous, "gain": 0.0}
+    i, j = models.index(best), models.index(previous)
+    obj = objective(np.asarray(acc)[None, :], np.asarray(cost)[None, :], np.array([float(lam)]))[0]
+    gain = float(obj[i] - obj[j])
+    margin = spec.escalate_margin if acc[i] > acc[j] else spec.step_down_margin
+    report = {"previous": previous, "gain": round(gain, 8), "margin": margin,
+              "direction": "escalate" if acc[i] > acc[j] else "step down"}
+    if gain > margin:
+        return {"action": "switched", **report}
+    candidates.remove(previous)
+    candidates.insert(0, previous)
+    return {"action": "kept", **report}
+
+
+class ConversationClient:
+    """The ingress side: the app's ``ConversationBook`` actor, created by the first replica that needs it."""
+
+    def __init__(self, app_name: str, spec: ConversationSpec):
+        self.name, self.spec, self._book = f"proxray-conversations-{app_name}", spec, None
+
+    def _actor(self):
+        if self._book is None:
+            import ray
+
+            self._book = ray.remote(ConversationBook).options(
+                name=self.name, namespace="proxray", get_if_exists=True, lifetime="detached", num_cpus=0,
+            ).remote(self.spec.max_entries, self.spec.ttl_s)
+        return self._book
+
+    async def recall(self, cid: str) -> str | None:
+        return await self._actor().recall.remote(cid)
+
+    def remember(self, cid: str, model: str) -> None:
+        self._actor().remember.remote(cid, model)  # fire and forget: the answer does not wait for it
