@@ -50,7 +50,8 @@ def test_two_ingress_replicas_on_two_nodes_route_with_one_router_from_s3(s3, two
     ingress = [a for a in actors().values() if a["ActorClassName"].endswith("RouterIngress") and a["State"] == "ALIVE"]
     assert sorted(names[a["Address"]["NodeID"]] for a in ingress) == ["head", "worker"]  # one replica on each node
     for node, folder in caches.items():  # each node downloaded the router once, into its own cache
-        assert len(list((folder / "artifacts").iterdir())) == 3, node
+        # reference, accuracies, costs, the training queries' ids and tasks, the outlier threshold
+        assert len(list((folder / "artifacts").iterdir())) == 6, node
     paths = set()
     for i in range(8):
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
