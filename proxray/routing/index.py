@@ -215,9 +215,7 @@ def exact_neighbours(Xq: np.ndarray, R: np.ndarray, k: int, metric: str) -> np.n
 
 def held_recall(index: NeighborIndex, Q: np.ndarray, exact: np.ndarray, k: int) -> float:
     """recall@k of ``index`` for queries ``Q`` whose exact k nearest references are ``exact`` (q, k)."""
-    _, a = index.search(Q, k)
-    hits = sum(len(np.intersect1d(x[x >= 0], e[e >= 0])) for x, e in zip(a, exact))
-    return hits / max(1, int((exact >= 0).sum()))
+    return recall_at_k(index.search(Q, k)[1], exact)
 
 
 def fit_index(R: np.ndarray, metric: str, kind: str, k: int, floor: float = RECALL_FLOOR, nprobe: int | None = None,

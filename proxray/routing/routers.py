@@ -29,6 +29,7 @@ from sklearn.utils.validation import check_is_fitted
 from proxray.routing import artifact
 from proxray.routing.index import NeighborIndex, as_matrix, check_metric, fit_index, pairwise_distance, prepare
 from proxray.routing.objective import choose, lambda_for_target, objective
+from proxray.routing.provenance import TrainingProvenance
 from proxray.routing.temperature import Fixed, Temperature, legacy, parse_temperature
 from proxray.routing.weights import bias_variance_stats
 
@@ -59,7 +60,7 @@ def cluster_sums(labels, values, K: int) -> np.ndarray:
     return np.stack([np.bincount(labels, weights=values[:, m], minlength=K) for m in range(values.shape[1])], 1)
 
 
-class RouterMixin:
+class RouterMixin(TrainingProvenance):
     """``route`` and ``utility`` for anything with ``estimate(X) -> (acc_hat, cost_hat)``."""
 
     def route(self, X, lam=0.0, allowed=None) -> np.ndarray:
@@ -97,45 +98,6 @@ class RouterMixin:
     def _check_fitted(self):
         check_is_fitted(self, "models_", msg=f"This {type(self).__name__} is not fitted: call fit(X, acc, cost) first")
 
-    # Provenance: what the evidence of a decision names (proxray.routing.explain), saved beside the state.
-    def _note_training(self, X, query_ids, tasks) -> None:
-        """The training queries' ids and tasks (optional, one each per row), and the outlier threshold: the
-        ``OUTLIER_QUANTILE`` of the training queries' own outlier scores (each left out), on a seeded sample."""
-        n = len(X)
-        for name, v in (("query_ids", query_ids), ("tasks", tasks)):
-            if v is not None and len(v) != n:
-                raise ValueError(f"{name} has {len(v)} entries for {n} training queries")
-            setattr(self, name + "_", None if v is None else np.asarray([str(x) for x in v]))
-        pick = np.random.default_rng(0).choice(n, min(n, OUTLIER_SAMPLE), replace=False)
-        scores = self.training_outlier_scores(np.asarray(X)[np.sort(pick)])
-        self.outlier_threshold_ = float(np.quantile(scores, OUTLIER_QUANTILE)) if len(scores) else None
-
-    @staticmethod
-    def _check_growth(n: int, query_ids, tasks) -> None:
-        for name, v in (("query_ids", query_ids), ("tasks", tasks)):
-            if v is not None and len(v) != n:
-                raise ValueError(f"{name} has {len(v)} entries for {n} new queries")
-
-    def _grow_training(self, n: int, query_ids, tasks) -> None:
-        """``add_queries``, once the rows are in: the new rows' ids and tasks (empty where not given)."""
-        for name, v in (("query_ids", query_ids), ("tasks", tasks)):
-            have = getattr(self, name + "_", None)
-            if have is not None:
-                setattr(self, name + "_", np.concatenate([have, np.asarray([""] * n if v is None else
-                                                                           [str(x) for x in v])]))
-
-    def _provenance(self) -> dict:
-        out = {name: getattr(self, name + "_") for name in ("query_ids", "tasks")
-               if getattr(self, name + "_", None) is not None}
-        if getattr(self, "outlier_threshold_", None) is not None:
-            out["outlier_threshold"] = np.asarray(self.outlier_threshold_, dtype=np.float64)
-        return out
-
-    def _set_provenance(self, arrays: dict) -> None:
-        self.query_ids_, self.tasks_ = arrays.get("query_ids"), arrays.get("tasks")
-        t = arrays.get("outlier_threshold")
-        self.outlier_threshold_ = None if t is None else float(t)
-
     # Artifacts: arrays + a versioned, checksummed manifest (proxray.routing.artifact).
     def save(self, path):
         """A new version of the artifact at ``path`` (a folder or a URI); returns the version's location."""
@@ -145,10 +107,6 @@ class RouterMixin:
     def load(cls, path, encoder_id: str | None = None):
         """An artifact of this class (``proxray.routing.registry.load_router`` loads any router class)."""
         return artifact.load_router(path, {cls.__name__: cls}, expected_class=cls, encoder_id=encoder_id)
-
-
-OUTLIER_QUANTILE = 0.99  # a query scoring above this quantile of the training queries' own scores is an outlier
-OUTLIER_SAMPLE = 2000  # training queries the threshold is computed on
 
 
 class Neighbourhood(NamedTuple):
