@@ -135,7 +135,19 @@ def _cmd_demo(a):
 
 def _cmd_monitor(a):
     """start: validate the config, start the detached monitor actor (its scheduler runs by itself) next to
-    the running Serve app, print its status. status / metrics / stop: the running one, by name."""
+    the running Serve app, print its status. status / metrics / stop: the running one, by name. Standard output
+    holds the result only (JSON, or Prometheus text): what Ray prints to a driver's stdout (the raylet's warnings,
+    pushed to every driver) goes to standard error meanwhile."""
+    import sys
+
+    out, sys.stdout = sys.stdout, sys.stderr
+    try:
+        _monitor_command(a, out)
+    finally:
+        sys.stdout = out
+
+
+def _monitor_command(a, out):
     import json
     import time
 
@@ -166,19 +178,19 @@ def _cmd_monitor(a):
             except ray.exceptions.GetTimeoutError:
                 if time.time() > deadline:
                     raise SystemExit(f"monitor {name!r} did not answer within {a.timeout:.0f} s")
-        print(json.dumps(status, indent=2, default=str))
+        print(json.dumps(status, indent=2, default=str), file=out)
         return
     if a.what == "stop":
-        print(json.dumps({"stopped": stop_monitor(name), "name": name}))
+        print(json.dumps({"stopped": stop_monitor(name), "name": name}), file=out)
         return
     try:
         actor = get_monitor(name)
     except ValueError:
         raise SystemExit(f"no monitor named {name!r} is running (namespace proxray)") from None
     if a.what == "status":
-        print(json.dumps(ray.get(actor.status.remote()), indent=2, default=str))
+        print(json.dumps(ray.get(actor.status.remote()), indent=2, default=str), file=out)
     else:
-        print(ray.get(actor.prometheus.remote()), end="")
+        print(ray.get(actor.prometheus.remote()), end="", file=out)
 
 
 # ---- proxray eval: the paper's protocol on a table --------------------------------------------------

@@ -181,7 +181,11 @@ def main() -> None:
             client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": text}])
 
         def submitted():
-            st = json.loads(run(["monitor", "status", "--address", cluster.address]).stdout)
+            out = run(["monitor", "status", "--address", cluster.address]).stdout
+            try:
+                st = json.loads(out)
+            except ValueError:
+                raise RuntimeError(f"proxray monitor status printed more than its JSON:\n{out[-4000:]}") from None
             seen["monitor_drifted"], seen["monitor_blocked"] = st["drifted"], st["blocked"]
             return [j for j in st["jobs"] if j["kind"] == "drift" and j.get("id")] or None
 

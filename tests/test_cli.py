@@ -137,3 +137,28 @@ def test_one_grammar_and_the_old_spellings_still_parse(tmp_path, shared_data, ca
     for cmd in ("import", "info", "fit", "explain", "eval", "build-table", "make-tiny-model", "serve", "monitor",
                 "demo"):
         assert f"    {cmd}" in help_text
+
+
+def test_monitor_status_prints_json_only_while_ray_prints_to_drivers(monkeypatch, capsys):
+    """What Ray pushes to every driver's stdout (the raylet's warnings, through Ray's own printer) goes to stderr while
+    `proxray monitor status` runs: its stdout stays one JSON document a script parses."""
+    import ray
+    from ray._private.worker import print_to_stdstream
+
+    import proxray.monitor as monitor
+
+    class Status:
+        def remote(self):
+            print_to_stdstream({"lines": ["WARNING: 8 PYTHON worker processes have been started"], "pid": "raylet",
+                                "is_err": False}, ignore_prefix=False)
+            return {"drifted": 3, "jobs": []}
+
+    class Actor:
+        status = Status()
+
+    monkeypatch.setattr(ray, "init", lambda **kw: None)
+    monkeypatch.setattr(ray, "get", lambda ref, **kw: ref)
+    monkeypatch.setattr(monitor, "get_monitor", lambda name: Actor())
+    assert main(["monitor", "status"]) in (0, None)
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"drifted": 3, "jobs": []} and "8 PYTHON worker processes" in err

@@ -291,11 +291,18 @@ def test_metrics_reach_rays_prometheus_endpoint(client):
     from openai import OpenAI
 
     team = OpenAI(base_url=str(client.base_url), api_key=FOLDERS["team-key"], max_retries=0, timeout=60)
-    team.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "What is 3+3?"}])
+    answer = team.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "What is 3+3?"}])
+    for _ in range(100):  # the answer is remembered after it is sent: wait on the book's state
+        fb = httpx.post(f"{str(client.base_url).rstrip('/')}/feedback", json={"id": answer.id, "score": 0.75},
+                        headers={"Authorization": f"Bearer {FOLDERS['team-key']}"}, timeout=30)
+        if fb.status_code != 404:
+            break
+        time.sleep(0.05)
+    assert fb.status_code == 200 and fb.json()["model"] == answer.model
     port = ray.nodes()[0]["MetricsExportPort"]
     want = ["ray_proxray_routing_decisions", "ray_proxray_routing_latency_ms_bucket", "ray_proxray_fallbacks",
             "ray_proxray_outlier_score_bucket", "ray_proxray_request_errors", "ray_proxray_key_requests",
-            "ray_proxray_key_spend_usd"]
+            "ray_proxray_key_spend_usd", "ray_proxray_feedback", "ray_proxray_feedback_score_sum"]
     deadline, text = time.time() + 90, ""
     while time.time() < deadline:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
@@ -306,6 +313,8 @@ def test_metrics_reach_rays_prometheus_endpoint(client):
     assert not missing, f"not exported: {missing}"
     line = next(x for x in text.splitlines() if x.startswith("ray_proxray_fallbacks") and BROKEN in x)
     assert float(line.rsplit(" ", 1)[1]) >= 1
+    line = next(x for x in text.splitlines() if x.startswith("ray_proxray_feedback_score_sum") and answer.model in x)
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(0.75)
     # every series the shipped Grafana dashboard charts is one Ray exports
     import re
 

@@ -258,3 +258,17 @@ def test_a_conversation_keeps_its_model_within_the_margins(acc, cost, lam, expec
     assert candidates[0] == ("held" if expect[0] == "kept" else "other")
     assert keep(["other", "held"], None, acc, cost, lam, models, ConversationSpec())["action"] == "new"
     assert keep(["other"], "held", acc, cost, lam, models, ConversationSpec())["action"] == "new"  # not a candidate
+
+
+def test_the_answer_book_is_bounded_expires_and_answers_only_the_key_that_asked():
+    from proxray.serve.feedback import AnswerBook, FeedbackRequest
+
+    book = AnswerBook(max_answers=3, retention_s=100.0)
+    for i in range(4):
+        book.remember(f"a{i}", {"text": f"q{i}", "model": "m", "key": "team" if i else None, "cost": 0.0}, now=10.0 * i)
+    assert book.find("a0", None, now=35.0) is None and book.stats() == {"answers": 3, "dropped": 1}  # the oldest went
+    assert book.find("a1", "team", now=35.0)["text"] == "q1"
+    assert book.find("a1", None, now=35.0) is None and book.find("a1", "other", now=35.0) is None  # another key's
+    assert book.find("a1", "team", now=111.0) is None and book.find("a3", "team", now=111.0) is not None  # expired
+    with pytest.raises(ValueError, match="score"):
+        FeedbackRequest.model_validate({"id": "a1", "score": float("nan")})

@@ -95,13 +95,13 @@ def test_memory_stays_flat_under_sustained_load(server):
     """Runs before the fault test (file order), on replicas that have not been restarted."""
     body = json.dumps({"model": "proxray", "messages": [{"role": "user", "content": "Which planet is red?"}]})
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda _: post(server + CHAT, body).status_code, range(300)))  # warm-up
+        list(pool.map(lambda _: post(server + CHAT, body).status_code, range(200)))  # warm-up
         before = serve_rss_mb()
-        codes = list(pool.map(lambda _: post(server + CHAT, body).status_code, range(800)))
+        codes = list(pool.map(lambda _: post(server + CHAT, body).status_code, range(600)))
     after = serve_rss_mb()
-    print(f"\nsoak: 800 requests, RSS of Serve replicas {before:.0f} -> {after:.0f} MB")
-    assert codes.count(200) == 800
-    assert after - before < 60
+    print(f"\nsoak: 600 requests, RSS of Serve replicas {before:.0f} -> {after:.0f} MB")
+    assert codes.count(200) == 600
+    assert after - before < 45  # 60 MB over 800 requests before: the same rate of growth at most
 
 
 def _replica_names(deployment):

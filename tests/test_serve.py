@@ -203,6 +203,43 @@ def test_keys_with_their_own_policy(server):
         **{**ask, "model": STRONG}).model == STRONG
 
 
+def test_feedback_on_an_answer_over_http(client, server):
+    """POST /v1/feedback: a score for an answer this endpoint gave (routed, by name or streamed), from any key that
+    asked; an unknown id or another key's answer is a 404, a bad body a 400 naming the field."""
+    from openai import OpenAI
+
+    ask = dict(messages=[{"role": "user", "content": "Tom has 3 boxes of 4 apples. How many apples?"}])
+    routed = client.chat.completions.create(model="proxray", **ask)
+    by_name = client.chat.completions.create(model=WEAK, **ask)
+    streamed = [c for c in client.chat.completions.create(model="proxray", stream=True, **ask)]
+    weak = OpenAI(base_url=f"{server}/v1", api_key=KEYS["weak"], max_retries=0, timeout=30)
+    theirs = weak.chat.completions.create(model="proxray", **ask)
+
+    def feedback(answer_id, score, key=KEY, **extra):
+        for _ in range(100):  # an answer is remembered after it is sent: wait on the book's state
+            r = post(server, "/v1/feedback", {"id": answer_id, "score": score, **extra}, key=key)
+            if r.status_code != 404 or answer_id == "chatcmpl-unknown":
+                return r
+            time.sleep(0.05)
+        return r
+
+    for answer, score in ((routed, 1.0), (by_name, 0.0), (streamed[0], 0.5)):
+        r = feedback(answer.id, score, comment="checked by hand")
+        assert r.status_code == 200, r.text
+        assert r.json() == {"object": "feedback", "id": answer.id, "model": answer.model, "score": score,
+                            "learned": False}  # no monitor in this app: counted, not learned
+    assert feedback(theirs.id, 1.0, key=KEYS["weak"]).status_code == 200
+    other = post(server, "/v1/feedback", {"id": theirs.id, "score": 1.0})  # another key's answer: not found
+    assert other.status_code == 404 and other.json()["error"]["param"] == "id"
+    unknown = feedback("chatcmpl-unknown", 1.0)
+    assert unknown.status_code == 404 and "no answer" in unknown.json()["error"]["message"]
+    for body, param in (({"id": routed.id, "score": 1.5}, "score"), ({"id": routed.id}, "score"),
+                        ({"id": routed.id, "score": 1, "stars": 5}, "stars"), ({"score": 1}, "id")):
+        bad = post(server, "/v1/feedback", body)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+    assert post(server, "/v1/feedback", {"id": routed.id, "score": 1}, key=None).status_code == 401
+
+
 def test_the_fast_encoder_routes_as_the_fitted_one_and_repeats_skip_it(client, encoder):
     """The ingress embeds with ONNX Runtime (the default backend) against a router fitted on torch
     embeddings: its estimates are the torch ones; a repeated routing text comes from the LRU."""

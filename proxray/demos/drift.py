@@ -15,6 +15,12 @@
 4. Measure routing on T's held-out queries (never sent) with the first and the final router, and the
    shadow J_z of each kind of traffic.
 
+With ``--labels feedback`` no judge runs (the monitor may start no evaluation): the users who sent T's queries score
+each answer through ``POST /v1/feedback`` (their score is the answer's correctness in the table), with the λ each of
+them routes with (a spread of cost preferences, so that several models answer). The monitor adds the scored queries
+in batches of ``min_batch`` and the router grows from the users' scores alone, round after round: each round is
+routed by the router the previous rounds grew.
+
 The last line printed is one JSON object: {"task", "before", "after", "evaluations", "judge",
 "overlap_inlier", "overlap_new_task", "driver", ...} (AUC % on T).
 """
@@ -66,7 +72,7 @@ def job_template(pool=POOL, judge=JUDGE) -> dict:
 def monitor_config(state: Path, name: str, min_batch: int, **overrides) -> dict:
     return {"name": name, "router": str(state / "router_v0"), "table": str(state / "train_table.parquet"),
             "state_dir": str(state / "monitor"), "job": job_template(), "z": 3, "window": 300, "n_groups": 4,
-            "min_batch": min_batch, "shadow_rate": 0.5, "shadow_batch": 10, "shadow_max_wait_s": 3.0, "min_group": 8,
+            "min_batch": min_batch, "shadow_rate": 0.5, "shadow_batch": 30, "shadow_max_wait_s": 3.0, "min_group": 8,
             "max_evals_per_hour": 6, "cost_budget": 1.0, "tick_s": 1.0, **overrides}
 
 
@@ -84,7 +90,7 @@ def _drift_jobs(jobs_address: str, prefix: str) -> list:
 
 
 def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None, timeout_s=300,
-        kill_mid_evaluation=False, name="proxray-monitor"):
+        kill_mid_evaluation=False, name="proxray-monitor", labels="judge"):
     import openai
     import ray
     from ray import serve
@@ -130,7 +136,10 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     cfg_path = state / "monitor.yaml"
     import yaml
 
-    cfg_path.write_text(yaml.safe_dump(monitor_config(state, name, min_batch)))
+    by_feedback = labels == "feedback"  # no judge: the monitor may start no evaluation, users' scores label
+    overrides = ({"max_evals_per_hour": 0, "shadow_rate": 0.0, "feedback_batch": min_batch, "feedback_max_wait_s": 3.0}
+                 if by_feedback else {})
+    cfg_path.write_text(yaml.safe_dump(monitor_config(state, name, min_batch, **overrides)))
     # the operator's command, against this cluster
     started = subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "start", "--config", str(cfg_path),
                               "--address", ctx.address_info["gcs_address"]], capture_output=True, text=True, timeout=600)
@@ -155,8 +164,9 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
             break
         time.sleep(0.5)
     inlier_flags = st["drifted"]
-    send(live)
     t_sent = time.time()
+    scored = feedback_rounds(client, port, [int(i) for i in t_live], full, acc, cost, min_batch, status, timeout_s) \
+        if by_feedback else send(live)
     deadline = t_sent + timeout_s
     killed = False
     final = None
@@ -175,10 +185,10 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
             killed = True
             time.sleep(1)
             continue
-        absorbed = [e for e in st["events"] if e["event"] == "router" and e.get("absorbed")]
-        if absorbed:
+        absorbed = [e for e in st["events"] if e["event"] == "router" and e.get("feedback" if by_feedback else "absorbed")]
+        if absorbed and not (by_feedback and st["feedback"]["pending"]):
             final = st["router_path"]
-            log(f"monitor absorbed {absorbed[-1]['absorbed']}: {final}")
+            log(f"monitor absorbed {absorbed[-1].get('feedback') or absorbed[-1].get('absorbed')}: {final}")
             break
         log(f"monitor: {st['drifted']} drifted of {st['reported']}, queue {st['drift_queue']}, "
             f"shadow {st['shadow_labelled']}, jobs {[(j['kind'], j['status']) for j in st['jobs']]}")
@@ -215,12 +225,52 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
               "overlap_inlier": over_in["j"], "overlap_inlier_n": over_in["n"],
               "overlap_new_task": over_new["j"], "overlap_new_task_n": over_new["n"],
               "spent_usd": st["spent_usd"], "drift_jobs": drift_jobs, "killed_mid_evaluation": killed,
-              "served_before_monitor": bool(early.choices[0].message.content), "driver": "monitor"}  # nothing here called report/tick/evaluate: the ingress and the scheduler did
+              "served_before_monitor": bool(early.choices[0].message.content), "driver": "monitor",
+              "labels": labels, "feedback_scored": scored or 0, "feedback": st["feedback"]}  # nothing here called report/tick/evaluate: the ingress and the scheduler did
     subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "stop", "--name", name,
                     "--address", ctx.address_info["gcs_address"]], capture_output=True, timeout=120)
     serve.shutdown()
     ray.shutdown()
     return result
+
+
+def feedback_rounds(client, port, rows, full, acc, cost, batch, status, timeout_s) -> int:
+    """Users send ``rows`` of the table in rounds of ``batch``, each with its own λ (a spread of cost preferences), and
+    score every answer through POST /v1/feedback (the answer's correctness in the table). After each round, wait
+    until the monitor added it and the served router is the grown one: the next round is routed by it. Returns how
+    many answers were scored."""
+    import httpx
+
+    lams = [0.0] + [q / float(np.mean(cost)) for q in (0.05, 0.2, 1.0)]  # users' own λ, cheap to quality-minded
+    scored = 0
+    for start in range(0, len(rows), batch):
+        chunk = rows[start:start + batch]
+        for j, i in enumerate(chunk):
+            lam = lams[(start + j) % len(lams)]
+            r = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": full.prompts[i]}],
+                                               extra_body={"proxray": {"lam": lam}})
+            score = float(acc[i, POOL.index(r.model)])
+            for _ in range(100):  # the answer is remembered after it is sent
+                fb = httpx.post(f"http://127.0.0.1:{port}/v1/feedback", json={"id": r.id, "score": score}, timeout=30)
+                if fb.status_code != 404:
+                    break
+                time.sleep(0.05)
+            fb.raise_for_status()
+            scored += 1
+        want = start + len(chunk)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            st = status()
+            if st["feedback"]["absorbed"] >= want:
+                break
+            time.sleep(0.5)
+        log(f"feedback round: {scored} answers scored, {st['feedback']['absorbed']} added, router v{st['router_version']}")
+        for _ in range(60):  # the next round goes to the grown router
+            probe = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "hello"}])
+            if probe.model_extra["proxray"]["router_path"] == st["router_path"]:
+                break
+            time.sleep(0.5)
+    return scored
 
 
 def main(argv=None):
@@ -230,8 +280,10 @@ def main(argv=None):
     p.add_argument("--n-per-task", type=int, default=60)
     p.add_argument("--min-batch", type=int, default=20)
     p.add_argument("--kill-mid-evaluation", action="store_true", help="kill the monitor actor while its job runs")
+    p.add_argument("--labels", choices=["judge", "feedback"], default="judge",
+                   help="who labels the new task's queries: a judge of the pool, or the users' feedback alone")
     a = p.parse_args(argv)
-    print(json.dumps(run(a.task, a.n_per_task, a.min_batch, kill_mid_evaluation=a.kill_mid_evaluation)))
+    print(json.dumps(run(a.task, a.n_per_task, a.min_batch, kill_mid_evaluation=a.kill_mid_evaluation, labels=a.labels)))
     return 0
 
 

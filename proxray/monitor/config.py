@@ -33,6 +33,10 @@ class MonitorConfig(BaseModel):
     shadow_batch: int = Field(20, ge=1, description="shadow queries per shadow evaluation job")
     shadow_max_wait_s: float = Field(300.0, ge=0, description="a smaller shadow batch goes out once its oldest query waited this long")
     min_batch: int = Field(20, ge=1, description="drifted queries per re-evaluation job")
+    feedback_batch: int = Field(8, ge=1, description="users' scored queries added to the router at a time, on "
+                                "their own (scores of queries an evaluation labels join its labels instead)")
+    feedback_max_wait_s: float = Field(300.0, ge=0, description="a smaller feedback batch goes once its oldest score "
+                                       "waited this long (also a score whose query waits for an evaluation)")
     max_buffer: int = Field(2000, ge=1, description="cap of the drift and shadow queues (further queries are dropped, counted)")
     max_evals_per_hour: int = Field(4, ge=0, description="re-evaluation jobs started per hour at most")
     cost_budget: float = Field(1.0, ge=0, description="USD for all evaluations: generation on the pool + the judge")

@@ -38,6 +38,7 @@ from proxray.common.storage import join
 from proxray.monitor.config import MonitorConfig
 from proxray.monitor.detector import DriftDetector, text_key
 from proxray.monitor.evaluations import Evaluations
+from proxray.monitor.feedback import FeedbackBook, FeedbackLabels
 from proxray.monitor.jobs import InlineRunner, JobsApiRunner
 from proxray.monitor.overlap import OverlapTracker
 from proxray.monitor.publisher import RouterPublisher
@@ -80,11 +81,13 @@ class DriftMonitor:
         self.overlap = OverlapTracker(acc, cost, table.tasks, cfg.lam, cfg.z, cfg.min_group, cfg.overlap_threshold,
                                       max_observed=20 * cfg.window)
         self.book = TrafficBook(cfg.window, cfg.max_buffer)
+        self.feedback_book = FeedbackBook(cfg.max_buffer)
         per_query = float(np.mean(cost.sum(1))) if cost.size else 1e-3
         runner = runner or (InlineRunner() if cfg.submit == "inline" else JobsApiRunner(cfg.jobs_address))
         self.evaluations = Evaluations(cfg.name, join(self.state_dir, "evaluations"), runner, cfg.cost_budget,
                                        cfg.est_cost_per_query or 2.0 * max(per_query, 1e-9),  # pool + a judge per answer
                                        self._snapshot)
+        self.labels = FeedbackLabels(self.feedback_book, self.book, self.evaluations, join(self.state_dir, "feedback"))
         self.lock = threading.RLock()
         self.scheduler = Scheduler(self.tick, cfg.tick_s)
         self.blocked = None  # why nothing was submitted last time (budget, growth), for status
@@ -105,10 +108,29 @@ class DriftMonitor:
             entry = {"seq": self.book.seq + 1, "t": time.time(), "key": key, "prompt": prompt, "group": group,
                      "drifted": drifted, "score": float(outlier_score),
                      "shadow": bool(unit_hash(key, "shadow") < self.config.shadow_rate)}
-            self.book.apply(entry)
+            self._apply(entry)
             self.store.append(entry)
             self._dirty += 1
         return drifted
+
+    def feedback(self, prompt: str, model: str, score: float, cost: float | None = None, comment: str | None = None):
+        """A user's score in [0, 1] of ``model``'s answer to ``prompt`` (the ingress calls this fire-and-forget):
+        that model's label for that query (proxray.monitor.feedback)."""
+        with self.lock:
+            entry = {"seq": self.book.seq + 1, "t": time.time(), "kind": "feedback", "key": text_key(prompt),
+                     "prompt": prompt, "model": str(model), "score": float(np.clip(score, 0.0, 1.0)),
+                     "cost": None if cost is None else float(cost), "comment": comment}
+            self._apply(entry)
+            self.store.append(entry)
+            self._dirty += 1
+
+    def _apply(self, e: dict) -> None:
+        """One journal entry's effect (a routed query's report, or feedback), live and on replay."""
+        if e.get("kind") == "feedback":
+            self.book.seq = e["seq"]
+            self.feedback_book.apply(e)
+        else:
+            self.book.apply(e)
 
     def overlap_of(self, prompts) -> dict:
         """J_z of the shadow-labelled queries among ``prompts`` (a measurement for operators and the demo:
@@ -134,6 +156,7 @@ class DriftMonitor:
             self._maybe_grow(now)
             self._maybe_evaluate("drift", now)
             self._maybe_evaluate("shadow", now)
+            self._maybe_absorb_feedback(now)
             for e, outcome in list(self.evaluations.outcomes(now, self.config.job_timeout_s)):
                 if outcome == "SUCCEEDED":
                     try:
@@ -216,12 +239,24 @@ class DriftMonitor:
                 for i, k in enumerate(table.query_ids):
                     self.overlap.observe(k, e["meta"][k], acc[i], cost[i])
             else:  # add the labelled queries to the router (no refit); they are a training "task" for J_z now
+                self.labels.merge(e, table, self.publisher.models, acc, cost)
                 router = self.publisher.with_queries(self.encoder.encode(table.prompts), acc, cost,
                                                      query_ids=list(table.query_ids), tasks=list(table.tasks))
                 self.train_prompts.extend(table.prompts)
                 self.overlap.add_task(e["id"], acc, cost)
                 self._publish(router, absorbed=e["id"], n=len(table.prompts))
         e["status"] = "DONE"
+        self._snapshot()
+
+    # ---- feedback: users' scores on their own (beside the judge's: _finish) ---------------------------------
+    def _maybe_absorb_feedback(self, now: float) -> None:
+        got = self.labels.batch(now, self.config, self.publisher, self.encoder)
+        if got is None:
+            return
+        fid, keys, prompts, X, acc, cost = got
+        router = self.publisher.with_queries(X, acc, cost, query_ids=keys, tasks=["feedback"] * len(keys))
+        self.train_prompts.extend(prompts)
+        self._publish(router, feedback=fid, n=len(keys))
         self._snapshot()
 
     def _publish(self, router, **event) -> None:
@@ -253,11 +288,12 @@ class DriftMonitor:
         """The snapshot: each part's own ``state()`` (traffic book, J_z tracker, evaluations, router publisher) and the
         monitor's decisions and the training prompts absorbed since the table."""
         return {**self.book.state(), **self.overlap.state(), **self.evaluations.state(), **self.publisher.state(),
+                **self.feedback_book.state(),
                 "triggered": self.triggered, "not_before": self.not_before,
                 "train_prompts_added": self.train_prompts[self._n_table:]}
 
     def _restore_checkpoint(self, snap: dict) -> None:
-        for part in (self.book, self.overlap, self.evaluations, self.publisher):
+        for part in (self.book, self.overlap, self.evaluations, self.publisher, self.feedback_book):
             part.restore(snap)
         self.triggered, self.not_before = snap["triggered"], snap["not_before"]
         self.train_prompts.extend(snap["train_prompts_added"])
@@ -270,8 +306,8 @@ class DriftMonitor:
         snap, entries = self.store.load()
         if snap:
             self._restore_checkpoint(snap)
-        for e in entries:  # reports after the snapshot
-            self.book.apply(e)
+        for e in entries:  # reports and feedback after the snapshot
+            self._apply(e)
         self._dirty = len(entries)
 
     # ---- views -----------------------------------------------------------------------------------

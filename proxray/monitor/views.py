@@ -21,7 +21,7 @@ def status_of(m) -> dict:
         "jobs": [{k: e.get(k) for k in ("id", "kind", "n", "status", "charged", "error")} for e in ev.items[-8:]],
         "router_version": m.publisher.version, "router_path": m.publisher.path,
         "models": m.publisher.models, "judge": (m.config.job.get("grader") or {}).get("model"),
-        "scheduler": m.scheduler.alive, "events": book.events[-10:]}
+        "feedback": m.feedback_book.status(), "scheduler": m.scheduler.alive, "events": book.events[-10:]}
 
 
 def prometheus_text(s: dict) -> str:
@@ -32,6 +32,10 @@ def prometheus_text(s: dict) -> str:
              f"proxray_monitor_evaluations_total {s['evaluations']}", f"proxray_monitor_spent_usd {s['spent_usd']}",
              f"proxray_monitor_router_version {s['router_version']}",
              f"proxray_monitor_topz_overlap_threshold {s['overlap_threshold']}"]
+    fb = s["feedback"]
+    lines += [f"proxray_monitor_feedback_received_total {fb['received']}",
+              f"proxray_monitor_feedback_absorbed_total {fb['absorbed'] + fb['merged']}",
+              f"proxray_monitor_feedback_pending {fb['pending']}"]
     for kind, o in s["overlap"].items():
         if o["j"] is not None:
             lines.append(f'proxray_monitor_topz_overlap{{traffic="{kind}"}} {o["j"]}')

@@ -26,6 +26,7 @@ from proxray.serve import plan as planning
 from proxray.serve.client import ModelClient
 from proxray.serve.conversations import ConversationClient
 from proxray.serve.fallback import first_answer
+from proxray.serve.feedback import FeedbackClient, FeedbackRequest
 from proxray.serve.http import error_response, gateway_api, parse_request, response_headers
 from proxray.serve.models import ModelServer
 from proxray.serve.errors import RequestError
@@ -68,6 +69,7 @@ class RouterIngress:
         self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a), a.conversations)
         app_name = serve.get_replica_context().app_name
         self.conversations = ConversationClient(app_name, a.conversations)
+        self.answers = FeedbackClient(app_name, a.feedback)  # answers remembered for feedback on them
         self.gate = KeyGate(a.keys_file, load_api_key(a), app_name, {m.id: m.price for m in a.models if m.price})
         self.kinds = {m.id: m.engine for m in a.models}
         self.requests = 0
@@ -80,11 +82,10 @@ class RouterIngress:
 
             self.monitor = MonitorClient(a.monitor, a.reload_every_s, a.router, self.encoder.id, self.policy.use_router)
 
-    async def _plan(self, req, body: dict, endpoint: str, timings: dict) -> planning.Plan:
+    async def _plan(self, req, body: dict, endpoint: str, timings: dict, text: str) -> planning.Plan:
         if req.model != ROUTER_MODEL:  # nothing router-related on a pass-through request's path
             return planning.pass_through(req.model, self.client.handles)
         t0 = time.perf_counter()
-        text = routing_text(req, self.args.routing_text)
         if len(text) > self.args.max_prompt_chars:
             raise RequestError(413, f"the routing text has {len(text)} characters; the limit is "
                                f"{self.args.max_prompt_chars}", "messages" if isinstance(req, ChatRequest) else "prompt")
@@ -123,7 +124,8 @@ class RouterIngress:
                 req.proxray.conversation = request.headers["x-proxray-conversation"][:256]
             body = req.forward(req.model, self.args.default_max_tokens)  # what every candidate gets, model aside
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
-            p = await self._plan(req, body, endpoint, timings)
+            text = routing_text(req, self.args.routing_text)
+            p = await self._plan(req, body, endpoint, timings, text)
             t_model = time.perf_counter()
             model, head, gen = await first_answer(self.client, p, body, endpoint, req.stream, deadline,
                                                   self.args.timeout_s, self._failed)
@@ -141,8 +143,11 @@ class RouterIngress:
         if key_report:
             p.report["key"] = key_report
         # what an answer's usage counts toward: a budget on realised cost, the key's spend
-        counts = [f for f in (self.policy.meter(p, model), self.gate.charger(
-            key, model, p.report.get("estimates", {}).get(model, {}).get("cost"))) if f]
+        # and the answer, remembered for feedback on it
+        estimate = p.report.get("estimates", {}).get(model, {}).get("cost")
+        counts = [f for f in (self.policy.meter(p, model), self.gate.charger(key, model, estimate),
+                              self.answers.recorder(head[0], text, model, key and key.name, self.gate.prices.get(model),
+                                                    estimate) if len(text) <= self.args.max_prompt_chars else None) if f]
         if req.stream:
             head[0] = {**head[0], "proxray": p.report}
             usage = {}  # a stream's usage: in its last chunk, where the client asked for it (include_usage)
@@ -196,6 +201,17 @@ class RouterIngress:
         except RequestError as e:
             return error_response(e)
         return found[0]
+
+    async def feedback(self, request: Request):
+        """``POST /v1/feedback``: a score in [0, 1] for an answer this endpoint gave (proxray.serve.feedback)."""
+        try:
+            key = self.gate.identify(request)
+            self.answers.check_enabled()
+            fb = await parse_request(request, FeedbackRequest, self.args.max_body_bytes)
+            return await self.answers.take(fb, key and key.name, self.metrics, self.monitor)
+        except RequestError as e:
+            self.metrics.error(e.status)
+            return error_response(e)
 
     async def health(self):
         return {"status": "ok", "models": sorted(self.client.handles), "router_models": self.policy.routable,

@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxray.routing.objective import objective
+from proxray.serve.shared_actor import SharedActorClient
 
 
 class ConversationSpec(BaseModel):
@@ -84,20 +85,13 @@ def keep(candidates: list, previous: str | None, acc, cost, lam: float, models: 
     return {"action": "kept", **report}
 
 
-class ConversationClient:
+class ConversationClient(SharedActorClient):
     """The ingress side: the app's ``ConversationBook`` actor, created by the first replica that needs it."""
 
-    def __init__(self, app_name: str, spec: ConversationSpec):
-        self.name, self.spec, self._book = f"proxray-conversations-{app_name}", spec, None
+    actor_cls, prefix = ConversationBook, "proxray-conversations"
 
-    def _actor(self):
-        if self._book is None:
-            import ray
-
-            self._book = ray.remote(ConversationBook).options(
-                name=self.name, namespace="proxray", get_if_exists=True, lifetime="detached", num_cpus=0,
-            ).remote(self.spec.max_entries, self.spec.ttl_s)
-        return self._book
+    def actor_args(self) -> tuple:
+        return self.spec.max_entries, self.spec.ttl_s
 
     async def recall(self, cid: str) -> str | None:
         return await self._actor().recall.remote(cid)

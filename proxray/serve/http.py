@@ -127,6 +127,7 @@ def gateway_api(ingress, args) -> FastAPI:
                            allow_headers=["*"], expose_headers=EXPOSED_HEADERS, max_age=600)
     app.post("/v1/chat/completions")(ingress.chat)
     app.post("/v1/completions")(ingress.completions)
+    app.post("/v1/feedback")(ingress.feedback)
     app.get("/v1/models")(ingress.models)
     app.get("/v1/models/{model:path}")(ingress.model)  # :path - ids hold "/" (the openai SDK sends it as %2F)
     app.get("/health")(ingress.health)

@@ -26,6 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from proxray.serve.shared_actor import SharedActorClient
+
 RELOAD_EVERY_S = 2.0
 
 
@@ -146,19 +148,10 @@ class KeyLedger:
         return {name: {"spent_usd": sum(u for _, u in v)} for name, v in self.spent.items()}
 
 
-class LedgerClient:
+class LedgerClient(SharedActorClient):
     """The app's ``KeyLedger`` actor, created by the first replica that needs it."""
 
-    def __init__(self, app_name: str):
-        self.name, self._ledger = f"proxray-keys-{app_name}", None
-
-    def _actor(self):
-        if self._ledger is None:
-            import ray
-
-            self._ledger = ray.remote(KeyLedger).options(name=self.name, namespace="proxray", get_if_exists=True,
-                                                         lifetime="detached", num_cpus=0).remote()
-        return self._ledger
+    actor_cls, prefix = KeyLedger, "proxray-keys"
 
     async def admit(self, spec: KeySpec) -> dict:
         return await self._actor().admit.remote(spec.name, spec.requests_per_minute,

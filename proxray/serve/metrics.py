@@ -5,7 +5,8 @@ from __future__ import annotations
 ROUTING_MS_BOUNDARIES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
 OUTLIER_BOUNDARIES = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0]
 NAMES = {"decisions": "proxray_routing_decisions", "routing_ms": "proxray_routing_latency_ms",
-         "fallbacks": "proxray_fallbacks", "outlier": "proxray_outlier_score", "errors": "proxray_request_errors"}
+         "fallbacks": "proxray_fallbacks", "outlier": "proxray_outlier_score", "errors": "proxray_request_errors",
+         "feedback": "proxray_feedback", "feedback_score": "proxray_feedback_score_sum"}
 
 
 class GatewayMetrics:
@@ -20,6 +21,10 @@ class GatewayMetrics:
                                  tag_keys=("model",))
         self.outlier = Histogram(NAMES["outlier"], "outlier score of routed requests", boundaries=OUTLIER_BOUNDARIES)
         self.errors = Counter(NAMES["errors"], "requests answered with an error, by HTTP status", tag_keys=("code",))
+        self.feedbacks = Counter(NAMES["feedback"], "feedback accepted on answers, by the model that answered",
+                                 tag_keys=("model",))
+        self.feedback_score = Counter(NAMES["feedback_score"], "sum of the feedback scores, by model (divided by "
+                                      "proxray_feedback: the mean score)", tag_keys=("model",))
 
     def answered(self, model: str, routed: bool) -> None:
         self.decisions.inc(1, {"model": model, "routed": str(routed).lower()})
@@ -33,3 +38,8 @@ class GatewayMetrics:
 
     def error(self, code: int) -> None:
         self.errors.inc(1, {"code": str(code)})
+
+    def feedback(self, model: str, score: float) -> None:
+        self.feedbacks.inc(1, {"model": model})
+        if score > 0:
+            self.feedback_score.inc(float(score), {"model": model})

@@ -52,6 +52,18 @@ class MonitorClient:
             self.dropped += 1
             self._lost(e)
 
+    def feedback(self, text: str, model: str, score: float, cost: float | None, comment: str | None = None) -> bool:
+        """A user's score of ``model``'s answer to ``text``, fire and forget; False where the monitor is not there."""
+        actor = self._lookup()
+        if actor is None:
+            return False
+        try:
+            actor.feedback.remote(text, model, score, cost, comment)
+        except Exception as e:  # noqa: BLE001 - a dead handle: look it up again later
+            self._lost(e)
+            return False
+        return True
+
     async def _watch(self):
         """Switch to the monitor's newest router artifact: load it off the event loop, then hand it over in
         one call, so requests in flight finish on the old router and none is dropped."""

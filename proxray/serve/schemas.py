@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from proxray.pool.spec import PoolModel
 from proxray.serve.conversations import ConversationSpec
+from proxray.serve.feedback import FeedbackSpec
 
 ROUTER_MODEL = "proxray"  # the model name that asks for routing
 INT64 = 2**63  # integers in a request must fit a signed 64-bit int (seed, logit_bias, ...)
@@ -239,6 +240,9 @@ class AppArgs(BaseModel):
     conversations: ConversationSpec = Field(default_factory=ConversationSpec, description=(
         "requests naming a conversation keep its model across turns unless another is better by a margin "
         "(proxray.serve.conversations)"))
+    feedback: FeedbackSpec = Field(default_factory=FeedbackSpec, description=(
+        "answers remembered so that POST /v1/feedback can score them; the monitor learns from the scores "
+        "(proxray.serve.feedback)"))
     docs: bool = Field(False, description="serve /docs and /openapi.json")
     cors_origins: list[str] = Field([], max_length=64, description=(
         "origins whose web pages may call the endpoint from a browser (CORS), e.g. https://app.example.com, "

@@ -1,0 +1,125 @@
+"""Feedback on answers: ``POST /v1/feedback`` with an answer's ``id`` (the ``id`` of the chat completion or
+completion this endpoint returned) and a ``score`` in [0, 1], optionally a ``comment``.
+
+Every answer the endpoint gives is remembered for ``retention_s`` — its routing text, the model that answered, the
+cost of the answer at that model's price and which key asked — in one actor per app (``AnswerBook``, named,
+namespace ``proxray``) that every ingress replica writes to fire-and-forget, so feedback may reach any replica. The
+book is bounded (``max_answers``, the oldest dropped first). Feedback on an id the book does not hold (never given,
+expired, or given to another key) is a 404; a bad body a 400 naming the field. Accepted feedback is counted per model
+(``proxray_feedback``, ``proxray_feedback_score_sum``) and handed to the drift monitor, which takes the score as that
+model's label for that query (``grader: feedback`` in the tables it writes) and grows the router with it.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from proxray.serve.shared_actor import SharedActorClient
+
+
+class FeedbackSpec(BaseModel):
+    """``feedback:`` of the app args."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(True, description="remember answers and accept POST /v1/feedback on them")
+    retention_s: float = Field(86400.0, gt=0, description="feedback is accepted this long after the answer")
+    max_answers: int = Field(20_000, ge=1, description="answers remembered at most, the oldest dropped first "
+                             "(~13 kB each with a 400-character routing text, measured)")
+
+
+class FeedbackRequest(BaseModel):
+    """The body of ``POST /v1/feedback``."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1, max_length=256, description="the answer's id, as the endpoint returned it")
+    score: float = Field(ge=0, le=1, description="how good the answer was: 0 (wrong) … 1 (right)")
+    comment: str | None = Field(None, max_length=2000, description="free text, kept with the feedback by the monitor")
+
+    @field_validator("score")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number in [0, 1]")
+        return v
+
+
+class AnswerBook:
+    """Answer id → what feedback on it needs (routing text, model, cost, key), bounded and expiring (the app's
+    shared actor)."""
+
+    def __init__(self, max_answers: int = 20_000, retention_s: float = 86400.0):
+        self.max_answers, self.retention_s = max_answers, retention_s
+        self.answers: OrderedDict = OrderedDict()  # id -> (record, time given)
+        self.dropped = 0
+
+    def remember(self, answer_id: str, record: dict, now: float | None = None) -> None:
+        self.answers[answer_id] = (record, time.time() if now is None else now)
+        self.answers.move_to_end(answer_id)
+        while len(self.answers) > self.max_answers:
+            self.answers.popitem(last=False)
+            self.dropped += 1
+
+    def find(self, answer_id: str, key: str | None, now: float | None = None) -> dict | None:
+        """The answer's record, or None where it is unknown, expired or was given to another key."""
+        now = time.time() if now is None else now
+        while self.answers:  # the oldest first: drop what expired
+            first = next(iter(self.answers.values()))
+            if now - first[1] <= self.retention_s:
+                break
+            self.answers.popitem(last=False)
+        hit = self.answers.get(answer_id)
+        if hit is None or hit[0].get("key") != key:
+            return None
+        return hit[0]
+
+    def stats(self) -> dict:
+        return {"answers": len(self.answers), "dropped": self.dropped}
+
+
+class FeedbackClient(SharedActorClient):
+    """The ingress side: the app's ``AnswerBook`` actor (created by the first replica that needs it), the answers'
+    recorder and the feedback route's work."""
+
+    actor_cls, prefix = AnswerBook, "proxray-answers"
+
+    def actor_args(self) -> tuple:
+        return self.spec.max_answers, self.spec.retention_s
+
+    def recorder(self, answer: dict, text: str, model: str, key: str | None, price, estimate: float | None):
+        """A function of the answer's ``usage`` that remembers the answer (fire and forget) with its cost at the model's
+        price (the router's estimate where there is no price or no usage); None where feedback is off or the answer
+        has no id."""
+        answer_id = answer.get("id")
+        if not self.spec.enabled or not isinstance(answer_id, str) or not answer_id:
+            return None
+
+        def remember(usage):
+            cost = price.cost(usage) if price is not None and usage else None
+            record = {"text": text, "model": model, "key": key, "cost": estimate if cost is None else float(cost)}
+            self._actor().remember.remote(answer_id, record)
+
+        return remember
+
+    def check_enabled(self) -> None:
+        from proxray.serve.errors import RequestError
+
+        if not self.spec.enabled:
+            raise RequestError(404, "feedback is off for this endpoint (feedback.enabled: false)", kind="not_found_error")
+
+    async def take(self, fb: FeedbackRequest, key: str | None, metrics, monitor) -> dict:
+        """``POST /v1/feedback`` once its body is parsed: the answer found (404 otherwise), the score counted and handed
+        to the monitor. Returns the answer to send."""
+        from proxray.serve.errors import RequestError
+
+        record = await self._actor().find.remote(fb.id, key)
+        if record is None:
+            raise RequestError(404, f"no answer {fb.id[:80]!r} within the last {self.spec.retention_s:.0f} s for this "
+                               "key", "id", kind="not_found_error")
+        metrics.feedback(record["model"], fb.score)
+        learned = monitor is not None and monitor.feedback(record["text"], record["model"], fb.score, record["cost"],
+                                                           fb.comment)
+        return {"object": "feedback", "id": fb.id, "model": record["model"], "score": fb.score,
+                "learned": bool(learned)}
