@@ -108,21 +108,22 @@ class DriftMonitor:
             entry = {"seq": self.book.seq + 1, "t": time.time(), "key": key, "prompt": prompt, "group": group,
                      "drifted": drifted, "score": float(outlier_score),
                      "shadow": bool(unit_hash(key, "shadow") < self.config.shadow_rate)}
-            self._apply(entry)
-            self.store.append(entry)
-            self._dirty += 1
+            self._journal(entry)
         return drifted
 
     def feedback(self, prompt: str, model: str, score: float, cost: float | None = None, comment: str | None = None):
         """A user's score in [0, 1] of ``model``'s answer to ``prompt`` (the ingress calls this fire-and-forget):
         that model's label for that query (proxray.monitor.feedback)."""
         with self.lock:
-            entry = {"seq": self.book.seq + 1, "t": time.time(), "kind": "feedback", "key": text_key(prompt),
-                     "prompt": prompt, "model": str(model), "score": float(np.clip(score, 0.0, 1.0)),
-                     "cost": None if cost is None else float(cost), "comment": comment}
-            self._apply(entry)
-            self.store.append(entry)
-            self._dirty += 1
+            self._journal({"seq": self.book.seq + 1, "t": time.time(), "kind": "feedback", "key": text_key(prompt),
+                           "prompt": prompt, "model": str(model), "score": float(np.clip(score, 0.0, 1.0)),
+                           "cost": None if cost is None else float(cost), "comment": comment})
+
+    def _journal(self, entry: dict) -> None:
+        """Apply a new entry and append it to the journal (under the lock)."""
+        self._apply(entry)
+        self.store.append(entry)
+        self._dirty += 1
 
     def _apply(self, e: dict) -> None:
         """One journal entry's effect (a routed query's report, or feedback), live and on replay."""

@@ -61,25 +61,17 @@ class FeedbackBook:
         self.stats["absorbed"] += len(items)
         return items
 
-    def merge_into(self, query_ids: list, models: list, acc, cost) -> dict:
-        """Replace the judge's labels in ``acc``/``cost`` (rows ``query_ids``, columns ``models``) with the users' scores
-        of the queries that have them (taken from ``pending``); returns {query id: [scored models]}."""
-        scored = {}
+    def merge_into(self, query_ids: list, models: list, acc, cost, graders) -> int:
+        """Replace the judge's labels in ``acc``/``cost``/``graders`` (rows ``query_ids``, columns ``models``) with the
+        users' scores of the queries that have them (taken from ``pending``); returns how many queries had scores."""
+        merged = 0
         for i, k in enumerate(query_ids):
             item = self.pending.pop(k, None)
-            if item is None:
-                continue
-            for model, lab in item["labels"].items():
-                if model in models:
-                    j = models.index(model)
-                    acc[i, j] = lab["score"]
-                    if cost is not None and lab["cost"] is not None:
-                        cost[i, j] = lab["cost"]
-                    scored.setdefault(k, []).append(model)
-                else:
-                    self.stats["unknown_model"] += 1
-            self.stats["merged"] += 1
-        return scored
+            if item is not None:
+                self.stats["unknown_model"] += put_scores(item, i, models, acc, cost, graders)
+                merged += 1
+        self.stats["merged"] += merged
+        return merged
 
     def status(self) -> dict:
         return {**self.stats, "pending": len(self.pending),
@@ -111,13 +103,9 @@ class FeedbackLabels:
     def merge(self, e: dict, table, models: list, acc, cost) -> None:
         """A finished drift evaluation's labels (``acc``/``cost``, changed in place) with the users' scores of its
         queries in place of the judge's; its labels written again (``out/labelled``) with their sources."""
-        scored = self.book.merge_into(list(table.query_ids), models, acc, cost)
-        if not scored:
-            return
         graders = np.full(acc.shape, "judge", dtype=object)
-        for i, k in enumerate(table.query_ids):
-            for m in scored.get(k, []):
-                graders[i, models.index(m)] = "feedback"
+        if not self.book.merge_into(list(table.query_ids), models, acc, cost, graders):
+            return
         write_labels(join(e["out"], "labelled"), labels_frame(list(table.query_ids), list(table.prompts), e["id"],
                                                               models, acc, np.zeros_like(acc) if cost is None else cost,
                                                               graders))
@@ -126,6 +114,8 @@ class FeedbackLabels:
         """The scored queries due to be added on their own (``FeedbackBook.due``), labelled and written as a table:
         (its id, keys, prompts, embeddings, acc, cost), or None when none is due. They leave the drift queue: the
         users' labels stand for them now, the judge does not re-run them."""
+        if not self.book.pending:  # nothing scored: not even the queues to look at
+            return None
         keys = self.book.due(now, cfg.feedback_batch, cfg.feedback_max_wait_s, self.waiting())
         if not keys:
             return None
@@ -154,17 +144,23 @@ def feedback_labels(items: list, models: list, acc_hat, cost_hat):
     where ``unknown`` counts scores of models the router does not have."""
     acc, cost = np.array(acc_hat, dtype=np.float64), np.array(cost_hat, dtype=np.float64)
     graders = np.full(acc.shape, "router", dtype=object)
-    unknown = 0
-    for i, item in enumerate(items):
-        for model, lab in item["labels"].items():
-            if model not in models:
-                unknown += 1
-                continue
-            j = models.index(model)
-            acc[i, j], graders[i, j] = lab["score"], "feedback"
-            if lab["cost"] is not None:
-                cost[i, j] = lab["cost"]
+    unknown = sum(put_scores(item, i, models, acc, cost, graders) for i, item in enumerate(items))
     return np.clip(acc, 0.0, 1.0), np.maximum(cost, 0.0), graders, unknown
+
+
+def put_scores(item: dict, i: int, models: list, acc, cost, graders) -> int:
+    """Row ``i`` of ``acc``/``cost``/``graders`` takes the users' scores of ``item`` (and the answers' costs, where
+    known and ``cost`` is not None), marked ``feedback``; returns how many scores name a model not in ``models``."""
+    unknown = 0
+    for model, lab in item["labels"].items():
+        if model not in models:
+            unknown += 1
+            continue
+        j = models.index(model)
+        acc[i, j], graders[i, j] = lab["score"], "feedback"
+        if cost is not None and lab["cost"] is not None:
+            cost[i, j] = lab["cost"]
+    return unknown
 
 
 def labels_frame(keys: list, prompts: list, task: str, models: list, acc, cost, graders):
