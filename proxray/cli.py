@@ -137,14 +137,20 @@ def _cmd_monitor(a):
     """start: validate the config, start the detached monitor actor (its scheduler runs by itself) next to
     the running Serve app, print its status. status / metrics / stop: the running one, by name. Standard output
     holds the result only (JSON, or Prometheus text): what Ray prints to a driver's stdout (the raylet's warnings,
-    pushed to every driver) goes to standard error meanwhile."""
+    pushed to every driver) goes to standard error meanwhile, up to and including Ray's disconnect, which prints
+    the messages its deduplicator still holds."""
     import sys
 
     out, sys.stdout = sys.stdout, sys.stderr
     try:
         _monitor_command(a, out)
     finally:
-        sys.stdout = out
+        import ray
+
+        try:
+            ray.shutdown()  # here, not at exit: its leftovers would reach the restored stdout
+        finally:
+            sys.stdout = out
 
 
 def _monitor_command(a, out):

@@ -143,7 +143,9 @@ def test_monitor_status_prints_json_only_while_ray_prints_to_drivers(monkeypatch
     """What Ray pushes to every driver's stdout (the raylet's warnings, through Ray's own printer) goes to stderr while
     `proxray monitor status` runs: its stdout stays one JSON document a script parses."""
     import ray
-    from ray._private.worker import print_to_stdstream
+    import sys
+
+    from ray._private.worker import print_to_stdstream, print_worker_logs, stdout_deduplicator
 
     import proxray.monitor as monitor
 
@@ -158,7 +160,16 @@ def test_monitor_status_prints_json_only_while_ray_prints_to_drivers(monkeypatch
 
     monkeypatch.setattr(ray, "init", lambda **kw: None)
     monkeypatch.setattr(ray, "get", lambda ref, **kw: ref)
+
+    def shutdown():  # Ray's disconnect prints what its deduplicator held back (a repeated warning) to sys.stdout
+        print_to_stdstream({"lines": ["WARNING: 10 PYTHON worker processes have been started"], "pid": "raylet",
+                            "is_err": False}, ignore_prefix=False)
+        for leftover in stdout_deduplicator.flush():
+            print_worker_logs(leftover, sys.stdout, False)
+
+    monkeypatch.setattr(ray, "shutdown", shutdown)
     monkeypatch.setattr(monitor, "get_monitor", lambda name: Actor())
     assert main(["monitor", "status"]) in (0, None)
     out, err = capsys.readouterr()
-    assert json.loads(out) == {"drifted": 3, "jobs": []} and "8 PYTHON worker processes" in err
+    assert json.loads(out) == {"drifted": 3, "jobs": []}
+    assert "8 PYTHON worker processes" in err and "10 PYTHON worker processes" in err
