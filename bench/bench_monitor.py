@@ -6,7 +6,6 @@ snapshot. Today a report appends one journal line; the snapshot (on the schedule
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -56,10 +55,9 @@ def main(argv=None):
     res = {"queue": len(mon.book.drift_queue), "report_ms_p50": round(float(np.median(last)), 3),
            "report_ms_p99": round(float(np.quantile(last, 0.99)), 3), "snapshot_ms": round(snap_ms, 1),
            "snapshot_bytes": (tmp / "s" / "monitor_state.json").stat().st_size, "restore_s": round(restore_s, 2)}
-    print(json.dumps(res))
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=2))
+    from report import emit
+
+    emit(res, a.json)
 
 
 if __name__ == "__main__":

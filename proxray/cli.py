@@ -29,11 +29,46 @@ def _cmd_info(a):
 
     from proxray.data.table import RoutingTable
 
+    if a.router is not None:
+        if a.table is not None:
+            raise ValueError("proxray info: give --table or --router, not both")
+        return _router_info(a.router)
+    if a.table is None:
+        raise ValueError("proxray info needs --table TABLE (a routing table) or --router ROUTER (an artifact)")
     table = RoutingTable.read(a.table, missing=a.missing)
     print(table)
     print(table.report)
     with pd.option_context("display.width", 200, "display.max_columns", 40, "display.precision", 4):
         print(table.summary())
+
+
+def _router_info(path):
+    """A router artifact's manifest as a person reads it: class, models, training queries, encoder (and how it was
+    chosen), index, temperature, version."""
+    from proxray.experiments.encoder_choice import format_choice
+    from proxray.routing.artifact import read_manifest
+
+    m = read_manifest(path)
+    print(f"{m.router_class} at {path}: {m.n_train} training queries, {len(m.models)} models, dim {m.dim}, "
+          f"{'with' if m.has_cost else 'without'} cost, saved by proxray {m.proxray_version}")
+    print(f"models: {', '.join(m.models)}")
+    print(f"params: {', '.join(f'{k}={v}' for k, v in sorted(m.params.items()))}; temperature {m.temperature}")
+    print(f"encoder: {m.encoder_id}")
+    if m.encoder_choice:
+        print(format_choice(m.encoder_choice))
+    if m.index:
+        print(f"index: {m.index.get('kind')}, recall@{m.index.get('k')} {m.index.get('recall_at_k')} — "
+              f"{m.index.get('chosen')}")
+
+
+def fit_memory_check(n: int, m: int, router: str, dim: int = 384) -> None:
+    """Embeddings (encoded, stacked, prepared: three copies), values and, for kNN, an HNSW graph, estimated for
+    ``n`` queries × ``m`` models at the widest shipped encoder's width, against the memory available."""
+    from proxray.common.memory import check_memory
+
+    need = n * (3 * dim * 4 + 4 * m * 8 + (dim * 4 + 32 * 2 * 4 * 2 if router == "knn" else 0))
+    check_memory(need, f"fitting a {router} router on {n} queries × {m} models", "fit on a part of the table "
+                 "(--models, or a sample of its queries) or on a machine with more memory")
 
 
 def _cmd_fit(a):
@@ -46,17 +81,38 @@ def _cmd_fit(a):
     from proxray.common.storage import check_location
 
     temperature = temperature_option(a, a.router)  # before the table is read and encoded
+    if a.encoder == "auto":
+        from proxray.experiments.encoder_choice import check_choice_args
+
+        check_choice_args(a.encoder_tolerance, a.encoder_sample, 1)
     check_location(a.out, "--out", write=True)  # the table is checked as it is read, also before encoding
     table = RoutingTable.read(a.table) if a.table else make_table()
     if a.table is None:
         print("no --table: fitting on the embedded SYNTHETIC routing table", file=sys.stderr)
     models = a.models.split(",") if a.models else table.models
     acc, cost = table.matrices(models=models)
-    enc = SentenceEncoder(a.encoder)
+    if a.router == "knn":
+        from proxray.routing.routers import check_k
+
+        check_k(a.k, len(acc), "--k ")  # before the table is encoded
+    fit_memory_check(len(acc), len(models), a.router)  # before the table is encoded
+    choice, setting = None, a.encoder
+    if a.encoder == "auto":
+        from proxray.experiments.encoder_choice import choose_encoder, format_choice
+
+        choice = choose_encoder(table.prompts, acc, cost, table.tasks, router=a.router,
+                                tolerance_pp=a.encoder_tolerance, max_queries=a.encoder_sample, k=a.k,
+                                n_clusters=a.clusters)
+        print(format_choice(choice))
+        setting = choice["chosen"]
+    enc = SentenceEncoder(setting)
     X = enc.encode(table.prompts)
     r = make_router(a.router, a.weighting, {"n_clusters": a.clusters, "k": a.k, "recall_floor": a.recall_floor},
                     temperature)
-    r.fit(X, acc, cost, models=models, encoder_id=enc.id, query_ids=table.query_ids, tasks=table.tasks).save(a.out)
+    r.fit(X, acc, cost, models=models, encoder_id=enc.id, query_ids=table.query_ids, tasks=table.tasks)
+    if choice is not None:
+        r.encoder_choice_ = choice
+    r.save(a.out)
     print(f"fitted {r!r} on {table} -> {a.out}")
     info = getattr(r, "index_info_", None)
     if info:
@@ -435,8 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--trust-pickle", action="store_true", help="allow reading a .pkl (unpickling can run code)")
     imp.set_defaults(func=_cmd_import)
 
-    info = sub.add_parser("info", help="validate a routing table and print its model × task summary")
-    flag_with_old_positional(info, "--table", help="routing table: .parquet, .csv or .jsonl, a path or a URI")
+    info = sub.add_parser("info", help="validate a routing table and print its model × task summary, or describe a "
+                          "router artifact")
+    flag_with_old_positional(info, "--table", required=False, help="routing table: .parquet, .csv or .jsonl, a path "
+                             "or a URI")
+    info.add_argument("--router", default=None, help="a router artifact (folder or URI): its models, encoder (and "
+                      "the comparison --encoder auto made), index and parameters")
     info.add_argument("--missing", choices=["drop", "error"], default="drop",
                       help="queries lacking some models: drop them (reported) or fail")
     info.set_defaults(func=_cmd_info)
@@ -453,7 +513,12 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--recall-floor", type=float, default=0.95, help="knn: recall@k against exact search an "
                      "approximate index must reach (tables over 8k queries; below it, exact search)")
     add_temperature_options(fit)
-    fit.add_argument("--encoder", default=None, help=ENCODER_HELP)
+    fit.add_argument("--encoder", default=None, help=ENCODER_HELP + "; auto: measure static against MiniLM on this "
+                     "table's held-out tasks and keep static when it is within --encoder-tolerance")
+    fit.add_argument("--encoder-tolerance", type=float, default=0.5, help="--encoder auto: percentage points of "
+                     "mean overall AUC the static encoder may lose to MiniLM and still be kept")
+    fit.add_argument("--encoder-sample", type=int, default=3000, help="--encoder auto: queries the comparison "
+                     "uses at most (a seeded sample, every task kept; bounds its time)")
     fit.add_argument("--out", required=True, help="artifact folder")
     fit.set_defaults(func=_cmd_fit)
 

@@ -295,9 +295,16 @@ def test_estimate_with_outlier_score_is_both_in_one(rng, cls, kw):
     assert (r.outlier_score(X[:5]) < 1e-5).all() if cls is KNNRouter else (o >= 0).all()
 
 
-def test_fewer_training_points_than_k(rng):
+def test_fewer_training_points_than_k_is_an_error_before_the_index(rng, monkeypatch):
+    import proxray.routing.routers as routers
+
     X, acc, cost, _ = blobs(rng, n_per=2, centers=2)
-    r = KNNRouter(k=100).fit(X, acc, cost)
+    monkeypatch.setattr(routers, "fit_index", lambda *a, **kw: pytest.fail("the index was built"))
+    for k in (100, 0, 2.5, True):
+        with pytest.raises(ValueError, match=r"k=.*integer from 1 to the training queries' number \(4\); pass k=4"):
+            KNNRouter(k=k).fit(X, acc, cost)
+    monkeypatch.undo()
+    r = KNNRouter(k=4).fit(X, acc, cost)
     assert r.k_ == 4
     np.testing.assert_allclose(r.weights(X[:2])[0].sum(1), 1.0)
 

@@ -131,3 +131,36 @@ def test_the_monitor_embeds_with_the_routers_own_encoder(static, tmp_path):
     x = static.encode([text])[0]
     mon.report(text, x, float(router.outlier_score(x[None])[0]))
     assert mon.status()["reported"] == 1
+
+
+def test_it_uses_the_on_disk_cache_for_batches_only(tmp_path):
+    """A static encoder encodes one text faster than the cache commits it: a single text is not written; a batch is,
+    and is read back."""
+    import sqlite3
+
+    from proxray.embeddings.encoder import STATIC_CACHE_MIN_BATCH
+
+    enc = SentenceEncoder("static", cache=tmp_path / "e.sqlite", progress=False)
+
+    def rows():
+        with sqlite3.connect(tmp_path / "e.sqlite") as db:
+            return db.execute("SELECT COUNT(*) FROM emb").fetchone()[0]
+
+    one = enc.encode(["How many moons does Mars have?"])
+    assert rows() == 0
+    texts = [f"Question {i}: what is {i} plus {i + 1}?" for i in range(STATIC_CACHE_MIN_BATCH)]
+    batch = enc.encode(texts)
+    assert rows() == STATIC_CACHE_MIN_BATCH
+    enc.static_session.encode = lambda t: pytest.fail("encoded again")  # the batch now comes from the cache
+    np.testing.assert_array_equal(enc.encode(texts), batch)
+    np.testing.assert_allclose(one, SentenceEncoder("static", cache=False).encode(["How many moons does Mars have?"]))
+
+
+def test_a_large_batch_is_encoded_in_chunks_of_bounded_memory(static, monkeypatch):
+    """Texts beyond ``CHUNK`` go through in passes (a 10⁵-prompt table gathered every token row at once: ~26 GB),
+    with the same vectors as one text at a time."""
+    session = static.static_session
+    texts = [f"Prompt {i}: " + "compute the derivative of x squared " * (i % 5 + 1) for i in range(11)]
+    one_by_one = np.concatenate([session.encode([t]) for t in texts])
+    monkeypatch.setattr(session, "CHUNK", 4)
+    np.testing.assert_allclose(session.encode(texts), one_by_one, atol=1e-6)

@@ -234,6 +234,9 @@ def calibrate(target, difficulty, slope=DIFFICULTY_SLOPE):
     return base + (lo + hi) / 2
 
 
+EXHAUSTED_AFTER = 200  # repeated prompts in a row after which a task's template space counts as exhausted
+
+
 def generate_queries(n_per_task: int = 200, seed: int = 0, tasks=None) -> pd.DataFrame:
     """Queries with their answer and difficulty: query_id, task, prompt, answer, answer_type, difficulty."""
     rows = []
@@ -241,12 +244,15 @@ def generate_queries(n_per_task: int = 200, seed: int = 0, tasks=None) -> pd.Dat
         # one stream per task, so a task's queries do not change when others are added
         rng = np.random.default_rng([seed, int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)])
         seen = set()
-        i = tries = 0
+        i = tries = misses = 0
         while i < n_per_task:
             prompt, answer, structural = GENERATORS[t](rng)
             tries += 1
-            if prompt in seen and tries < 50 * n_per_task:
+            if prompt in seen and tries < 50 * n_per_task and misses < EXHAUSTED_AFTER:
+                misses += 1
                 continue  # distinct prompts where the template space allows (a small space repeats some)
+            if misses < EXHAUSTED_AFTER:  # once a run of repeats shows the space exhausted, repeats are kept
+                misses = 0
             seen.add(prompt)
             difficulty = float(np.clip(structural + 0.8 * rng.normal(), -3, 3))
             kind = "number" if t in ("svamp", "gsm8k") else ("exact" if t == "bbh_boolean_expressions" else "choice")

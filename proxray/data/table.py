@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import pandas as pd
 
+from proxray.common.memory import check_memory
+
 REQUIRED = ("query_id", "task", "prompt", "model", "correct")
 OPTIONAL = ("cost", "split", "response", "input_tokens", "output_tokens", "grader", "judge_cost")
 STRING_COLUMNS = ("query_id", "task", "prompt", "model", "split", "response", "grader")
@@ -171,6 +173,25 @@ def validate_frame(df: pd.DataFrame, missing: str = "drop", source: str = "table
     return out, report
 
 
+READ_BYTES_PER_ROW, READ_PER_DATA_BYTE, READ_PER_TEXT_BYTE = 2560, 4, 8  # measured on the shared tables, rounded up
+
+
+def read_memory(source, fmt: str) -> int:
+    """Bytes reading a table and building its matrices takes at its peak, estimated before reading it: from a
+    parquet file's metadata (rows, uncompressed size), or from a CSV / JSONL file's size. The shared tables
+    peaked at 2.2-3.3 kB a long row (including pandas' own objects); the estimate is set above them."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        meta = pq.ParquetFile(source).metadata
+        if isinstance(source, io.BytesIO):
+            source.seek(0)
+        data = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        return meta.num_rows * READ_BYTES_PER_ROW + READ_PER_DATA_BYTE * data
+    size = source.getbuffer().nbytes if isinstance(source, io.BytesIO) else Path(source).stat().st_size
+    return READ_PER_TEXT_BYTE * size
+
+
 def _format_of(location, format: str | None) -> str:
     suffix = Path(urlsplit(str(location)).path).suffix.lower()
     fmt = format or {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
@@ -211,6 +232,8 @@ class RoutingTable:
             source = Path(path)
             if not source.exists():
                 raise FileNotFoundError(f"{source}: no such routing table")
+        check_memory(read_memory(source, fmt), f"reading the routing table {path}",
+                     "split it (e.g. by task) and fit or evaluate a part, or use a machine with more memory")
         if fmt == "parquet":
             df = pd.read_parquet(source)
         elif fmt == "csv":

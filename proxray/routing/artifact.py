@@ -75,6 +75,7 @@ class Manifest(BaseModel):
     temperature: str | None = None  # the temperature the weights use, as its spec ("plug-in:0.125"); absent before 0.2
     inv_tau: float | None = None  # its number, as earlier artifacts also wrote it: read, never written
     index: dict[str, Any] | None = None  # kNN: the search index's kind, parameters and measured recall (0.2.x on)
+    encoder_choice: dict[str, Any] | None = None  # fit --encoder auto: both encoders' scores and the choice
     files: dict[str, FileEntry]
     proxray_version: str
 
@@ -164,9 +165,10 @@ def _write_version(router, path: Path) -> None:
         models=list(router.models_), has_cost=bool(router.has_cost_), encoder_id=router.encoder_id_,
         dim=int(router.dim_), n_train=int(router.n_train_),
         temperature=None if temperature is None else temperature.spec, index=getattr(router, "index_info_", None),
-        files=files, proxray_version=__version__)
-    replace_atomically(path / "manifest.json", json.dumps(manifest.model_dump(
-        exclude={"inv_tau"} | ({"index"} if manifest.index is None else set())), indent=2).encode())
+        encoder_choice=getattr(router, "encoder_choice_", None), files=files, proxray_version=__version__)
+    absent = {name for name in ("index", "encoder_choice") if getattr(manifest, name) is None}
+    replace_atomically(path / "manifest.json", json.dumps(manifest.model_dump(exclude={"inv_tau"} | absent),
+                                                          indent=2).encode())
 
 
 def _save_remote(router, uri, name: str) -> str:
@@ -305,6 +307,8 @@ def load_router(path, classes: dict, expected_class=None, encoder_id: str | None
     router.encoder_id_ = manifest.encoder_id
     router._set_state(arrays, manifest)
     router._set_provenance(arrays)  # training query ids and tasks, the outlier threshold (absent in older artifacts)
+    if manifest.encoder_choice is not None:
+        router.encoder_choice_ = dict(manifest.encoder_choice)
     if router.dim_ != manifest.dim or router.n_train_ != manifest.n_train:
         raise ArtifactError(f"{path}: arrays give dim {router.dim_} and {router.n_train_} training queries, "
                             f"manifest says {manifest.dim} and {manifest.n_train}")

@@ -230,6 +230,14 @@ class _ProxRouter(RouterMixin, BaseEstimator):
         return self
 
 
+def check_k(k, n: int, name: str = "k=") -> None:
+    """``k`` neighbours out of ``n`` training queries: an error that names both before any work (encoding, the
+    index) when it is not an integer in [1, n]. ``name``: how the caller spells the setting (``--k ``)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= int(k) <= n:
+        raise ValueError(f"{name}{k!r}: the neighbours per query must be an integer from 1 to the training queries' "
+                         f"number ({n}); pass {name}{min(max(n, 1), 100)} or add training queries")
+
+
 class KNNRouter(_ProxRouter):
     """k-nearest-neighbour router: reference set = the k nearest training queries.
 
@@ -271,8 +279,7 @@ class KNNRouter(_ProxRouter):
     def fit(self, X, acc, cost=None, models=None, encoder_id=None, query_ids=None, tasks=None):
         """X (n, d) embeddings, acc (n, M) in [0, 1], cost (n, M) >= 0 or None, models M names; query_ids and tasks
         (n,) what the evidence of a decision names its neighbours by (optional)."""
-        if int(self.k) < 1:
-            raise ValueError(f"k={self.k!r}: must be >= 1")
+        check_k(self.k, len(X))
         X, acc, cost = self._init_common(X, acc, cost, models, encoder_id)
         self.acc_values_, self.cost_values_ = acc, cost
         self._values = None
@@ -293,7 +300,7 @@ class KNNRouter(_ProxRouter):
         return len(self.acc_values_)
 
     @property
-    def k_(self):
+    def k_(self):  # min: an artifact saved before k was checked may hold fewer references than k
         return min(int(self.k), self.n_train_)
 
     def _phi(self, Xq):
