@@ -18,7 +18,7 @@ STATIC_ID, MINILM_ID = encoder_id("static"), encoder_id(None)
 @pytest.fixture(scope="module")
 def table(shared_data):
     t = RoutingTable.read(shared_data / "routerbench_slice.parquet")
-    return t.subset(t.query_ids[::8])  # 396 queries, 3 tasks
+    return t.subset(t.query_ids[::16])  # 198 queries, 3 tasks
 
 
 def test_the_sample_keeps_every_task_in_proportion():
