@@ -61,21 +61,11 @@ def _router_info(path):
               f"{m.index.get('chosen')}")
 
 
-def fit_memory_check(n: int, m: int, router: str, dim: int = 384) -> None:
-    """Embeddings (encoded, stacked, prepared: three copies), values and, for kNN, an HNSW graph, estimated for
-    ``n`` queries × ``m`` models at the widest shipped encoder's width, against the memory available."""
-    from proxray.common.memory import check_memory
-
-    need = n * (3 * dim * 4 + 4 * m * 8 + (dim * 4 + 32 * 2 * 4 * 2 if router == "knn" else 0))
-    check_memory(need, f"fitting a {router} router on {n} queries × {m} models", "fit on a part of the table "
-                 "(--models, or a sample of its queries) or on a machine with more memory")
-
-
 def _cmd_fit(a):
     from proxray.pool.simulated import make_table
     from proxray.data.table import RoutingTable
     from proxray.embeddings.encoder import SentenceEncoder
-    from proxray.routing.registry import make_router
+    from proxray.routing.registry import check_fit_memory, make_router
     from proxray.routing.temperature import temperature_option
 
     from proxray.common.storage import check_location
@@ -95,7 +85,7 @@ def _cmd_fit(a):
         from proxray.routing.routers import check_k
 
         check_k(a.k, len(acc), "--k ")  # before the table is encoded
-    fit_memory_check(len(acc), len(models), a.router)  # before the table is encoded
+    check_fit_memory(len(acc), len(models), a.router)  # before the table is encoded
     choice, setting = None, a.encoder
     if a.encoder == "auto":
         from proxray.experiments.encoder_choice import choose_encoder, format_choice

@@ -36,6 +36,17 @@ def make_router(kind: str, weighting: str = "prox", hp: dict | None = None, temp
     raise ValueError(f"router={kind!r}: allowed values are {', '.join(ROUTERS)}")
 
 
+def check_fit_memory(n: int, m: int, kind: str, dim: int = 384) -> None:
+    """Embeddings (encoded, stacked, prepared: three copies), values and, for kNN, an HNSW graph, estimated for
+    ``n`` queries × ``m`` models at the widest shipped encoder's width, against the memory available: an error
+    before the table is encoded when they would not fit."""
+    from proxray.common.memory import check_memory
+
+    need = n * (3 * dim * 4 + 4 * m * 8 + (dim * 4 + 32 * 2 * 4 * 2 if kind == "knn" else 0))
+    check_memory(need, f"fitting a {kind} router on {n} queries × {m} models", "fit on a part of the table "
+                 "(--models, or a sample of its queries) or on a machine with more memory")
+
+
 def load_router(path, expected_class=None, encoder_id: str | None = None):
     """Any registered router from its artifact (``artifact.load_router``: checksums, shapes, encoder checked)."""
     return artifact.load_router(path, CLASSES, expected_class=expected_class, encoder_id=encoder_id)
