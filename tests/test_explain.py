@@ -66,3 +66,23 @@ def test_the_artifact_keeps_what_the_evidence_names(rng, tmp_path):
     assert evidence(loaded, X[5]) == evidence(r, X[5])
     with pytest.raises(ValueError, match="query_ids has 2 entries for 200 training queries"):
         KNNRouter(k=5).fit(X, np.ones((200, 3)), query_ids=["a", "b"])
+
+
+def test_a_scalar_is_saved_as_a_scalar_and_the_earlier_shape_still_loads(rng, tmp_path):
+    """The outlier threshold is saved 0-d; artifacts written before held it as shape (1,), of which NumPy 2.4 refuses
+    ``float()``: both load as the same number (the suite turns NumPy 2.3's warning about it into an error)."""
+    import hashlib
+
+    from proxray.routing.artifact import current_version
+
+    r, _, _ = fitted(rng, KNNRouter, k=10)
+    r.save(tmp_path / "r")
+    version = current_version(tmp_path / "r")
+    manifest = json.loads((version / "manifest.json").read_text())
+    assert manifest["files"]["outlier_threshold"]["shape"] == []
+    np.save(version / "outlier_threshold.npy", np.asarray([r.outlier_threshold_]), allow_pickle=False)  # the old way
+    manifest["files"]["outlier_threshold"].update(
+        shape=[1], sha256=hashlib.sha256((version / "outlier_threshold.npy").read_bytes()).hexdigest())
+    (version / "manifest.json").write_text(json.dumps(manifest))
+    loaded = KNNRouter.load(tmp_path / "r")
+    assert isinstance(loaded.outlier_threshold_, float) and loaded.outlier_threshold_ == r.outlier_threshold_

@@ -44,6 +44,7 @@ def config(models, extra_queries=(), n_per_task=3):
                                      "models": models})
 
 
+@pytest.mark.slow
 def test_an_endpoint_with_faults_costs_no_row_and_no_request(api, tmp_path):
     standin, key, _ = api
     rpm = 600.0  # one request every 0.1 s at most, over both workers
@@ -74,6 +75,7 @@ def test_an_endpoint_with_faults_costs_no_row_and_no_request(api, tmp_path):
             assert key.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.slow
 def test_a_refused_request_is_an_error_row_not_retried_and_the_next_run_retries_it(api, tmp_path):
     standin, _, _ = api
     live = tmp_path / "q.jsonl"

@@ -98,6 +98,7 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_a_location_that_cannot_be_used_says_why_before_any_work(s3, capsys):
     uri, client, endpoint = s3
     host = endpoint.split("//")[1]

@@ -24,6 +24,7 @@ def cfg(model, max_tokens=16):
                                      "models": [{"id": "m", "engine": "vllm", "price": {"input_per_mtok": 1, "output_per_mtok": 1}, **model}]})
 
 
+@pytest.mark.slow
 def test_the_ci_venv_has_the_cpu_build_of_vllm_with_rays_llm_apis():
     code = ("import vllm, ray.serve.llm, ray.data.llm, importlib.metadata as md; "
             "from ray.serve.llm import LLMConfig, build_llm_deployment; "

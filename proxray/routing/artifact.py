@@ -155,7 +155,9 @@ def _write_version(router, path: Path) -> None:
 
     files = {}
     for name, arr in {**router._state(), **router._provenance()}.items():
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr)
+        if not arr.flags.c_contiguous:  # np.ascontiguousarray would also turn a 0-d scalar into shape (1,)
+            arr = arr.copy(order="C")
         np.save(path / f"{name}.npy", arr, allow_pickle=False)
         files[name] = FileEntry(sha256=_sha256(path / f"{name}.npy"), shape=list(arr.shape), dtype=str(arr.dtype))
     temperature = getattr(router, "temperature_", None)

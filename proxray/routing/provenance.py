@@ -48,4 +48,5 @@ class TrainingProvenance:
     def _set_provenance(self, arrays: dict) -> None:
         self.query_ids_, self.tasks_ = arrays.get("query_ids"), arrays.get("tasks")
         t = arrays.get("outlier_threshold")
-        self.outlier_threshold_ = None if t is None else float(t)
+        # a scalar, saved 0-d; earlier artifacts hold it as shape (1,) (float() of that fails on NumPy 2.4)
+        self.outlier_threshold_ = None if t is None else float(np.asarray(t).reshape(()))

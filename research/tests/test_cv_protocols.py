@@ -20,6 +20,7 @@ def number(spec: str) -> float:
     return float(spec.partition(":")[2])
 
 
+@pytest.mark.slow
 def test_auto_tau_uses_training_data_only(synth):
     """Through the real protocol entry point (``run_once``): corrupting the test split and the outlier tasks
     (flipped labels, shuffled embeddings, tenfold costs) leaves the CV's chosen 1/tau as it is — and the same
@@ -54,6 +55,7 @@ def test_auto_tau_uses_training_data_only(synth):
     assert max(means) - min(means) > 0.5  # the CV scores really depend on tau (the choice is not a constant)
 
 
+@pytest.mark.slow
 def test_run_once_passes_cv_repeats_and_rule_to_auto(synth, monkeypatch):
     """run_once's auto with a CV rule uses CV_REPEATS passes; KMeans' "ess-or-capped" (its default before the
     plug-in): one CV over the fixed grid and ess:3, resolved by select_ess_or_shifted with cap=SHIFT_CAP (so a fixed

