@@ -1,6 +1,7 @@
 """A stand-in for a hosted OpenAI-compatible API on 127.0.0.1, written for the tests (no proxray code in it): a bearer
 key, ``GET /v1/models``, ``POST /v1/chat/completions`` with ``usage``, and faults on a prompt's first try — a 429
-with Retry-After, a 500, a connection dropped without an answer — or always (a 400) for prompts that ask for it.
+with Retry-After, a 500, a connection dropped without an answer — or always for prompts that ask for it (``[refuse]``: a
+400, ``[down]``: a 500); ``revoke()`` makes it refuse the key it was given (401) until ``restore()``.
 Every request is recorded (time, prompt, what it answered), so a test can count them."""
 from __future__ import annotations
 
@@ -11,6 +12,18 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODEL = "acme/frontier-1"
+
+
+def key_file(folder):
+    """A new key and the file that holds it (mode 600), as an operator writes it for the gateway: (key, path)."""
+    import os
+    import secrets
+
+    key = "sk-" + secrets.token_hex(16)
+    old = os.umask(0o077)
+    (folder / "api_key").write_text(key + "\n")
+    os.umask(old)
+    return key, folder / "api_key"
 
 
 class StandIn:
@@ -56,7 +69,9 @@ class StandIn:
 
             def _authorized(self):
                 if self.headers.get("Authorization") != f"Bearer {outer.key}":
-                    self._send(401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}})
+                    token = (self.headers.get("Authorization") or "")[7:]  # a fragment of it, as hosted APIs say
+                    self._send(401, {"error": {"message": f"Incorrect API key provided: {token[:5]}****{token[-4:]}",
+                                               "type": "invalid_request_error"}})
                     return False
                 return True
 
@@ -79,6 +94,8 @@ class StandIn:
                     status = 404
                 elif "[refuse]" in prompt:
                     status = 400
+                elif "[down]" in prompt:
+                    status = 500
                 elif tries == 1 and kind == 0:
                     status = 429
                 elif tries == 1 and kind == 1:
@@ -110,6 +127,12 @@ class StandIn:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def revoke(self):
+        self.key, self._kept = "revoked-" + self.key, self.key
+
+    def restore(self):
+        self.key = self._kept
 
     def answered(self) -> dict:
         """{prompt: how many 200s it got}."""

@@ -1,15 +1,17 @@
 """engine: openai behind the router: requests reach an endpoint proxray does not host unchanged (tools,
 response_format, streaming chunk by chunk, usage), with its key and none of the client's headers; a 429, a 500 or a
-dropped connection before the first token falls back to the next model; the key is in no log. The endpoint is a
-stand-in hosted API on 127.0.0.1 (tests/openai_standin.py), driven through the openai client over HTTP."""
-import os
-import secrets
+dropped connection before the first byte is retried (Retry-After honoured) and costs no request; an endpoint that
+keeps failing falls back to the next model; one that refuses the gateway's key takes its model out of routing (a named
+request gets a 502 naming the model, never the endpoint's 401, URL or key fragment); the key is in no log. The
+endpoint is a stand-in hosted API on 127.0.0.1 (tests/openai_standin.py), driven through the openai client over
+HTTP."""
+import json
 import zlib
 from pathlib import Path
 
 import pytest
 
-from openai_standin import MODEL, StandIn
+from openai_standin import MODEL, StandIn, key_file
 
 pytestmark = pytest.mark.slow
 
@@ -31,10 +33,7 @@ def app(tmp_path_factory, encoder):
     from serve_helpers import start_app, stop_app
 
     tmp = tmp_path_factory.mktemp("endpoint")
-    key = "sk-" + secrets.token_hex(16)
-    old = os.umask(0o077)
-    (tmp / "api_key").write_text(key + "\n")
-    os.umask(old)
+    key, _ = key_file(tmp)
     standin = StandIn(key)
     models = [{"id": EXTERNAL, "engine": "openai", "source": MODEL, "base_url": standin.url,
                "api_key_file": str(tmp / "api_key"), "price": {"input_per_mtok": 2.0, "output_per_mtok": 8.0},
@@ -81,14 +80,35 @@ def test_a_routed_stream_is_relayed_chunk_by_chunk_with_its_usage(client, app):
     assert chunks[-1].usage.completion_tokens == 4
 
 
-@pytest.mark.parametrize("kind,what", [(0, "429"), (1, "500"), (2, "dropped connection")])
-def test_a_failure_before_the_first_token_falls_back(client, app, kind, what):
-    text = prompt_of(kind, f"Which planet is known as the Red Planet? ({what})")
+def test_faults_before_the_first_byte_are_retried_and_cost_no_request(client, app):
+    """Half the stand-in's prompts fail on their first try (a 429 with Retry-After, a 500, a dropped connection):
+    routed, named and streamed requests alike are answered by the endpoint's model, each fault retried once."""
+    _, standin, _ = app
+    texts = [prompt_of(kind, f"Which planet is known as the Red Planet? ({i})") for i in range(4) for kind in (0, 1, 2, 5)]
+    answered = []
+    for i, text in enumerate(texts):
+        model = "proxray" if i % 2 else EXTERNAL
+        if i % 4 == 3:
+            chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}],
+                                                         stream=True))
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "The answer is 42."
+            answered.append((chunks[0].model, chunks[0].model_extra["proxray"]["fallback_from"]))
+        else:
+            r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}])
+            answered.append((r.model, r.model_extra["proxray"]["fallback_from"]))
+    assert answered == [(EXTERNAL, [])] * len(texts)
+    tries = {t: sum(p == t for _, p, _ in standin.log) for t in texts}
+    assert tries == {t: 2 if zlib.crc32(t.encode()) % 6 in (0, 1, 2) else 1 for t in texts}
+
+
+def test_an_endpoint_that_keeps_failing_falls_back_after_its_retries(client, app):
+    _, standin, _ = app
+    text = "Which planet is known as the Red Planet? [down]"
     r = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": text}])
     report = r.model_extra["proxray"]
     assert r.model == WEAK and report["fallback_from"] == [EXTERNAL], report
-    again = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": text}])
-    assert again.model == EXTERNAL  # its second try answers
+    assert sum(p == text for _, p, _ in standin.log) == 1 + 4  # max_retries
+    assert "127.0.0.1" not in json.dumps(report) and "/v1" not in json.dumps(report)
 
 
 def test_the_key_is_in_no_log(app, client):
@@ -99,3 +119,28 @@ def test_the_key_is_in_no_log(app, client):
     assert logs.is_dir()
     leaked = [p.name for p in logs.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     assert leaked == []
+
+
+def test_an_endpoint_that_refuses_the_gateways_key_is_taken_out_and_named(client, app):
+    """The endpoint revokes the gateway's key: a named request gets a 502 naming the model (not the endpoint's 401,
+    which would tell the client its own key is wrong), routed requests fall back at once while the model is out, and
+    no URL, host or key fragment reaches the client. (Last in the module: the model stays out for its cool-down.)"""
+    import openai
+
+    _, standin, key = app
+    standin.revoke()
+    try:
+        with pytest.raises(openai.APIStatusError) as e:
+            client.chat.completions.create(model=EXTERNAL, messages=[{"role": "user", "content": prompt_of(5, "Hi")}])
+        body = json.dumps(e.value.body)
+        assert e.value.status_code == 502 and f"model '{EXTERNAL}': its endpoint refused the gateway's key" in body
+        for secret in ("127.0.0.1", "/v1", key[:5], key[-4:], "Incorrect API key"):
+            assert secret not in body, secret
+        asked = len(standin.requests)
+        r = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "What is 2+2?"}])
+        report = r.model_extra["proxray"]
+        assert r.model == WEAK and report["fallback_from"] == [EXTERNAL] and "out of routing" in json.dumps(report)
+        assert len(standin.requests) == asked  # out of routing: not asked again during its cool-down
+        assert "127.0.0.1" not in json.dumps(report) and key[-4:] not in json.dumps(report)
+    finally:
+        standin.restore()

@@ -272,3 +272,37 @@ def test_the_answer_book_is_bounded_expires_and_answers_only_the_key_that_asked(
     assert book.find("a1", "team", now=111.0) is None and book.find("a3", "team", now=111.0) is not None  # expired
     with pytest.raises(ValueError, match="score"):
         FeedbackRequest.model_validate({"id": "a1", "score": float("nan")})
+
+
+def test_a_refused_request_books_nothing_so_the_limiter_recovers_after_overload():
+    """Overloaded 3x for 20 s (3 requests a second at 60 a minute), then, 10 s later, a quarter of the limit: every
+    one of those is let through at once. A refusal takes no slot."""
+    from proxray.pool.openai_engine import RateLimiter
+
+    lim, max_wait = RateLimiter(60, None), 10.0
+    admitted = sum(lim.reserve(100, max_wait, now=i / 3) is not None for i in range(60))  # t = 0 .. 20 s
+    assert admitted == 30  # a slot a second up to 10 s past the burst (the longest a request may wait)
+    waits = [lim.reserve(100, max_wait, now=30.0 + 4 * i) for i in range(10)]  # 15 a minute, from t = 30 s
+    assert waits == [0.0] * 10
+
+
+def test_a_refused_request_books_no_tokens():
+    """tokens_per_minute is a sliding minute: past it, a request waits for the oldest tokens to leave the minute, or
+    is refused without reserving any; when the minute has passed, requests go at once."""
+    from proxray.pool.openai_engine import RateLimiter
+
+    lim = RateLimiter(None, 1000)
+    assert [lim.reserve(400, 5.0, now=t) for t in (0.0, 1.0)] == [0.0, 0.0]
+    booked = list(lim.spent)
+    assert lim.reserve(400, 5.0, now=2.0) is None and lim.spent == booked  # would wait 58 s: refused, nothing kept
+    assert lim.reserve(100, 5.0, now=3.0) == 0.0  # what still fits in the minute goes
+    assert lim.reserve(400, 60.0, now=4.0) == pytest.approx(56.0)  # a caller that may wait is given its time
+    assert [lim.reserve(200, 5.0, now=130.0 + 16 * i) for i in range(5)] == [0.0] * 5
+
+
+def test_retry_waits_honour_retry_after_else_back_off():
+    from proxray.pool.openai_engine import retry_wait
+
+    assert retry_wait(0, "0.2") == 0.2 and retry_wait(3, "7") == 7.0
+    assert all(0.25 <= retry_wait(0, None) <= 0.75 for _ in range(50))
+    assert all(2.0 <= retry_wait(3, "soon") <= 6.0 for _ in range(50))  # not a number: the backoff

@@ -48,8 +48,44 @@ def test_the_ledger_keeps_rate_and_budget_windows():
     refused = led.admit("k", 2, None, now=30)
     assert refused["reason"] == "rate" and refused["retry_after_s"] == pytest.approx(30.0)
     assert led.admit("k", 2, None, now=61)["ok"]  # the first start left the minute
+    assert led.admit("k", None, budget, now=0)["reason"] is None  # a budget's window starts with its first request
     led.charge("k", 0.6, now=0)
     led.charge("k", 0.5, now=50)
     assert led.admit("k", None, budget, now=60)["reason"] == "over_budget"  # 1.1 spent in the window
     verdict = led.admit("k", None, budget, now=120)  # the first charge left the window
     assert verdict["reason"] is None and verdict["spent_usd"] == pytest.approx(0.5)
+
+
+def test_holds_keep_concurrent_requests_within_the_budget_and_settle_to_the_real_cost():
+    """40 requests admitted at once on a budget of 5 answers, each holding its upper bound: 5 are let through at
+    the budget, the rest are over it; each settles to what its answer cost (less than its hold), and a hold whose
+    replica never settled it is charged in full when its time is up."""
+    from proxray.serve.keys import HOLD_TTL_S
+
+    led, budget = KeyLedger(), {"usd": 5.0, "window_s": 3600.0}
+    verdicts = [led.admit("k", None, budget, hold_usd=1.0, ticket=f"t{i}", now=10.0) for i in range(40)]
+    assert [v["reason"] for v in verdicts] == [None] * 5 + ["over_budget"] * 35
+    for i in range(5, 40):
+        led.settle("k", f"t{i}", 0.0, now=11.0)  # refused: nothing spent
+    for i in range(5):
+        led.settle("k", f"t{i}", 0.8, now=12.0)
+    assert led.admit("k", None, budget, now=13.0)["spent_usd"] == pytest.approx(4.0)
+    led.admit("k", None, budget, hold_usd=0.9, ticket="lost", now=14.0)
+    assert led.admit("k", None, budget, now=15.0)["spent_usd"] == pytest.approx(4.9)  # held counts as spent
+    assert led.admit("k", None, budget, now=14.0 + HOLD_TTL_S)["spent_usd"] == pytest.approx(4.9)  # charged in full
+    assert led.holds["k"] == {}
+
+
+def test_admission_costs_the_same_after_a_day_of_traffic():
+    """A key's memory is bounded whatever its traffic: the rate's starts of the last minute and the budget's 60
+    buckets (its spend leaves the window in steps of a sixtieth of it)."""
+    from proxray.serve.keys import BUCKETS
+
+    led, budget = KeyLedger(), {"usd": 1e9, "window_s": 86400.0}
+    for i in range(28_800):  # a day at one request every 3 s
+        now = 3.0 * i
+        assert led.admit("k", 600, budget, hold_usd=1e-3, ticket=str(i), now=now)["ok"]
+        led.settle("k", str(i), 1e-3, now=now)
+    assert len(led.starts["k"]) == 20 and len(led.windows["k"].sums) == BUCKETS and led.holds["k"] == {}
+    assert led.admit("k", 600, budget, now=86400.0)["spent_usd"] == pytest.approx(28.8, rel=0.02)
+    assert led.admit("k", 600, budget, now=2 * 86400.0)["spent_usd"] == 0.0

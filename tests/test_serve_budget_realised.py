@@ -1,7 +1,7 @@
 """The served app routing to a budget on *realised* cost, over HTTP on 127.0.0.1 with the openai client: λ
 moves so that the recent mean of the answers' real cost (usage tokens at the configured prices) meets
 budget.cost_per_query, where the router's estimates are a third of it. Marked slow (Serve start-up);
-bounded: 160 sequential requests and three streams."""
+bounded: 160 sequential requests and three streams, metered whether or not the client asked for usage."""
 import numpy as np
 import pytest
 
@@ -30,7 +30,7 @@ def client(tmp_path_factory, encoder):
     stop_app()
 
 
-def test_lambda_follows_the_realised_cost_and_streams_without_usage_are_unmetered(client):
+def test_lambda_follows_the_realised_cost_and_every_stream_is_metered(client):
     from proxray.data.synthetic import generate_queries
 
     prompts = list(generate_queries(20, seed=9).prompt)[:160]
@@ -55,10 +55,13 @@ def test_lambda_follows_the_realised_cost_and_streams_without_usage_are_unmetere
                                                      messages=[{"role": "user", "content": prompts[0]}], **kw))
         return chunks[0].model_extra["proxray"]["budget"], chunks
 
-    before, _ = stream()  # no usage in the stream: its estimate is counted, as unmetered
-    after, chunks = stream(stream_options={"include_usage": True})  # usage in its last chunk: metered
+    # the gateway asks every model for a stream's usage: metered whether or not the client asked for it, and a
+    # client that did not ask gets no usage
+    before, plain = stream()
+    assert all(c.usage is None and c.choices for c in plain)
+    after, chunks = stream(stream_options={"include_usage": True})  # usage in its last chunk, as asked
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
     last, _ = stream()
     assert (before["requests"], before["unmetered"]) == (160, 0)
-    assert (after["requests"], after["unmetered"]) == (161, 1)
-    assert (last["requests"], last["unmetered"]) == (162, 1)
+    assert (after["requests"], after["unmetered"]) == (161, 0)
+    assert (last["requests"], last["unmetered"]) == (162, 0)

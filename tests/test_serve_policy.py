@@ -144,3 +144,39 @@ def test_time_runs_out_as_a_504_and_a_stream_commits_at_its_first_content():
     (model, head, rest), _, _ = run(Scripted({"a": [role, text, {"choices": [{"delta": {"content": "lo"}}]}]}), ["a"],
                                     stream=True)
     assert model == "a" and head == [role, text]  # the rest stays in the stream
+
+
+def test_a_request_naming_one_model_gets_that_models_own_error():
+    """A named model that fails with an error object (its endpoint refused the gateway's key: 502) answers with it,
+    not with the 503 of a routed request whose every candidate failed."""
+    refused = {"error": {"message": "model 'x': its endpoint refused the gateway's key (HTTP 401); out of routing for "
+                                    "60 s", "type": "upstream_error", "code": 502}}
+    with pytest.raises(RequestError) as e:
+        run(Scripted({"x": [refused]}), ["x"])
+    assert e.value.status == 502 and e.value.message.startswith("model 'x': its endpoint refused")
+    with pytest.raises(RequestError) as e:
+        run(Scripted({"x": [refused], "y": RuntimeError("down")}), ["x", "y"])
+    assert e.value.status == 503
+
+
+def test_a_keys_lambda_stands_before_the_served_budget_and_the_requests_own_before_both(router):
+    """λ precedence: the request's own, then its API key's, then the served budget's (only such requests are counted
+    by the budget controller), then the app's."""
+    from types import SimpleNamespace
+
+    from proxray.serve.keys import KeyGate, KeySpec
+
+    r, X = router
+    est = BudgetController(1e-5, basis="estimated")
+    policy = RoutingPolicy(r, "r0", {m: None for m in MODELS}, lam=7.0, budget=est)
+    gate = KeyGate.__new__(KeyGate)  # its policy alone: no keys file, no ledger
+    spec = KeySpec(name="k", sha256="0" * 64, lam=123.0)
+    for asked, want, counted in ((None, 123.0, False), (5.0, 5.0, False)):
+        req = SimpleNamespace(model="proxray", proxray=RoutingOptions(lam=asked))
+        gate.apply_policy(spec, req)
+        p = policy.decide(X[:1], req.proxray)
+        assert p.report["lam"] == want and p.on_budget is counted
+    assert est.n == 0
+    lam0 = est.lam
+    p = policy.decide(X[:1], RoutingOptions())  # no key λ, no request λ: the served budget's
+    assert p.on_budget and p.report["lam"] == lam0 and est.n == 1

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from proxray.pool.spec import Sampling
 
-RETRYABLE = {408, 409, 429, 500, 502, 503, 504}
+RETRYABLE = {408, 409, 429, 500, 502, 503, 504}  # an endpoint's passing trouble: the same request may succeed later
 
 
 def endpoint_key(spec) -> str:
@@ -42,24 +42,33 @@ def scrub(text: str, key: str, limit: int = 300) -> str:
 
 
 class RateLimiter:
-    """One per (job, model): the times at which requests may start and the tokens reserved in the last minute.
-    ``reserve(tokens)`` returns how long the caller waits before sending (the reservation is made now)."""
+    """One per model and user of it (the job, the app): the times at which requests may start and the tokens reserved
+    in the last minute. ``reserve(tokens, max_wait)`` returns how long the caller waits before sending, the
+    reservation made now, or None without reserving anything when the wait would exceed ``max_wait``: a refused
+    request takes no slot, so a limiter overloaded for a while serves again as soon as the offered load falls under it."""
 
     def __init__(self, requests_per_minute: float | None, tokens_per_minute: float | None):
         self.interval = 60.0 / requests_per_minute if requests_per_minute else 0.0
         self.tpm = tokens_per_minute
         self.next_start = 0.0
-        self.spent: list = []  # (start time, tokens) of the last minute
+        self.spent: list = []  # (start time, tokens) of the last minute and of reservations ahead
 
-    def reserve(self, tokens: int) -> float:
-        now = time.time()
+    def reserve(self, tokens: int, max_wait: float | None = None, now: float | None = None,
+                limits: tuple | None = None) -> float | None:
+        """``limits``: (requests_per_minute, tokens_per_minute) as the caller's config has them now (a redeployed app
+        with another ``rate_limit`` changes them for the limiter it finds)."""
+        if limits is not None:
+            self.interval, self.tpm = (60.0 / limits[0] if limits[0] else 0.0), limits[1]
+        now = time.time() if now is None else now
+        self.spent = [(t, n) for t, n in self.spent if t > now - 60.0]
         start = max(now, self.next_start)
         if self.tpm:
             tokens = min(tokens, self.tpm)  # one request larger than a minute's tokens still goes, alone
-            self.spent = [(t, n) for t, n in self.spent if t > start - 60.0]
-            while sum(n for _, n in self.spent) + tokens > self.tpm:
-                start = max(start, self.spent[0][0] + 60.0)
-                self.spent = [(t, n) for t, n in self.spent if t > start - 60.0]
+            while sum(n for t, n in self.spent if t > start - 60.0) + tokens > self.tpm:
+                start = max(start, min(t for t, _ in self.spent if t > start - 60.0) + 60.0)
+        if max_wait is not None and start - now > max_wait:
+            return None  # refused: nothing booked
+        if self.tpm:
             self.spent.append((start, tokens))
         self.next_start = start + self.interval
         return start - now
@@ -70,6 +79,14 @@ class RateLimiter:
             if self.spent[i][1] == reserved:
                 self.spent[i] = (self.spent[i][0], used)
                 return
+
+
+def retry_wait(attempt: int, retry_after: str | None, cap: float = 30.0) -> float:
+    """Seconds before retry ``attempt`` (0-based): the endpoint's ``Retry-After`` (seconds) where it gives one, else
+    an exponential backoff with jitter, at most ``cap``."""
+    if retry_after and retry_after.replace(".", "", 1).isdigit():
+        return min(2 * cap, float(retry_after))
+    return min(cap, 0.5 * 2 ** attempt) * (0.5 + random.random())
 
 
 class OpenAIEngine:
@@ -106,7 +123,7 @@ class OpenAIEngine:
         for attempt in range(self.spec.max_retries + 1):
             self._wait(estimate)
             self.stats["requests"] += 1
-            wait = min(30.0, 0.5 * 2 ** attempt) * (0.5 + random.random())
+            after = None
             try:
                 r = self.client.post("/chat/completions", json=body)
             except (httpx.TimeoutException, httpx.TransportError) as e:
@@ -118,8 +135,7 @@ class OpenAIEngine:
                 if r.status_code not in RETRYABLE:
                     break  # the request's own fault: another try gets the same answer
                 after = r.headers.get("retry-after")
-                if after and after.replace(".", "", 1).isdigit():
-                    wait = min(60.0, float(after))
+            wait = retry_wait(attempt, after)
             if attempt < self.spec.max_retries:
                 self.stats["retries"] += 1
                 time.sleep(wait)

@@ -55,9 +55,10 @@ def _cluster_tasks(router, most: int = 3) -> list:
     return router._kept("_tasks_memo", (router.labels_, router.tasks_), compute)
 
 
-def evidence(router, X, lam: float = 0.0, candidates=None, top: int = 10) -> dict:
+def evidence(router, X, lam: float = 0.0, candidates=None, top: int = 10, visible=None) -> dict:
     """The evidence for one query's embedding ``X`` (d,) or (1, d) at ``lam``. ``candidates``: the plan's models in
-    the order it would try them (the winner first; default: every model by objective). Returns a JSON-able dict."""
+    the order it would try them (the winner first; default: every model by objective); ``visible``: the models the
+    asker may see (an API key's own; default: all). Returns a JSON-able dict."""
     if not 1 <= int(top) <= MAX_TOP:
         raise ValueError(f"top={top!r}: must be between 1 and {MAX_TOP}")
     X = np.asarray(X, dtype=np.float32).reshape(1, -1)
@@ -80,7 +81,8 @@ def evidence(router, X, lam: float = 0.0, candidates=None, top: int = 10) -> dic
         "weight_shown": share,
         "temperature": router.temperature_.spec, "lam": float(lam),
         "models": [{"model": m, "accuracy": _num(acc[i]), "cost": _num(cost[i], 10), "objective": _num(obj[i], 8),
-                    "candidate": m in at} for i, m in sorted(enumerate(models), key=lambda im: -obj[im[0]])],
+                    "candidate": m in at} for i, m in sorted(enumerate(models), key=lambda im: -obj[im[0]])
+                   if visible is None or m in visible],
         "winner": winner, "runner_up": runner_up,
         "margin": None if runner_up is None else _num(obj[at[winner]] - obj[at[runner_up]], 8),
         "outlier_score": _num(score), "outlier_threshold": None if threshold is None else _num(threshold),

@@ -16,6 +16,7 @@ late-bound ``__serve_build_asgi_app__``, as ray.serve.llm's ``LLMServer`` does),
 
 import logging
 import time
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -82,7 +83,8 @@ class RouterIngress:
 
             self.monitor = MonitorClient(a.monitor, a.reload_every_s, a.router, self.encoder.id, self.policy.use_router)
 
-    async def _plan(self, req, body: dict, endpoint: str, timings: dict, text: str) -> planning.Plan:
+    async def _plan(self, req, body: dict, endpoint: str, timings: dict, text: str, tenant: str | None = None,
+                    again: bool = False) -> planning.Plan:
         if req.model != ROUTER_MODEL:  # nothing router-related on a pass-through request's path
             return planning.pass_through(req.model, self.client.handles)
         t0 = time.perf_counter()
@@ -94,7 +96,7 @@ class RouterIngress:
         previous = None
         if req.proxray.conversation:  # the model of the conversation's last turn, from the app's shared book
             t1 = time.perf_counter()
-            previous = await self.conversations.recall(req.proxray.conversation)
+            previous = await self.conversations.recall(req.proxray.conversation, tenant)
             timings["conversation_ms"] = 1e3 * (time.perf_counter() - t1)
         t1 = time.perf_counter()
         single_thread()  # one query, one faiss thread (more threads cost more than they give on one query)
@@ -102,7 +104,7 @@ class RouterIngress:
         timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
         self.metrics.routed(p.report["route_ms"], p.report["outlier_score"])
-        if self.monitor is not None:
+        if self.monitor is not None and not again:  # planned again (over a key's budget): reported once
             self.monitor.report(text, X[0], p.report["outlier_score"])
         return p
 
@@ -110,33 +112,74 @@ class RouterIngress:
         logger.warning("proxray: model %s failed (%s); falling back", model, reason)
         self.metrics.fallback(model)
 
+    async def _admit(self, key, req, p, body: dict, endpoint: str, timings: dict, text: str, ticket: str):
+        """The key's rate and budget for the planned request, which holds an upper bound of its cost (``KeyGate.hold``)
+        until its answer settles it. Over budget with ``cheapest``: a routed request is planned again with cost
+        deciding, a request naming a model other than the cheapest the key may use is refused (429 naming it).
+        Returns (the key's report, the plan, the estimate the answer is charged at without usage)."""
+        model = p.candidates[0]
+        estimate = p.report.get("estimates", {}).get(model, {}).get("cost")
+        if key is None:
+            return None, p, estimate
+        if estimate is None and key.budget and model not in self.gate.prices:  # a named model with no price
+            estimate = await self._estimate(text, model)
+        report = await self.gate.admit(key, self.gate.hold(model, body, estimate), ticket)
+        if not report["over_budget"]:
+            return report, p, estimate
+        if req.model == ROUTER_MODEL:
+            req.proxray.lam = 1e9  # cost decides among the models the key may use
+            p = await self._plan(req, body, endpoint, timings, text, key.name, again=True)
+            return report, p, p.report["estimates"][p.candidates[0]]["cost"]
+        cheapest = self.gate.cheapest(key, self.client.handles)
+        if cheapest is not None and req.model != cheapest:
+            self.gate.ledger.settle(key.name, ticket, 0.0)
+            raise RequestError(429, f"key {key.name!r} is over its budget: it may use only the cheapest model it may "
+                               f"use, {cheapest!r}", "model", kind="insufficient_quota")
+        return report, p, estimate
+
+    async def _estimate(self, text: str, model: str) -> float | None:
+        """The router's estimated cost of ``model``'s answer to ``text`` (None where the router does not know it)."""
+        router = self.policy.router
+        if model not in router.models_:
+            return None
+        _, cost, _ = router.estimate_with_outlier_score((await self.encoder.vector(text, {}))[None, :])
+        return float(cost[0][router.models_.index(model)])
+
     async def _handle(self, request: Request, model_cls, endpoint: str):
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.args.timeout_s
         timings = {}  # where the gateway's time went: read, parse, embed (+ cache), estimate, model
+        key = ticket = None
         try:
             key = self.gate.identify(request)
             req = await parse_request(request, model_cls, self.args.max_body_bytes, timings)
-            key_report = await self.gate.admit(key, req)  # the key's models, λ, rate and budget
+            self.gate.apply_policy(key, req)  # the key's models and λ
             if request.headers.get("x-proxray-explain", "").lower() in ("1", "true", "yes"):
                 req.proxray.explain = True
             if request.headers.get("x-proxray-conversation") and req.proxray.conversation is None:
                 req.proxray.conversation = request.headers["x-proxray-conversation"][:256]
             body = req.forward(req.model, self.args.default_max_tokens)  # what every candidate gets, model aside
+            usage_asked = bool((body.get("stream_options") or {}).get("include_usage"))
+            if req.stream:  # every stream's usage, asked of the model whether or not the client asked for it
+                body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = routing_text(req, self.args.routing_text)
-            p = await self._plan(req, body, endpoint, timings, text)
+            p = await self._plan(req, body, endpoint, timings, text, key and key.name)
+            ticket = uuid.uuid4().hex if key is not None else None
+            key_report, p, estimate = await self._admit(key, req, p, body, endpoint, timings, text, ticket)
             t_model = time.perf_counter()
             model, head, gen = await first_answer(self.client, p, body, endpoint, req.stream, deadline,
                                                   self.args.timeout_s, self._failed)
             timings["model_ms"] = 1e3 * (time.perf_counter() - t_model)  # the answer, or a stream's first content
         except RequestError as e:
+            if ticket is not None and key.budget:
+                self.gate.ledger.settle(key.name, ticket, 0.0)  # no answer: nothing spent
             self.metrics.error(e.status)
             return error_response(e)
         self.requests += 1
         self.metrics.answered(model, p.report["routed"])
         if p.report.get("conversation"):  # the model that answered (after any fallback) carries the conversation
-            self.conversations.remember(p.report["conversation"]["id"], model)
+            self.conversations.remember(p.report["conversation"]["id"], model, key and key.name)
         p.report["latency_s"] = time.perf_counter() - t0
         p.report["timings"] = timings
         p.report["replica"] = self.replica
@@ -144,13 +187,14 @@ class RouterIngress:
             p.report["key"] = key_report
         # what an answer's usage counts toward: a budget on realised cost, the key's spend
         # and the answer, remembered for feedback on it
-        estimate = p.report.get("estimates", {}).get(model, {}).get("cost")
-        counts = [f for f in (self.policy.meter(p, model), self.gate.charger(key, model, estimate),
+        if model != p.candidates[0] or estimate is None:
+            estimate = p.report.get("estimates", {}).get(model, {}).get("cost", estimate)
+        counts = [f for f in (self.policy.meter(p, model), self.gate.charger(key, model, estimate, ticket),
                               self.answers.recorder(head[0], text, model, key and key.name, self.gate.prices.get(model),
                                                     estimate) if len(text) <= self.args.max_prompt_chars else None) if f]
         if req.stream:
             head[0] = {**head[0], "proxray": p.report}
-            usage = {}  # a stream's usage: in its last chunk, where the client asked for it (include_usage)
+            usage = {}  # the stream's usage, from its last chunk (asked of every model)
 
             def seen(obj):
                 if obj.get("usage"):
@@ -162,8 +206,8 @@ class RouterIngress:
                 for count in counts:
                     count(usage.get("usage"))
 
-            return StreamingResponse(relay(head, gen, done, seen if counts else None), media_type="text/event-stream",
-                                     headers=response_headers(p.report))
+            return StreamingResponse(relay(head, gen, done, seen, hide_usage=not usage_asked),
+                                     media_type="text/event-stream", headers=response_headers(p.report))
         for count in counts:
             count(head[0].get("usage"))
         return JSONResponse({**head[0], "proxray": p.report}, headers=response_headers(p.report))
@@ -178,26 +222,29 @@ class RouterIngress:
     async def completions(self, request: Request):
         return await self._handle(request, CompletionRequest, "completions")
 
-    def _model_objects(self) -> list:
-        """OpenAI model objects: the router first, then every served model."""
+    def _model_objects(self, key=None) -> list:
+        """OpenAI model objects: the router first, then every served model — of a key with ``allowed_models``, only
+        those it may use."""
+        mine = (lambda m: True) if key is None or key.allowed_models is None else key.allowed_models.__contains__
         data = [{"id": ROUTER_MODEL, "object": "model", "created": self.created, "owned_by": "proxray",
-                 "routes_to": self.policy.routable}]
+                 "routes_to": [m for m in self.policy.routable if mine(m)]}]
         return data + [{"id": m, "object": "model", "created": self.created, "owned_by": "proxray",
-                        "engine": self.kinds[m]} for m in sorted(self.client.handles)]
+                        "engine": self.kinds[m]} for m in sorted(self.client.handles) if mine(m)]
 
     async def models(self, request: Request):
         try:
-            self.gate.identify(request)
+            key = self.gate.identify(request)
         except RequestError as e:
             return error_response(e)
-        return {"object": "list", "data": self._model_objects()}
+        return {"object": "list", "data": self._model_objects(key)}
 
     async def model(self, model: str, request: Request):
         try:
-            self.gate.identify(request)
-            found = [m for m in self._model_objects() if m["id"] == model]
+            key = self.gate.identify(request)
+            mine = self._model_objects(key)
+            found = [m for m in mine if m["id"] == model]
             if not found:
-                raise planning.not_served(model, self.client.handles)
+                raise planning.not_served(model, [m["id"] for m in mine[1:]])
         except RequestError as e:
             return error_response(e)
         return found[0]
@@ -207,6 +254,7 @@ class RouterIngress:
         try:
             key = self.gate.identify(request)
             self.answers.check_enabled()
+            await self.gate.admit(key, 0.0, None, budget=False)  # a feedback post counts toward the key's rate
             fb = await parse_request(request, FeedbackRequest, self.args.max_body_bytes)
             return await self.answers.take(fb, key and key.name, self.metrics, self.monitor)
         except RequestError as e:

@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxray.routing.objective import objective
-from proxray.serve.shared_actor import SharedActorClient
+from proxray.serve.shared_actor import SharedActorClient, SharedStateDown, logger
 
 
 class ConversationSpec(BaseModel):
@@ -93,8 +93,20 @@ class ConversationClient(SharedActorClient):
     def actor_args(self) -> tuple:
         return self.spec.max_entries, self.spec.ttl_s
 
-    async def recall(self, cid: str) -> str | None:
-        return await self._actor().recall.remote(cid)
+    @staticmethod
+    def entry(cid: str, tenant: str | None) -> str:
+        """The book's key of a conversation: its id within its API key's own space (another key's same id is another
+        conversation)."""
+        return cid if tenant is None else f"{tenant}\x00{cid}"
 
-    def remember(self, cid: str, model: str) -> None:
-        self._actor().remember.remote(cid, model)  # fire and forget: the answer does not wait for it
+    async def recall(self, cid: str, tenant: str | None = None) -> str | None:
+        """The model of the conversation's last turn; None where the book does not answer (it fails open: the turn
+        is routed as a first one)."""
+        try:
+            return await self.call("recall", self.entry(cid, tenant))
+        except SharedStateDown as e:
+            logger.warning("proxray: %s: %s; the turn is routed as a first one", self.name, e.why)
+            return None
+
+    def remember(self, cid: str, model: str, tenant: str | None = None) -> None:
+        self.tell("remember", self.entry(cid, tenant), model)  # fire and forget: the answer does not wait for it

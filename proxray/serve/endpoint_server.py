@@ -9,25 +9,41 @@ the object store. Its scale is the router's (``router_replicas``), its concurren
 The client's request goes to the endpoint as sent — messages, tools, ``response_format``, ``stream`` and its
 options — with ``model`` set to the model's name there (``source``), and only the configured key as a header (none of
 the client's own headers). Its response, or its stream chunk by chunk with ``usage``, comes back unchanged but for
-``model``, which names the pool model the client knows. A 429, a 5xx, a timeout or a refused connection before the
-first chunk is an error object the gateway falls back on, as for a co-hosted model; the key is scrubbed from every
-message. ``rate_limit`` is kept by one limiter actor per model (namespace ``proxray``) that every router replica asks
-before a request; a request the limit would hold past its timeout is answered 429 at once, so it falls back instead
-of waiting. Latency, answers by status and waits are Prometheus metrics per model (fallbacks, the gateway's retries
-on the next model, are ``proxray_fallbacks``).
+``model``, which names the pool model the client knows.
+
+* **Retries.** A 429, a 5xx, a timeout or a refused connection before the first byte is tried again (``max_retries``)
+  after the endpoint's ``Retry-After``, else an exponential backoff, as long as the wait ends within the model's
+  ``timeout_s``; then it is an error object the gateway falls back on, as for a co-hosted model.
+* **Operator faults.** A 401 or 403 (the endpoint refused the gateway's key) or a 404 (it does not serve the model)
+  takes the model out of routing for ``COOLDOWN_S``: routed requests fall back, a request naming it gets a 502 naming
+  the model — never the endpoint's 401, which would tell the client its own key is wrong. The log and
+  ``proxray_endpoint_cooldowns`` say why.
+* **What a client sees** of an endpoint: the model's name and the status, never its URL, host or key (the log has the
+  URL; the key is scrubbed everywhere).
+* **Limits.** ``rate_limit`` is kept by one limiter actor per model (namespace ``proxray``) that every router replica
+  asks before a request; a request the limit would hold past its timeout is answered 429 at once without taking a
+  slot, so it falls back instead of waiting, and the limiter serves again as soon as the load falls under it.
+
+Latency, answers by status, retries, waits and cool-downs are Prometheus metrics per model (fallbacks, the gateway's
+tries of the next model, are ``proxray_fallbacks``).
 """
 from __future__ import annotations
 
 import json
+import logging
 import time
 
+from proxray.pool.openai_engine import retry_wait
 from proxray.serve.errors import error
 from proxray.serve.models import OpenAIModel
 from proxray.serve.schemas import ServedModel
+from proxray.serve.shared_actor import SharedActorClient, SharedStateDown
 
 NAMES = {"latency": "proxray_endpoint_latency_s", "answers": "proxray_endpoint_answers",
          "limited": "proxray_endpoint_rate_limited"}
 LATENCY_BOUNDARIES = [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60]
+COOLDOWN_S = 60.0  # a model whose endpoint refuses the gateway's key, or does not know it, is left out this long
+logger = logging.getLogger("ray.serve")
 
 
 def honoured() -> dict:
@@ -65,7 +81,7 @@ class EndpointRelay(OpenAIModel):
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         self.client = httpx.AsyncClient(base_url=self.spec.base_url.rstrip("/"), headers=headers,
                                         timeout=httpx.Timeout(self.spec.timeout_s, connect=min(10.0, self.spec.timeout_s)))
-        self.limiter = self._limiter() if self.spec.rate_limit is not None else None
+        self.limiter = LimiterClient(self.spec) if self.spec.rate_limit is not None else None
         self.cap = self.spec.max_ongoing_requests or DEFAULT_CONCURRENCY
         self.slots = asyncio.Semaphore(self.cap)
         self.latency = Histogram(NAMES["latency"], "seconds to an external endpoint's answer or first chunk",
@@ -74,17 +90,12 @@ class EndpointRelay(OpenAIModel):
                                tag_keys=("model", "status"))
         self.limited = Counter(NAMES["limited"], "requests the model's rate limit or concurrency cap held or refused",
                                tag_keys=("model",))
-
-    def _limiter(self):
-        import ray
-
-        from proxray.common.naming import slug
-        from proxray.pool.openai_engine import RateLimiter
-
-        limit = self.spec.rate_limit
-        return ray.remote(RateLimiter).options(
-            name=f"proxray-limit-{slug(self.spec.id)}", namespace="proxray", get_if_exists=True, lifetime="detached",
-            num_cpus=0).remote(limit.requests_per_minute, limit.tokens_per_minute)
+        self.retries = Counter("proxray_endpoint_retries", "tries of a request again after its endpoint's 429, 5xx, "
+                               "timeout or refused connection", tag_keys=("model",))
+        self.cooldowns = Counter("proxray_endpoint_cooldowns", "times a model was taken out of routing because its "
+                                 "endpoint refused the gateway's key (401, 403) or does not serve it (404)",
+                                 tag_keys=("model", "status"))
+        self.cooldown_until, self.cooldown_why = 0.0, ""
 
     async def capabilities(self) -> dict:
         return honoured()
@@ -107,32 +118,63 @@ class EndpointRelay(OpenAIModel):
     async def _relay(self, endpoint: str, body: dict):
         import asyncio
 
-        import httpx
-
         tag = {"model": self.spec.id}
-        if self.limiter is not None:
-            tokens = len(json.dumps(body.get("messages") or body.get("prompt") or "")) // 3 + int(
-                body.get("max_completion_tokens") or body.get("max_tokens") or 256)
-            delay = await self.limiter.reserve.remote(tokens)
-            if delay > 0:
-                self.limited.inc(1, tag)
-                if delay > self.spec.timeout_s:
-                    yield error(429, f"model {self.spec.id!r}: its rate limit holds the next request {delay:.0f} s",
-                                kind="rate_limit_error")
-                    return
-                await asyncio.sleep(delay)
+        if time.monotonic() < self.cooldown_until:
+            yield error(502, f"model {self.spec.id!r} is out of routing for {self.cooldown_until - time.monotonic():.0f} s "
+                             f"more: {self.cooldown_why}", kind="upstream_error")
+            return
+        deadline = time.monotonic() + self.spec.timeout_s
+        tokens = len(json.dumps(body.get("messages") or body.get("prompt") or "")) // 3 + int(
+            body.get("max_completion_tokens") or body.get("max_tokens") or 256)
         path = "/chat/completions" if endpoint == "chat" else "/completions"
         sent = {**body, "model": self.spec.source or self.spec.id}
+        for attempt in range(self.spec.max_retries + 1):
+            if self.limiter is not None:
+                delay = await self.limiter.reserve(tokens, max(0.0, deadline - time.monotonic()))
+                if delay is None:  # refused, nothing booked: it falls back
+                    self.limited.inc(1, tag)
+                    yield error(429, f"model {self.spec.id!r}: its rate limit cannot take the request within its "
+                                     f"timeout_s={self.spec.timeout_s:g} s", kind="rate_limit_error")
+                    return
+                if delay > 0:
+                    self.limited.inc(1, tag)
+                    await asyncio.sleep(delay)
+            failure, tried = None, self._attempt(path, sent, body.get("stream"), tag)
+            try:
+                async for obj in tried:
+                    if isinstance(obj, Retry):
+                        failure = obj
+                        break
+                    yield obj
+            finally:
+                await tried.aclose()  # the connection goes back now, also when the caller went away
+            if failure is None:
+                return
+            if failure.status in (401, 403, 404):  # the operator's fault, not the request's nor a passing one
+                yield self._cool_down(failure)
+                return
+            wait = retry_wait(attempt, failure.retry_after)
+            if attempt == self.spec.max_retries or time.monotonic() + wait >= deadline:
+                yield failure.error
+                return
+            self.retries.inc(1, tag)
+            await asyncio.sleep(wait)
+
+    async def _attempt(self, path: str, sent: dict, stream: bool, tag: dict):
+        """One try: the answer or its chunks, or a ``Retry`` where it failed before its first byte (a status other
+        than 200, a timeout or a refused connection); a failure after the first chunk is an error object."""
+        import httpx
+
         t0 = time.perf_counter()
         try:
             async with self.client.stream("POST", path, json=sent) as r:
                 if r.status_code != 200:
                     text = (await r.aread()).decode(errors="replace")
                     self.answers.inc(1, {**tag, "status": str(r.status_code)})
-                    yield self._error(r.status_code, text)
+                    yield Retry(r.status_code, self._error(r.status_code, text), r.headers.get("retry-after"))
                     return
                 self.answers.inc(1, {**tag, "status": "200"})
-                if not body.get("stream"):
+                if not stream:
                     obj = json.loads(await r.aread())
                     self.latency.observe(time.perf_counter() - t0, tag)
                     yield {**obj, "model": self.spec.id}
@@ -152,8 +194,22 @@ class EndpointRelay(OpenAIModel):
         except (httpx.TimeoutException, httpx.TransportError) as e:
             self.answers.inc(1, {**tag, "status": "0"})
             kind = "timeout" if isinstance(e, httpx.TimeoutException) else "connection"
-            raise ConnectionError(f"model {self.spec.id!r} at {self.spec.base_url}: {kind}: "
-                                  f"{self._scrub(str(e)) or type(e).__name__}") from None
+            logger.warning("proxray: model %s at %s: %s: %s", self.spec.id, self.spec.base_url, kind,
+                           self._scrub(str(e)) or type(e).__name__)
+            yield Retry(503, error(503, f"model {self.spec.id!r}: its endpoint did not answer ({kind})",
+                                   kind="upstream_error"), None)
+
+    def _cool_down(self, failure: "Retry") -> dict:
+        """Take the model out of routing for ``COOLDOWN_S``: its endpoint refused the gateway's key or does not know
+        the model, which no client can fix; the operator is told in the log and the metric."""
+        why = {401: "its endpoint refused the gateway's key (HTTP 401)",
+               403: "its endpoint refused the gateway's key (HTTP 403)",
+               404: "its endpoint does not serve it (HTTP 404)"}[failure.status]
+        self.cooldown_until, self.cooldown_why = time.monotonic() + COOLDOWN_S, why
+        self.cooldowns.inc(1, {"model": self.spec.id, "status": str(failure.status)})
+        logger.warning("proxray: model %s at %s taken out of routing for %.0f s: %s (%s)", self.spec.id,
+                       self.spec.base_url, COOLDOWN_S, why, failure.error["error"]["message"][:300])
+        return error(502, f"model {self.spec.id!r}: {why}; out of routing for {COOLDOWN_S:.0f} s", kind="upstream_error")
 
     def _error(self, status: int, text: str) -> dict:
         """The endpoint's error as the gateway's error object, its status kept (429 and 5xx fall back)."""
@@ -162,5 +218,38 @@ class EndpointRelay(OpenAIModel):
             message, param, kind = err.get("message") or text, err.get("param"), err.get("type") or "upstream_error"
         except (ValueError, AttributeError):
             message, param, kind = text, None, "upstream_error"
-        return error(status, f"model {self.spec.id!r} (endpoint {self.spec.base_url}): {self._scrub(str(message))}",
+        return error(status, f"model {self.spec.id!r}: its endpoint answered {status}: {self._scrub(str(message))}",
                      param, kind)
+
+
+class LimiterClient(SharedActorClient):
+    """The model's ``RateLimiter`` actor (``proxray-limit-<model>``), shared by every router replica of every app on the
+    cluster that relays to it, told the limits of the caller's config on every call. A limiter that does not answer
+    fails open (logged): the endpoint's own 429s, retried, still hold the rate."""
+
+    prefix = "proxray-limit"
+
+    def __init__(self, spec):
+        from proxray.common.naming import slug
+        from proxray.pool.openai_engine import RateLimiter
+
+        self.actor_cls = RateLimiter
+        super().__init__(slug(spec.id), spec)
+        self.limits = (spec.rate_limit.requests_per_minute, spec.rate_limit.tokens_per_minute)
+
+    def actor_args(self) -> tuple:
+        return self.limits
+
+    async def reserve(self, tokens: int, max_wait: float) -> float | None:
+        try:
+            return await self.call("reserve", tokens, max_wait, None, self.limits)
+        except SharedStateDown as e:
+            logger.warning("proxray: %s: %s; the request goes without it", self.name, e.why)
+            return 0.0
+
+
+class Retry:
+    """A try that failed before its first byte: the endpoint's status, its error object, its ``Retry-After``."""
+
+    def __init__(self, status: int, err: dict, retry_after: str | None):
+        self.status, self.error, self.retry_after = status, err, retry_after

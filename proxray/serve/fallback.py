@@ -27,7 +27,9 @@ async def first_answer(client, p: Plan, body: dict, endpoint: str, stream: bool,
                        on_failure):
     """(model, the objects read so far, the rest of its stream). ``on_failure(model, reason)`` is told of each
     model that failed (the report's ``failures`` list is kept here). Raises ``RequestError``: the model's own 4xx,
-    504 when time ran out, 503 when every candidate failed."""
+    504 when time ran out, the model's own error where a request that named one model failed with one (a 502, a
+    429), 503 when every candidate failed."""
+    last = None  # the error object of the last model that answered with one
     for model in p.candidates:
         gen = client.stream(model, endpoint, {**body, "model": model})
         head = []
@@ -47,8 +49,8 @@ async def first_answer(client, p: Plan, body: dict, endpoint: str, stream: bool,
         except ModelError as e:
             gen.cancel()
             if not e.retryable:
-                raise RequestError(e.status, e.obj["error"].get("message", ""), e.obj["error"].get("param"),
-                                   e.obj["error"].get("type") or "invalid_request_error") from None
+                raise _as_request_error(e) from None
+            last = e
             _failed(p, model, str(e), on_failure)
             continue
         except Exception as e:  # noqa: BLE001 - replica died, overloaded, timed out: try the next
@@ -70,7 +72,14 @@ async def first_answer(client, p: Plan, body: dict, endpoint: str, stream: bool,
     if failures and all(f["error"] == "timeout" for f in failures) or time.monotonic() >= deadline:
         raise RequestError(504, f"no answer within timeout_s={timeout_s} s (tried "
                            f"{', '.join(f['model'] for f in failures)})", kind="timeout")
+    if len(p.candidates) == 1 and last is not None:  # a named model's own answer says more than "every one failed"
+        raise _as_request_error(last)
     raise RequestError(503, f"every candidate model failed: {failures}", kind="service_unavailable")
+
+
+def _as_request_error(e: ModelError) -> RequestError:
+    err = e.obj["error"]
+    return RequestError(e.status, err.get("message", ""), err.get("param"), err.get("type") or "invalid_request_error")
 
 
 def _failed(p: Plan, model: str, reason: str, on_failure) -> None:

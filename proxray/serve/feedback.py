@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from proxray.serve.shared_actor import SharedActorClient
+from proxray.serve.shared_actor import SharedActorClient, SharedStateDown
 
 
 class FeedbackSpec(BaseModel):
@@ -99,7 +99,7 @@ class FeedbackClient(SharedActorClient):
         def remember(usage):
             cost = price.cost(usage) if price is not None and usage else None
             record = {"text": text, "model": model, "key": key, "cost": estimate if cost is None else float(cost)}
-            self._actor().remember.remote(answer_id, record)
+            self.tell("remember", answer_id, record)  # fails open: an answer not remembered cannot be scored
 
         return remember
 
@@ -114,7 +114,11 @@ class FeedbackClient(SharedActorClient):
         to the monitor. Returns the answer to send."""
         from proxray.serve.errors import RequestError
 
-        record = await self._actor().find.remote(fb.id, key)
+        try:
+            record = await self.call("find", fb.id, key)
+        except SharedStateDown:
+            raise RequestError(503, "feedback cannot be taken right now (the answer book is restarting); retry in a "
+                               "few seconds", kind="service_unavailable", headers={"retry-after": "2"}) from None
         if record is None:
             raise RequestError(404, f"no answer {fb.id[:80]!r} within the last {self.spec.retention_s:.0f} s for this "
                                "key", "id", kind="not_found_error")

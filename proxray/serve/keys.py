@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from proxray.serve.shared_actor import SharedActorClient
+from proxray.serve.shared_actor import Checkpointed, SharedActorClient, SharedStateDown
 
 RELOAD_EVERY_S = 2.0
 
@@ -115,37 +115,120 @@ class KeyRing:
         return None
 
 
-class KeyLedger:
-    """Requests and spend per key across every ingress replica (the app's shared actor)."""
+BUCKETS = 60  # a budget's window is kept as this many fixed buckets of spend
+HOLD_TTL_S = 900.0  # a hold never settled (its replica died with the request) is charged in full after this
 
-    def __init__(self):
-        self.starts: dict = {}  # name -> recent request times (the last minute)
-        self.spent: dict = {}  # name -> [(time, usd)] within the longest window asked
 
-    def admit(self, name: str, rpm: float | None, budget: dict | None, now: float | None = None) -> dict:
-        """Whether ``name`` may send a request now: ``{"ok", "reason", "retry_after_s", "spent_usd"}``; an admitted
-        request counts toward its rate."""
+class SpendWindow:
+    """USD spent over a sliding window, kept in ``BUCKETS`` fixed buckets of ``window_s / BUCKETS`` seconds: adding
+    and summing cost the same whatever the traffic, and a key's memory is ``BUCKETS`` numbers. A charge leaves the
+    window between ``window_s - window_s / BUCKETS`` and ``window_s`` after it was made."""
+
+    def __init__(self, window_s: float):
+        self.width = window_s / BUCKETS
+        self.sums, self.ids = [0.0] * BUCKETS, [-BUCKETS] * BUCKETS
+
+    def add(self, usd: float, now: float) -> None:
+        b = int(now // self.width)
+        i = b % BUCKETS
+        if self.ids[i] != b:
+            self.ids[i], self.sums[i] = b, 0.0
+        self.sums[i] += usd
+
+    def total(self, now: float) -> float:
+        b = int(now // self.width)
+        return sum(s for s, i in zip(self.sums, self.ids) if b - i < BUCKETS)
+
+
+class KeyLedger(Checkpointed):
+    """Requests and spend per key across every ingress replica (the app's shared actor, checkpointed in the cluster's
+    key-value store at most every second while it is used, and started from its checkpoint after it died). Admission costs the same
+    whatever the traffic: a key's rate is the start times of its last minute (at most ``requests_per_minute`` of
+    them), its spend a ``SpendWindow``; a key with neither limit leaves nothing here but its total.
+
+    Budgets are **held, then settled**: an admitted request holds an upper bound of its cost (``admit(…,
+    hold_usd, ticket)``) until its answer ends and ``settle`` replaces the hold by what the answer cost. Holds count as
+    spent, so requests admitted at once cannot together spend past the budget by more than one hold."""
+
+    def __init__(self, checkpoint: str = ""):
+        from collections import deque
+
+        self._deque = deque
+        self.starts: dict = {}  # name -> deque of its request start times within the last minute
+        self.windows: dict = {}  # name -> SpendWindow
+        self.holds: dict = {}  # name -> {ticket: (usd, expires)}
+        self.totals: dict = {}  # name -> USD charged (what ``report`` shows)
+        self.checkpoint_key = checkpoint
+        self._restore()
+
+    def _state(self) -> dict:
+        return {"starts": {n: list(d) for n, d in self.starts.items()},
+                "windows": {n: [w.width, w.sums, w.ids] for n, w in self.windows.items()},
+                "holds": self.holds, "totals": self.totals}
+
+    def _load(self, state: dict) -> None:
+        self.starts = {n: self._deque(v) for n, v in state["starts"].items()}
+        for n, (width, sums, ids) in state["windows"].items():
+            w = self.windows[n] = SpendWindow(width * BUCKETS)
+            w.sums, w.ids = list(sums), list(ids)
+        self.holds = {n: {t: tuple(h) for t, h in v.items()} for n, v in state["holds"].items()}
+        self.totals = dict(state["totals"])
+
+    def admit(self, name: str, rpm: float | None, budget: dict | None, hold_usd: float = 0.0, ticket: str | None = None,
+              now: float | None = None) -> dict:
+        """Whether ``name`` may send a request now: ``{"ok", "reason", "retry_after_s", "spent_usd"}``. An admitted
+        request counts toward its rate; with a ``ticket`` it holds ``hold_usd`` of its budget (also over the budget:
+        the caller routes it to the cheapest model or refuses it and ``settle``s the ticket at 0)."""
         now = time.time() if now is None else now
-        spent = 0.0
-        if budget:
-            window = [(t, u) for t, u in self.spent.get(name, []) if t > now - budget["window_s"]]
-            self.spent[name] = window
-            spent = sum(u for _, u in window)
+        spent = self._spent(name, budget, now) if budget else 0.0
         if rpm:
-            recent = [t for t in self.starts.get(name, []) if t > now - 60.0]
-            self.starts[name] = recent
+            recent = self.starts.get(name)
+            if recent is None:
+                recent = self.starts[name] = self._deque()
+            while recent and recent[0] <= now - 60.0:
+                recent.popleft()
             if len(recent) >= rpm:
                 return {"ok": False, "reason": "rate", "retry_after_s": round(recent[0] + 60.0 - now, 3),
                         "spent_usd": spent}
+            recent.append(now)
         over = bool(budget) and spent >= budget["usd"]
-        self.starts.setdefault(name, []).append(now)
+        if budget and ticket is not None:
+            self.holds.setdefault(name, {})[ticket] = (max(float(hold_usd), 0.0), now + HOLD_TTL_S)
+        self._dirty()
         return {"ok": True, "reason": "over_budget" if over else None, "retry_after_s": 0.0, "spent_usd": spent}
 
-    def charge(self, name: str, usd: float, now: float | None = None) -> None:
-        self.spent.setdefault(name, []).append((time.time() if now is None else now, float(usd)))
+    def settle(self, name: str, ticket: str, usd: float, now: float | None = None) -> None:
+        """A held request's answer ended: its hold is replaced by ``usd``, what it cost."""
+        (self.holds.get(name) or {}).pop(ticket, None)
+        self.charge(name, usd, now)
+
+    def charge(self, name: str, usd: float, now: float | None = None, window_s: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self.totals[name] = self.totals.get(name, 0.0) + float(usd)
+        window = self.windows.get(name)
+        if window is None and window_s is not None:
+            window = self.windows[name] = SpendWindow(window_s)
+        if window is not None:
+            window.add(float(usd), now)
+        self._dirty()
+
+    def _spent(self, name: str, budget: dict, now: float) -> float:
+        """Settled spend in the budget's window plus what is held; a hold past its time is charged in full."""
+        window = self.windows.get(name)
+        if window is None or abs(window.width * BUCKETS - budget["window_s"]) > 1e-9:  # new, or its window changed
+            window = self.windows[name] = SpendWindow(budget["window_s"])
+        holds = self.holds.get(name) or {}
+        for ticket, (usd, expires) in list(holds.items()):
+            if expires <= now:
+                del holds[ticket]
+                self.charge(name, usd, now)
+        return window.total(now) + sum(usd for usd, _ in holds.values())
 
     def report(self) -> dict:
-        return {name: {"spent_usd": sum(u for _, u in v)} for name, v in self.spent.items()}
+        """Per key: USD charged, and USD held by requests not settled yet."""
+        return {name: {"spent_usd": self.totals.get(name, 0.0),
+                       "held_usd": sum(usd for usd, _ in (self.holds.get(name) or {}).values())}
+                for name in set(self.totals) | set(self.holds)}
 
 
 class LedgerClient(SharedActorClient):
@@ -153,12 +236,26 @@ class LedgerClient(SharedActorClient):
 
     actor_cls, prefix = KeyLedger, "proxray-keys"
 
-    async def admit(self, spec: KeySpec) -> dict:
-        return await self._actor().admit.remote(spec.name, spec.requests_per_minute,
-                                                spec.budget.model_dump() if spec.budget else None)
+    def actor_args(self) -> tuple:
+        return (self.name,)  # its checkpoint's key
 
-    def charge(self, name: str, usd: float) -> None:
-        self._actor().charge.remote(name, usd)
+    async def admit(self, spec: KeySpec, hold_usd: float = 0.0, ticket: str | None = None) -> dict:
+        """The ledger's verdict; a ledger that does not answer fails closed: a 503 naming it (retry shortly)."""
+        from proxray.serve.errors import RequestError
+
+        try:
+            return await self.call("admit", spec.name, spec.requests_per_minute,
+                                   spec.budget.model_dump() if spec.budget else None, hold_usd, ticket)
+        except SharedStateDown as e:
+            raise RequestError(503, f"key {spec.name!r}: its rate and budget cannot be checked right now (the keys "
+                               "ledger is restarting); retry in a few seconds", kind="service_unavailable",
+                               headers={"retry-after": "2"}) from e
+
+    def settle(self, name: str, ticket: str | None, usd: float) -> None:
+        if ticket is None:
+            self.tell("charge", name, usd)
+        else:
+            self.tell("settle", name, ticket, usd)
 
 
 def new_key_entry(path, name: str, **policy) -> str:
@@ -212,15 +309,14 @@ class KeyGate:
             raise RequestError(401, "missing or invalid API key (Authorization: Bearer …)", kind="authentication_error")
         return spec
 
-    async def admit(self, spec: KeySpec | None, req) -> dict | None:
-        """Apply the key's policy to the parsed request ``req`` (its ``proxray`` options and model): 403 for a model
-        it may not use, 429 past its rate or (``over_budget: reject``) its budget; over budget with ``cheapest``, λ
-        is set so that cost decides. Returns the key's report (name, spent, over budget) or None."""
+    def apply_policy(self, spec: KeySpec | None, req) -> None:
+        """The key's models and λ on the parsed request ``req`` (its ``proxray`` options and model), before it is
+        planned: 403 for a model it may not use; its λ where the request sets none."""
         from proxray.serve.errors import RequestError
         from proxray.serve.schemas import ROUTER_MODEL
 
         if spec is None:
-            return None
+            return
         opts = req.proxray
         if spec.allowed_models is not None:
             if req.model != ROUTER_MODEL and req.model not in spec.allowed_models:
@@ -236,26 +332,57 @@ class KeyGate:
                                    kind="permission_error")
         if opts.lam is None and spec.lam is not None:
             opts.lam = spec.lam
-        verdict = await self.ledger.admit(spec)
+
+    async def admit(self, spec: KeySpec | None, hold_usd: float, ticket: str | None, budget: bool = True) -> dict | None:
+        """The key's rate and budget, for a planned request that may cost up to ``hold_usd``: 429 past its rate or
+        (``over_budget: reject``) its budget. Returns the key's report (name, spent, over budget; over budget with
+        ``cheapest`` the caller routes down) or None; a key with neither limit is not asked about. ``budget=False``:
+        the rate alone (feedback, which costs nothing, counts toward the key's rate)."""
+        from proxray.serve.errors import RequestError
+
+        if spec is None:
+            return None
+        if not spec.requests_per_minute and not spec.budget:
+            self.requests.inc(1, {"key": spec.name, "outcome": "ok"})
+            return {"name": spec.name, "spent_usd": 0.0, "over_budget": False}
+        verdict = await self.ledger.admit(spec, hold_usd, ticket if spec.budget else None)
         if not verdict["ok"]:
             self.requests.inc(1, {"key": spec.name, "outcome": "rate"})
             raise RequestError(429, f"key {spec.name!r}: {spec.requests_per_minute:g} requests a minute at most; "
                                f"retry after {verdict['retry_after_s']:.1f} s", kind="rate_limit_error",
                                headers={"retry-after": str(max(1, int(verdict["retry_after_s"] + 0.999)))})
         over = verdict["reason"] == "over_budget"
-        if over and spec.budget.over_budget == "reject":
+        if over and budget and spec.budget.over_budget == "reject":
+            self.ledger.settle(spec.name, ticket, 0.0)  # refused: its hold goes
             self.requests.inc(1, {"key": spec.name, "outcome": "budget"})
             raise RequestError(429, f"key {spec.name!r} spent {verdict['spent_usd']:.6g} USD of its "
                                f"{spec.budget.usd:g} USD budget per {spec.budget.window_s:g} s",
                                kind="insufficient_quota")
-        if over:  # cheapest: cost decides among the models it allows
-            opts.lam = 1e9
         self.requests.inc(1, {"key": spec.name, "outcome": "cheapest" if over else "ok"})
         return {"name": spec.name, "spent_usd": round(verdict["spent_usd"], 10), "over_budget": over}
 
-    def charger(self, spec: KeySpec | None, model: str, estimate: float | None):
-        """A function of an answer's ``usage`` that charges the key its cost at the model's price (the estimate where
-        the model has no price or the answer no usage); None for the single key or no auth."""
+    def cheapest(self, spec: KeySpec, served) -> str | None:
+        """The priced model the key may use whose million input and output tokens cost least (None: none priced)."""
+        allowed = [m for m in served if spec.allowed_models is None or m in spec.allowed_models]
+        priced = [(p.input_per_mtok + p.output_per_mtok, m) for m in allowed if (p := self.prices.get(m)) is not None]
+        return min(priced)[1] if priced else None
+
+    def hold(self, model: str, body: dict, estimate: float | None) -> float:
+        """An upper bound of what ``model``'s answer to ``body`` costs: its prompt (a token for every 3 characters,
+        more than any tokenizer gives) and its whole ``max_tokens`` at its price, else the router's estimate."""
+        price = self.prices.get(model)
+        if price is None:
+            return float(estimate or 0.0)
+        import json
+
+        prompt = len(json.dumps(body.get("messages") or body.get("prompt") or "")) // 3
+        limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
+        return float(price.tokens(prompt, limit))
+
+    def charger(self, spec: KeySpec | None, model: str, estimate: float | None, ticket: str | None = None):
+        """A function of an answer's ``usage`` that settles the key's hold (``ticket``) to the answer's cost at the
+        model's price (the estimate where the model has no price or the answer no usage); None for the single key or
+        no auth."""
         if spec is None:
             return None
         price = self.prices.get(model)
@@ -266,6 +393,7 @@ class KeyGate:
                 usd = estimate or 0.0
             if usd > 0:
                 self.spend.inc(float(usd), {"key": spec.name})
-                self.ledger.charge(spec.name, float(usd))
+            if spec.budget or usd > 0:
+                self.ledger.settle(spec.name, ticket if spec.budget else None, float(usd))
 
         return charge

@@ -63,7 +63,7 @@ class RoutingPolicy:
             p.report["runner_up"] = p.candidates[1] if len(p.candidates) > 1 else None
         if opts.explain:  # asked for: one more pass over the same neighbourhood, bounded in size
             t0 = time.perf_counter()
-            p.report["evidence"] = evidence(router, X, lam, p.candidates)
+            p.report["evidence"] = evidence(router, X, lam, p.candidates, visible=opts.allowed_models)
             p.report["evidence"]["explain_ms"] = round(1e3 * (time.perf_counter() - t0), 3)
         if on_budget:
             if self.budget.basis == "estimated":  # known now; a realised cost when the answer is complete

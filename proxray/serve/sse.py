@@ -16,23 +16,37 @@ def event(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-async def relay(first: list, rest, on_done=None, on_chunk=None):
+def without_usage(obj: dict) -> dict | None:
+    """A chunk as a client that did not ask for usage gets it: no ``usage`` field, no usage-only chunk."""
+    if "usage" not in obj:
+        return obj
+    if not obj.get("choices"):
+        return None
+    return {k: v for k, v in obj.items() if k != "usage"}
+
+
+async def relay(first: list, rest, on_done=None, on_chunk=None, hide_usage: bool = False):
     """The events of a stream whose first chunks (``first``) were already pulled from ``rest``. A failure
     after that ends the stream with an OpenAI-shaped error event (the answer cannot change model any more);
     a client that goes away cancels the model's generation. ``on_done(ok)`` is told how it ended;
-    ``on_chunk(obj)`` sees every chunk relayed (e.g. for its usage)."""
+    ``on_chunk(obj)`` sees every chunk (e.g. for its usage), also the usage that ``hide_usage`` keeps from the client
+    (the gateway asks every model for it; a client that did not ask does not get it)."""
     ok = failed = False
+
+    def shown(obj):
+        if on_chunk:
+            on_chunk(obj)
+        return without_usage(obj) if hide_usage else obj
+
     try:
         for obj in first:
-            if on_chunk:
-                on_chunk(obj)
-            yield event(obj)
+            if (obj := shown(obj)) is not None:
+                yield event(obj)
         async for obj in rest:
             if "error" in obj:
                 raise ModelError(obj)
-            if on_chunk:
-                on_chunk(obj)
-            yield event(obj)
+            if (obj := shown(obj)) is not None:
+                yield event(obj)
         ok = True
         yield DONE
     except Exception as e:  # noqa: BLE001 - reported to the client as an error event
