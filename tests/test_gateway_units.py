@@ -263,7 +263,7 @@ def test_a_conversation_keeps_its_model_within_the_margins(acc, cost, lam, expec
 def test_the_answer_book_is_bounded_expires_and_answers_only_the_key_that_asked():
     from proxray.serve.feedback import AnswerBook, FeedbackRequest
 
-    book = AnswerBook(max_answers=3, retention_s=100.0)
+    book = AnswerBook(max_answers=3, retention_s=100.0, key_share=1.0)
     for i in range(4):
         book.remember(f"a{i}", {"text": f"q{i}", "model": "m", "key": "team" if i else None, "cost": 0.0}, now=10.0 * i)
     assert book.find("a0", None, now=35.0) is None and book.stats() == {"answers": 3, "dropped": 1}  # the oldest went
@@ -306,3 +306,37 @@ def test_retry_waits_honour_retry_after_else_back_off():
     assert retry_wait(0, "0.2") == 0.2 and retry_wait(3, "7") == 7.0
     assert all(0.25 <= retry_wait(0, None) <= 0.75 for _ in range(50))
     assert all(2.0 <= retry_wait(3, "soon") <= 6.0 for _ in range(50))  # not a number: the backoff
+
+
+def test_one_keys_answers_cannot_push_out_anothers_and_bytes_are_bounded():
+    """A key floods the book with long texts: it drops its own oldest answers past its share, never another key's;
+    the book's bytes stay under max_bytes, counted as Python holds the text (4 bytes a character for an emoji text)."""
+    from proxray.serve.feedback import RECORD_BYTES, AnswerBook
+
+    book = AnswerBook(max_answers=1000, retention_s=1e9, max_bytes=2**20, key_share=0.5)
+    book.remember("theirs", {"text": "a short question", "model": "m", "key": "quiet", "cost": 0.0}, now=0.0)
+    for i in range(200):
+        book.remember(f"flood{i}", {"text": "\U0001F600" * 8000, "model": "m", "key": "loud", "cost": 0.0}, now=1.0 + i)
+    use = book.usage()
+    assert book.find("theirs", "quiet", now=300.0) is not None
+    assert use["keys"]["loud"] <= 2**19 and use["bytes"] <= 2**20
+    assert len(book.by_key["loud"]) == (2**19) // (32_076 + RECORD_BYTES)  # 8,000 emoji: 32,000 bytes and a header
+    assert book.find("flood199", "loud", now=300.0) is not None and book.find("flood0", "loud", now=300.0) is None
+
+
+def test_a_redeploy_with_smaller_bounds_trims_the_shared_books():
+    """Every replica tells a shared book the app's settings when it first finds it: an app redeployed with smaller
+    bounds trims the book the earlier deployment created, instead of keeping its settings."""
+    from proxray.serve.conversations import ConversationBook
+    from proxray.serve.feedback import AnswerBook
+
+    convs = ConversationBook(max_entries=10)
+    for i in range(10):
+        convs.remember(f"c{i}", "m", now=float(i))
+    convs.configure(4, 60.0)
+    assert list(convs.entries) == ["c6", "c7", "c8", "c9"] and convs.ttl_s == 60.0
+    book = AnswerBook(max_answers=10, key_share=1.0)
+    for i in range(10):
+        book.remember(f"a{i}", {"text": "q", "model": "m", "key": "k", "cost": 0.0}, now=float(i))
+    book.configure(10, 100.0, 2**20, 0.3)
+    assert list(book.answers) == ["a7", "a8", "a9"] and book.retention_s == 100.0

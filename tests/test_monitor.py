@@ -307,6 +307,13 @@ def test_feedback_alone_grows_the_router_and_joins_the_judges_labels(world, enco
     assert st["feedback"]["unknown_model"] == 1 and not st["jobs"]  # no judge ran
     r1 = load_router(st["router_path"])
     assert r1.n_train_ == router.n_train_ + 10
+    # the ids users' queries get in a grown router (what explain shows every user): keyed hashes, not the text's,
+    # the same after a restart, another monitor's another
+    keys = [text_key(p) for p in prompts]
+    ids = mon._public_ids(keys)
+    assert all(i.startswith("q-") for i in ids) and len(set(ids)) == len(keys) and not set(ids) & set(keys)
+    assert DriftMonitor(cfg, encoder=encoder)._public_ids(keys) == ids
+    assert DriftMonitor(config(tmp, "elsewhere", max_evals_per_hour=0), encoder=encoder)._public_ids(keys) != ids
     est_acc, est_cost = router.estimate(X[t_rows[:10]])
     for i in range(10):  # the scored model's label is the user's; every other model's the router's estimate
         row, m = r1.acc_values_[router.n_train_ + i], chosen[i]

@@ -28,7 +28,10 @@ the router's training queries and added as a column (``add_model``).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import secrets
 import threading
 import time
 
@@ -94,6 +97,7 @@ class DriftMonitor:
         self.triggered: dict = {}  # group -> router version when its J_z last triggered
         self.not_before = 0.0  # no drift evaluation before (after a failure)
         self._dirty = 0
+        self.id_salt = secrets.token_hex(16)  # the grown router names traffic by ids no one can tie to a prompt
         self._restore()
         if start:
             self.start()
@@ -242,7 +246,8 @@ class DriftMonitor:
             else:  # add the labelled queries to the router (no refit); they are a training "task" for J_z now
                 self.labels.merge(e, table, self.publisher.models, acc, cost)
                 router = self.publisher.with_queries(self.encoder.encode(table.prompts), acc, cost,
-                                                     query_ids=list(table.query_ids), tasks=list(table.tasks))
+                                                     query_ids=self._public_ids(table.query_ids),
+                                                     tasks=list(table.tasks))
                 self.train_prompts.extend(table.prompts)
                 self.overlap.add_task(e["id"], acc, cost)
                 self._publish(router, absorbed=e["id"], n=len(table.prompts))
@@ -255,7 +260,8 @@ class DriftMonitor:
         if got is None:
             return
         fid, keys, prompts, X, acc, cost = got
-        router = self.publisher.with_queries(X, acc, cost, query_ids=keys, tasks=["feedback"] * len(keys))
+        router = self.publisher.with_queries(X, acc, cost, query_ids=self._public_ids(keys),
+                                             tasks=["feedback"] * len(keys))
         self.train_prompts.extend(prompts)
         self._publish(router, feedback=fid, n=len(keys))
         self._snapshot()
@@ -284,19 +290,25 @@ class DriftMonitor:
         self._record("growth", rows, {r["query_id"]: {"group": "training", "outlier": False} for r in rows},
                      reserve, now, models=new)
 
+    def _public_ids(self, keys) -> list:
+        """The ids users' queries get in the grown router (which ``explain`` shows every user): keyed hashes of their
+        own ids (hashes of the text) under this monitor's salt, so no one can test a guessed prompt against them."""
+        return ["q-" + hmac.new(self.id_salt.encode(), str(k).encode(), hashlib.sha256).hexdigest()[:20] for k in keys]
+
     # ---- state ---------------------------------------------------------------------------------
     def checkpoint(self) -> dict:
         """The snapshot: each part's own ``state()`` (traffic book, J_z tracker, evaluations, router publisher) and the
         monitor's decisions and the training prompts absorbed since the table."""
         return {**self.book.state(), **self.overlap.state(), **self.evaluations.state(), **self.publisher.state(),
                 **self.feedback_book.state(),
-                "triggered": self.triggered, "not_before": self.not_before,
+                "triggered": self.triggered, "not_before": self.not_before, "id_salt": self.id_salt,
                 "train_prompts_added": self.train_prompts[self._n_table:]}
 
     def _restore_checkpoint(self, snap: dict) -> None:
         for part in (self.book, self.overlap, self.evaluations, self.publisher, self.feedback_book):
             part.restore(snap)
         self.triggered, self.not_before = snap["triggered"], snap["not_before"]
+        self.id_salt = snap.get("id_salt", self.id_salt)  # snapshots before it had none
         self.train_prompts.extend(snap["train_prompts_added"])
 
     def _snapshot(self) -> None:

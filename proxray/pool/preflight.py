@@ -71,7 +71,13 @@ def _vllm_source(module: str):
     if not os.path.isfile(path):
         return None
     with open(path) as f:
-        return ast.parse(f.read())
+        source = f.read()
+    for attempt in range(3):
+        try:
+            return ast.parse(source)
+        except SystemError:  # CPython 3.11's AST builder keeps one recursion count for all threads: a parse in another
+            if attempt == 2:  # thread at the same moment fails this one ("recursion depth mismatch"); asked again, it
+                raise  # parses (python/cpython#106905)
 
 
 def vllm_engine_fields() -> set | None:

@@ -83,7 +83,7 @@ class RouterIngress:
 
             self.monitor = MonitorClient(a.monitor, a.reload_every_s, a.router, self.encoder.id, self.policy.use_router)
 
-    async def _plan(self, req, body: dict, endpoint: str, timings: dict, text: str, tenant: str | None = None,
+    async def _plan(self, req, body: dict, endpoint: str, timings: dict, text: str, key=None,
                     again: bool = False) -> planning.Plan:
         if req.model != ROUTER_MODEL:  # nothing router-related on a pass-through request's path
             return planning.pass_through(req.model, self.client.handles)
@@ -96,11 +96,11 @@ class RouterIngress:
         previous = None
         if req.proxray.conversation:  # the model of the conversation's last turn, from the app's shared book
             t1 = time.perf_counter()
-            previous = await self.conversations.recall(req.proxray.conversation, tenant)
+            previous = await self.conversations.recall(req.proxray.conversation, key and key.name)
             timings["conversation_ms"] = 1e3 * (time.perf_counter() - t1)
         t1 = time.perf_counter()
         single_thread()  # one query, one faiss thread (more threads cost more than they give on one query)
-        p = self.policy.decide(X, req.proxray, refusals, previous)
+        p = self.policy.decide(X, req.proxray, refusals, previous, key and key.allowed_models)
         timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
         self.metrics.routed(p.report["route_ms"], p.report["outlier_score"])
@@ -128,7 +128,7 @@ class RouterIngress:
             return report, p, estimate
         if req.model == ROUTER_MODEL:
             req.proxray.lam = 1e9  # cost decides among the models the key may use
-            p = await self._plan(req, body, endpoint, timings, text, key.name, again=True)
+            p = await self._plan(req, body, endpoint, timings, text, key, again=True)
             return report, p, p.report["estimates"][p.candidates[0]]["cost"]
         cheapest = self.gate.cheapest(key, self.client.handles)
         if cheapest is not None and req.model != cheapest:
@@ -164,7 +164,7 @@ class RouterIngress:
                 body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = routing_text(req, self.args.routing_text)
-            p = await self._plan(req, body, endpoint, timings, text, key and key.name)
+            p = await self._plan(req, body, endpoint, timings, text, key)
             ticket = uuid.uuid4().hex if key is not None else None
             key_report, p, estimate = await self._admit(key, req, p, body, endpoint, timings, text, ticket)
             t_model = time.perf_counter()

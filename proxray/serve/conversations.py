@@ -38,9 +38,16 @@ class ConversationBook:
     """Conversation id → the model that answered its last turn, bounded and expiring (the app's shared actor)."""
 
     def __init__(self, max_entries: int = 100_000, ttl_s: float = 3600.0):
-        self.max_entries, self.ttl_s = max_entries, ttl_s
         self.entries: OrderedDict = OrderedDict()  # id -> (model, last seen)
         self.dropped = 0
+        self.configure(max_entries, ttl_s)
+
+    def configure(self, max_entries: int, ttl_s: float) -> None:
+        """The app's current settings (every replica says them when it first finds the book: a redeploy applies)."""
+        self.max_entries, self.ttl_s = max_entries, ttl_s
+        while len(self.entries) > self.max_entries:
+            self.entries.popitem(last=False)
+            self.dropped += 1
 
     def recall(self, cid: str, now: float | None = None) -> str | None:
         now = time.time() if now is None else now

@@ -165,7 +165,7 @@ class EndpointRelay(OpenAIModel):
         than 200, a timeout or a refused connection); a failure after the first chunk is an error object."""
         import httpx
 
-        t0 = time.perf_counter()
+        t0, first = time.perf_counter(), True
         try:
             async with self.client.stream("POST", path, json=sent) as r:
                 if r.status_code != 200:
@@ -179,8 +179,7 @@ class EndpointRelay(OpenAIModel):
                     self.latency.observe(time.perf_counter() - t0, tag)
                     yield {**obj, "model": self.spec.id}
                     return
-                first = True
-                async for line in r.aiter_lines():
+                async for line in r.aiter_lines():  # after the first chunk a failure is one mid-stream
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -196,6 +195,9 @@ class EndpointRelay(OpenAIModel):
             kind = "timeout" if isinstance(e, httpx.TimeoutException) else "connection"
             logger.warning("proxray: model %s at %s: %s: %s", self.spec.id, self.spec.base_url, kind,
                            self._scrub(str(e)) or type(e).__name__)
+            if stream and not first:  # chunks were relayed: not tried again (the client has them), an error event
+                yield error(502, f"model {self.spec.id!r}: its endpoint failed mid-stream ({kind})", kind="server_error")
+                return
             yield Retry(503, error(503, f"model {self.spec.id!r}: its endpoint did not answer ({kind})",
                                    kind="upstream_error"), None)
 

@@ -12,6 +12,7 @@ model's label for that query (``grader: feedback`` in the tables it writes) and 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import OrderedDict
 
@@ -28,6 +29,10 @@ class FeedbackSpec(BaseModel):
     retention_s: float = Field(86400.0, gt=0, description="feedback is accepted this long after the answer")
     max_answers: int = Field(20_000, ge=1, description="answers remembered at most, the oldest dropped first "
                              "(~13 kB each with a 400-character routing text, measured)")
+    max_bytes: int = Field(256 * 2**20, ge=2**20, description="bytes of routing text (as held in memory, plus "
+                           f"{2**10} per answer) the book holds at most, the oldest answers dropped first")
+    key_share: float = Field(0.5, gt=0, le=1, description="the share of max_bytes and max_answers one API key's answers "
+                             "may take: past it, that key's own oldest answers are dropped, not another key's")
 
 
 class FeedbackRequest(BaseModel):
@@ -46,30 +51,73 @@ class FeedbackRequest(BaseModel):
         return v
 
 
-class AnswerBook:
-    """Answer id → what feedback on it needs (routing text, model, cost, key), bounded and expiring (the app's
-    shared actor)."""
+RECORD_BYTES = 2**10  # what an answer's record costs beside its routing text
 
-    def __init__(self, max_answers: int = 20_000, retention_s: float = 86400.0):
-        self.max_answers, self.retention_s = max_answers, retention_s
-        self.answers: OrderedDict = OrderedDict()  # id -> (record, time given)
-        self.dropped = 0
+
+def record_bytes(record: dict) -> int:
+    """What one remembered answer is counted as: its routing text as Python holds it (1, 2 or 4 bytes a character)
+    and ``RECORD_BYTES``."""
+    return sys.getsizeof(record.get("text") or "") + RECORD_BYTES
+
+
+class AnswerBook:
+    """Answer id → what feedback on it needs (routing text, model, cost, key), bounded in count and bytes, each key
+    to its share of both, and expiring (the app's shared actor). One key's traffic cannot evict another's answers."""
+
+    def __init__(self, max_answers: int = 20_000, retention_s: float = 86400.0, max_bytes: int = 256 * 2**20,
+                 key_share: float = 0.5):
+        self.answers: OrderedDict = OrderedDict()  # id -> (record, time given, bytes)
+        self.by_key: dict = {}  # key -> OrderedDict of its answers' ids, oldest first
+        self.key_used: dict = {}  # key -> bytes its answers hold
+        self.bytes, self.dropped = 0, 0
+        self.configure(max_answers, retention_s, max_bytes, key_share)
+
+    def configure(self, max_answers: int, retention_s: float, max_bytes: int, key_share: float) -> None:
+        """The app's current settings (every replica says them when it first finds the book: a redeploy applies)."""
+        self.max_answers, self.retention_s, self.max_bytes = max_answers, retention_s, max_bytes
+        self.key_answers, self.key_bytes = max(1, int(key_share * max_answers)), key_share * max_bytes
+        for key in [k for k in self.by_key if k is not None]:
+            mine = self.by_key[key]
+            while key in self.by_key and (len(mine) > self.key_answers or self.key_used[key] > self.key_bytes):
+                self._drop(next(iter(mine)))
+        while len(self.answers) > self.max_answers or self.bytes > self.max_bytes:
+            self._drop(next(iter(self.answers)))
 
     def remember(self, answer_id: str, record: dict, now: float | None = None) -> None:
-        self.answers[answer_id] = (record, time.time() if now is None else now)
-        self.answers.move_to_end(answer_id)
-        while len(self.answers) > self.max_answers:
-            self.answers.popitem(last=False)
-            self.dropped += 1
+        """Keep an answer; past its share, a key's own oldest answers go (answers without a key of the keys file
+        share the whole book), past the book's bounds the oldest of all."""
+        size, key = record_bytes(record), record.get("key")
+        if answer_id in self.answers:
+            self._drop(answer_id)
+        self.answers[answer_id] = (record, time.time() if now is None else now, size)
+        mine = self.by_key.setdefault(key, OrderedDict())
+        mine[answer_id] = None
+        self.key_used[key] = self.key_used.get(key, 0) + size
+        self.bytes += size
+        while key is not None and (len(mine) > self.key_answers or self.key_used[key] > self.key_bytes):
+            self._drop(next(iter(mine)))
+        while len(self.answers) > self.max_answers or self.bytes > self.max_bytes:
+            self._drop(next(iter(self.answers)))
+
+    def _drop(self, answer_id: str) -> None:
+        record, _, size = self.answers.pop(answer_id)
+        key = record.get("key")
+        del self.by_key[key][answer_id]
+        self.key_used[key] -= size
+        if not self.by_key[key]:
+            del self.by_key[key], self.key_used[key]
+        self.bytes -= size
+        self.dropped += 1
 
     def find(self, answer_id: str, key: str | None, now: float | None = None) -> dict | None:
         """The answer's record, or None where it is unknown, expired or was given to another key."""
         now = time.time() if now is None else now
         while self.answers:  # the oldest first: drop what expired
-            first = next(iter(self.answers.values()))
-            if now - first[1] <= self.retention_s:
+            oldest, (_, given, _) = next(iter(self.answers.items()))
+            if now - given <= self.retention_s:
                 break
-            self.answers.popitem(last=False)
+            self._drop(oldest)
+            self.dropped -= 1  # expired, not pushed out
         hit = self.answers.get(answer_id)
         if hit is None or hit[0].get("key") != key:
             return None
@@ -77,6 +125,10 @@ class AnswerBook:
 
     def stats(self) -> dict:
         return {"answers": len(self.answers), "dropped": self.dropped}
+
+    def usage(self) -> dict:
+        """Bytes held, in all and per key."""
+        return {"bytes": self.bytes, "keys": dict(self.key_used)}
 
 
 class FeedbackClient(SharedActorClient):
@@ -86,7 +138,7 @@ class FeedbackClient(SharedActorClient):
     actor_cls, prefix = AnswerBook, "proxray-answers"
 
     def actor_args(self) -> tuple:
-        return self.spec.max_answers, self.spec.retention_s
+        return self.spec.max_answers, self.spec.retention_s, self.spec.max_bytes, self.spec.key_share
 
     def recorder(self, answer: dict, text: str, model: str, key: str | None, price, estimate: float | None):
         """A function of the answer's ``usage`` that remembers the answer (fire and forget) with its cost at the model's

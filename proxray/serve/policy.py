@@ -47,11 +47,13 @@ class RoutingPolicy:
             return self.budget.lam, True
         return self.lam, False
 
-    def decide(self, X, opts, refusals: dict | None = None, previous: str | None = None) -> planning.Plan:
+    def decide(self, X, opts, refusals: dict | None = None, previous: str | None = None,
+               visible=None) -> planning.Plan:
         """The plan for one routed query's embedding ``X`` (1, d) under the request's ``opts`` (``proxray``
         options); ``refusals``: ``{model: [parameters it cannot honour]}``; ``previous``: the model of the
-        request's conversation, kept first unless another beats it by the margin. A budget on estimated cost counts
-        the chosen model's estimate now."""
+        request's conversation, kept first unless another beats it by the margin; ``visible``: the models the asker
+        may see in the evidence (its API key's; default: all). A budget on estimated cost counts the chosen model's
+        estimate now."""
         router, path = self.router, self.router_path
         acc, cost, outlier = router.estimate_with_outlier_score(X)  # one search for both
         lam, on_budget = self.lam_for(opts)
@@ -63,7 +65,7 @@ class RoutingPolicy:
             p.report["runner_up"] = p.candidates[1] if len(p.candidates) > 1 else None
         if opts.explain:  # asked for: one more pass over the same neighbourhood, bounded in size
             t0 = time.perf_counter()
-            p.report["evidence"] = evidence(router, X, lam, p.candidates, visible=opts.allowed_models)
+            p.report["evidence"] = evidence(router, X, lam, p.candidates, visible=visible)
             p.report["evidence"]["explain_ms"] = round(1e3 * (time.perf_counter() - t0), 3)
         if on_budget:
             if self.budget.basis == "estimated":  # known now; a realised cost when the answer is complete

@@ -57,6 +57,8 @@ class SharedActorClient:
     def _actor(self):
         if self._handle is None:
             self._handle = app_actor(self.actor_cls, self.name, *self.actor_args())
+            if hasattr(self.actor_cls, "configure"):  # an actor found, not created, learns this app's settings
+                self._handle.configure.remote(*self.actor_args())
         return self._handle
 
     async def call(self, method: str, *args, timeout_s: float = CALL_TIMEOUT_S):
