@@ -138,6 +138,7 @@ def model_section(model, title: str, anchor_names: dict) -> tuple[str, list]:
 
 def config_page() -> str:
     from proxray.evaljob import JobConfig
+    from proxray.monitor.app import MonitorAppArgs
     from proxray.monitor.config import MonitorConfig
     from proxray.serve.schemas import AppArgs, RoutingOptions
 
@@ -148,6 +149,9 @@ def config_page() -> str:
              ("The drift monitor (`proxray monitor start --config MONITOR.yaml`)", MonitorConfig,
               "A YAML file; see `monitor_configs/cpu_demo.yaml`. `job` is an evaluation job config without "
               "`query_sets` and `output`."),
+             ("The drift monitor as a Serve application (`args:` of `proxray.monitor.app:build_app`)", MonitorAppArgs,
+              "The `args:` mapping of the monitor's application in a Serve YAML (the KubeRay RayService's); it starts "
+              "the monitor of `config` and starts it again when it is gone."),
              ("Per request (`\"proxray\": {…}` in a request body)", RoutingOptions,
               "Sent by a client in the body (the openai client's `extra_body`); removed before the model sees it.")]
     out = [HEADER, "# Configuration reference\n\n",

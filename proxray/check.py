@@ -5,7 +5,7 @@ config, found before anything starts and reported at once.
     the router                  reachable, a versioned proxray artifact, fitted with the encoder the app will use,
                                 knowing every served model (or the model declared in ``new_models``)
     models and inputs           model sources, engine arguments, vLLM install problems, query files, the output
-    secrets                     key files present, not empty, readable by their owner only; no secret in a runtime_env
+    secrets                     key files present, not empty, owner-only (or 440, a Kubernetes Secret); no secret in a runtime_env
     prices                      where a budget (basis: realised) or the job needs them
     the cluster (``--address``) the accelerator types and GPUs the config asks for against the cluster's nodes and the
                                 node types its autoscaler can start
@@ -122,15 +122,24 @@ def _validation(e) -> list:
             for x in e.errors()]
 
 
+KEY_FILE_RULE = ("readable by its owner only (600 or 400), or read-only for its owner and group with nothing for "
+                 "others (440: a Kubernetes Secret mounted with the pod's fsGroup)")
+
+
+def key_file_mode_ok(mode: int) -> bool:
+    """The key-file rule: no permission for others; the group may read only a file no one can write."""
+    return not mode & 0o007 and (not mode & 0o070 or (mode & 0o070 == 0o040 and not mode & 0o200))
+
+
 def key_file_problems(path: str, what: str) -> list:
-    """A key or token file: present, not empty, readable by its owner only (on this machine)."""
+    """A key or token file: present, not empty, and its mode within ``KEY_FILE_RULE`` (on this machine)."""
     p = Path(os.path.expanduser(path))
     if not p.is_file():
         return [f"{what}: {path} does not exist on this machine (create it with mode 600; it must be on every node)"]
     mode = stat.S_IMODE(p.stat().st_mode)
     problems = []
-    if mode & 0o077:
-        problems.append(f"{what}: {path} has mode {mode:o}: others can read it; chmod 600 {path}")
+    if not key_file_mode_ok(mode):
+        problems.append(f"{what}: {path} has mode {mode:o}; a key file must be {KEY_FILE_RULE}: chmod 600 {path}")
     if not p.read_text().strip():
         problems.append(f"{what}: {path} is empty")
     return problems
@@ -159,11 +168,38 @@ def _check_serve(raw: dict, report: Report, simulate: bool = False):
         return None
     demand = []
     for i, app in enumerate(raw["applications"]):
+        if app.get("import_path") == MONITOR_APP:
+            _check_monitor_app(app.get("args") or {}, report, f"applications.{i}.args", simulate)
+            continue
         if app.get("import_path") != "proxray.serve.app:build_app":
             report.notes.append(f"applications.{i}: {app.get('import_path')!r} is not proxray's app; not checked")
             continue
         demand += check_app_args(app.get("args") or {}, report, f"applications.{i}.args")
     return demand
+
+
+MONITOR_APP = "proxray.monitor.app:build_app"
+
+
+def _check_monitor_app(args: dict, report: Report, where: str, simulate: bool) -> None:
+    """The monitor as a Serve application: its args, and the monitor config it names, checked as a monitor config."""
+    import yaml
+
+    from proxray.monitor.app import MonitorAppArgs
+
+    a = _validated(MonitorAppArgs, args, report, f"{where}.")
+    if a is None:
+        return
+    try:
+        raw = yaml.safe_load(Path(a.config).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        report.problems.append(f"{where}.config: cannot read the monitor config {a.config} "
+                               f"({getattr(e, 'strerror', None) or e})")
+        return
+    inner = Report(a.config)
+    _check_monitor(raw, inner, simulate)
+    report.problems += [f"{where}.config ({a.config}): {p}" for p in inner.problems]
+    report.notes += [f"{where}.config: {n}" for n in inner.notes]
 
 
 def check_app_args(args: dict, report: Report, where: str = "args") -> list:

@@ -3,7 +3,8 @@ a two-node Ray cluster on this machine that declares 16 H100s a node, Ray's toke
 `my-proxray-bucket` on moto's S3 API (AWS_ENDPOINT_URL), HEAD = 127.0.0.1, every engine simulated (--simulate):
 
   proxray check on the H100 job config  ->  the evaluation job through the Jobs API (jobs/build_table.py, --simulate
-  --sample 4) to the bucket  ->  proxray fit exactly as the guide says  ->  proxray check passes the shipped H100 and
+  --sample 4) to the bucket  ->  the KubeRay RayJob's entrypoint (evaluate, resumed, then fit)  ->  proxray fit
+  exactly as the guide says  ->  proxray check passes the shipped H100 and
   A100 Serve configs, the cluster monitor config and the KubeRay manifests' configs, and names an encoder mismatch and
   an unknown model  ->  proxray serve --simulate on the H100 config (its local form: proxies on 127.0.0.1)  ->  routed
   answers through the openai client with the key from ~/.proxray/api_key, replicas placed on H100s  ->  proxray
@@ -99,6 +100,20 @@ def main() -> None:
         assert str(status) == "SUCCEEDED", jobs.get_job_logs(sid)[-4000:]
         seen["job"] = str(status)
 
+        # Kubernetes: the RayJob's entrypoint as KubeRay submits it (the evaluation resumes from the table above, then
+        # the router is fitted on it)
+        step("the RayJob's entrypoint: evaluate, then fit")
+        rayjob = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayjob.yaml").read_text())["spec"]["entrypoint"]
+        assert rayjob.startswith("python ")
+        sid = jobs.submit_job(entrypoint=f"{sys.executable} {rayjob[len('python '):]} --simulate --sample 4",
+                              submission_id="rayjob-1", runtime_env={"working_dir": str(ROOT),
+                                                                    "excludes": [".venv", "out", ".git"]})
+        status = until("the RayJob's entrypoint", lambda: (s := jobs.get_job_status(sid)).is_terminal() and s, 400)
+        assert str(status) == "SUCCEEDED", jobs.get_job_logs(sid)[-4000:]
+        from proxray.routing.artifact import read_manifest
+
+        seen["rayjob_router"] = read_manifest(f"{BUCKET}/routers/paper_pool").models
+
         # 7. fit exactly as the guide says
         step("fit the router")
         cli("fit", "--router", "km", "--table", f"{BUCKET}/tables/paper_pool/routing_table.parquet",
@@ -107,16 +122,19 @@ def main() -> None:
         # 8. the shipped Serve configs pass; a mismatch and an unknown model are named before any deploy
         step("proxray check on the shipped configs")
         configs = ["serve_configs/paper_pool_h100.yaml", "serve_configs/paper_pool_a100.yaml",
-                   "monitor_configs/paper_pool_h100.yaml"]
+                   "monitor_configs/paper_pool_h100.yaml", "monitor_configs/paper_pool_a100.yaml"]
         r = run(["check", "--config", *configs], check=False)
         assert r.returncode == 0, r.stdout + r.stderr
         seen["checked"] = [line.split(": ")[0] for line in r.stdout.splitlines() if "ok, it would deploy" in line]
         manifest = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayservice.yaml").read_text())
-        (work / "rayservice-serve.yaml").write_text(manifest["spec"]["serveConfigV2"])
+        # the image holds the repository at /home/ray/proxray (the Dockerfile's WORKDIR): here, the repository
+        (work / "rayservice-serve.yaml").write_text(manifest["spec"]["serveConfigV2"].replace(
+            "/home/ray/proxray/", f"{ROOT}/"))
         job_manifest = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayjob.yaml").read_text())
         job_config = job_manifest["spec"]["entrypoint"].split("--config ")[1].split()[0]
         r = run(["check", "--config", str(work / "rayservice-serve.yaml"), job_config], check=False)
         assert r.returncode == 0, r.stdout + r.stderr
+        assert "applications.1.args.config" not in r.stdout  # the monitor's application: checked, nothing to say
         seen["kuberay_checked"] = True
         bad = yaml.safe_load((ROOT / "serve_configs" / "paper_pool_h100.yaml").read_text())
         bad["applications"][0]["args"]["encoder"] = "static"

@@ -54,13 +54,60 @@ def test_every_problem_of_a_serve_config_is_named_at_once(tmp_path):
     assert "models ['acme/new-9b', 'v']: the router does not know them" in text
     assert "model 'v': source './no/such/model': no such model folder" in text
     assert "runtime_env.env_vars.HF_TOKEN: a secret in a runtime_env" in text and "hf_secret" not in text
-    assert f"api_key_file: {key} has mode 644: others can read it; chmod 600 {key}" in text
+    assert f"api_key_file: {key} has mode 644; a key file must be readable by its owner only (600 or 400)" in text
     # declared new, the unknown model is served by name; the others stay problems
     args["new_models"] = ["acme/new-9b", "v"]
     args["models"] = args["models"][:3]
     args["encoder"] = "static"
     key.chmod(0o600)
     assert check(serve_config(tmp_path, {**args, "new_models": ["acme/new-9b"]})).ok
+
+
+@pytest.mark.parametrize("mode,ok", [(0o600, True), (0o400, True), (0o440, True), (0o640, False), (0o644, False),
+                                     (0o460, False), (0o604, False), (0o660, False), (0o444, False)])
+def test_the_key_file_rule_takes_a_kubernetes_secret_and_refuses_a_shared_file(tmp_path, mode, ok):
+    """440 is how a Secret is mounted for a pod with fsGroup (root:fsGroup, read-only); a file others can read, or
+    that its group can read while its owner can still change it, is refused."""
+    from proxray.check import key_file_problems
+
+    key = tmp_path / "key"
+    key.write_text("k\n")
+    key.chmod(mode)
+    problems = key_file_problems(str(key), "api_key_file")
+    assert (problems == []) is ok, problems
+    if not ok:
+        assert f"has mode {mode:o}; a key file must be readable by its owner only" in problems[0]
+
+
+def test_the_monitor_application_in_a_serve_config_is_checked_as_its_monitor_config(tmp_path):
+    """A Serve config that also deploys the monitor (proxray.monitor.app): the monitor config it names is checked as
+    `proxray check` checks a monitor config, its problems named under the application's args."""
+    r = router(tmp_path / "r")
+    job = {"models": [{"id": m, "engine": "sim", "price": {"input_per_mtok": 0.1, "output_per_mtok": 0.2}}
+                      for m in POOL], "grader": {"model": POOL[1]}}
+    (tmp_path / "monitor.yaml").write_text(yaml.safe_dump({"router": r, "table": "embedded", "state_dir":
+                                                           str(tmp_path / "state"), "job": job}))
+    raw = {"applications": [
+        {"name": "proxray", "route_prefix": "/", "import_path": "proxray.serve.app:build_app",
+         "args": {"router": r, "models": [{"id": m, "engine": "sim"} for m in POOL], "monitor": "proxray-monitor"}},
+        {"name": "proxray-monitor", "route_prefix": None, "import_path": "proxray.monitor.app:build_app",
+         "args": {"config": str(tmp_path / "monitor.yaml")}}]}
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(raw))
+    assert check(tmp_path / "serve.yaml").ok, check(tmp_path / "serve.yaml").text()
+    (tmp_path / "monitor.yaml").write_text(yaml.safe_dump({"router": r, "table": "embedded", "state_dir":
+                                                           str(tmp_path / "state"), "job": {**job, "grader": None}}))
+    raw["applications"][1]["args"]["typo"] = 1
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(raw))
+    text = check(tmp_path / "serve.yaml").text()
+    assert "applications.1.args.typo: Extra inputs are not permitted" in text
+    del raw["applications"][1]["args"]["typo"]
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(raw))
+    text = check(tmp_path / "serve.yaml").text()
+    assert f"applications.1.args.config ({tmp_path / 'monitor.yaml'}): job: Value error, grader: required" in text, text
+    raw["applications"][1]["args"]["config"] = str(tmp_path / "none.yaml")
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(raw))
+    assert f"applications.1.args.config: cannot read the monitor config {tmp_path / 'none.yaml'}" in \
+        check(tmp_path / "serve.yaml").text()
 
 
 def test_the_app_refuses_what_check_names_before_any_replica(tmp_path):
@@ -95,7 +142,7 @@ def test_every_shipped_job_config_passes_as_its_guide_runs_it(tmp_path, monkeypa
                      if p.name != "mixed_cpu.yaml")  # its external server runs in test_vllm_endpoint, which checks it
     assert main(["check", "--config", *configs]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
-    assert out.count("ok, it would deploy") == len(configs) == 5
+    assert out.count("ok, it would deploy") == len(configs) == 6
 
 
 def test_a_job_config_names_every_problem(tmp_path):
@@ -148,17 +195,6 @@ def test_the_serve_and_monitor_configs_name_the_monitor_and_the_bucket():
     assert mon["router"] == args["router"] and mon["state_dir"].startswith("s3://my-proxray-bucket/")
 
 
-def test_the_kuberay_manifests_embed_the_shipped_configs():
-    svc = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayservice.yaml").read_text())
-    assert svc["kind"] == "RayService" and svc["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token"}
-    assert svc["spec"]["serveConfigV2"] == (ROOT / "serve_configs" / "paper_pool_h100.yaml").read_text()
-    job = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayjob.yaml").read_text())
-    config = job["spec"]["entrypoint"].split("--config ")[1].split()[0]
-    assert job["kind"] == "RayJob" and (ROOT / config).is_file() and config == "jobs/configs/paper_pool_h100.yaml"
-    assert os.path.isfile(ROOT / "deploy" / "kuberay" / "Dockerfile")
-
-
-@pytest.mark.slow
 def test_the_cpu_demo_configs_pass_with_the_router_the_readme_fits(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["fit", "--router", "knn", "--k", "50", "--out", "out/demo/router", "--models",

@@ -22,8 +22,9 @@ def test_the_shipped_gpu_configs_rehearsed_on_a_cpu():
     assert r.returncode == 0, r.stderr[-6000:]
     seen = json.loads(r.stdout.strip().splitlines()[-1])
     assert seen["job"] == "SUCCEEDED" and "ok, it would deploy" in seen["job_check"]
+    assert len(seen["rayjob_router"]) == 14  # the RayJob's entrypoint fitted the router on the pool's table
     assert seen["checked"] == ["serve_configs/paper_pool_h100.yaml", "serve_configs/paper_pool_a100.yaml",
-                               "monitor_configs/paper_pool_h100.yaml"]
+                               "monitor_configs/paper_pool_h100.yaml", "monitor_configs/paper_pool_a100.yaml"]
     assert seen["kuberay_checked"] and seen["mismatch_named"]
     assert seen["router_path"] == "s3://my-proxray-bucket/proxray/routers/paper_pool"
     assert seen["routed_model"] and seen["wrong_key"] == 401

@@ -86,7 +86,8 @@ def test_nothing_shipped_switches_ray_auth_off_or_opens_the_dashboard():
     for name in ("paper_pool_h100.yaml", "paper_pool_a100.yaml"):
         args = yaml.safe_load((ROOT / "serve_configs" / name).read_text())["applications"][0]["args"]
         node_path = args["api_key_file"].replace("~", "/home/" + c["auth"]["ssh_user"], 1)
-        assert node_path in c["file_mounts"] and "api_key_env" not in args
+        assert any(node_path == m or node_path.startswith(m + "/") for m in c["file_mounts"]), node_path
+        assert "api_key_env" not in args
         assert "runtime_env" not in args and "PROXRAY_API_KEY" not in (ROOT / "serve_configs" / name).read_text()
 
 
@@ -109,5 +110,12 @@ def test_cluster_yaml_names_the_bucket_and_the_role_and_keeps_secrets_in_files()
     assert "--out s3://my-proxray-bucket/proxray/tables" in text and "--out s3://my-proxray-bucket/proxray/routers/" in text
     assert c["file_mounts"]["/home/ubuntu/.cache/huggingface/token"] == "~/.cache/huggingface/token"
     assert "HF_TOKEN" not in text and "runtime_env" not in text.split("cluster_name:")[1]
+    # ~/.proxray (the endpoint's key, external endpoints' key files, env for api_key_env) on every node, owner-only,
+    # its env loaded into `ray start`'s environment (the raylets', so every worker's and replica's)
+    assert c["file_mounts"]["/home/ubuntu/.proxray"] == "~/.proxray"
+    for cmds in (c["head_start_ray_commands"], c["worker_start_ray_commands"]):
+        assert any("chmod 700 ~/.proxray" in cmd and "-exec chmod 600" in cmd for cmd in cmds)
+        start = [cmd for cmd in cmds if "ray start" in cmd]
+        assert len(start) == 1 and start[0].startswith("if [ -f ~/.proxray/env ]; then set -a; . ~/.proxray/env;")
     for cmd in ("ray job status", "ray job logs", "serve status", "ray down"):
         assert cmd in text

@@ -1,9 +1,20 @@
 """The monitor as a named, detached Ray actor that runs itself: ``start_monitor`` creates it (or finds
 it) and its scheduler thread starts in the constructor, so an actor Ray restarts after a crash restores
-its checkpoint and goes on by itself."""
+its checkpoint and goes on by itself.
+
+It runs on the cluster's head node, as Ray's own controllers do: the Jobs API it submits evaluations to is
+the head's dashboard, whose address Ray records as the head sees it (``127.0.0.1:8265`` when the dashboard
+listens on the head's localhost only, as ``cluster.yaml`` keeps it). It asks for no CPU, so a head that
+runs no tasks (``CPU: 0``) still places it."""
 from __future__ import annotations
 
 NAMESPACE = "proxray"
+HEAD_NODE_RESOURCE = "node:__internal_head__"  # Ray's resource that only the head node has
+
+
+def placement() -> dict:
+    """The monitor's Ray options: on the head node (a sliver of the resource only it has), no CPU."""
+    return {"num_cpus": 0, "resources": {HEAD_NODE_RESOURCE: 0.001}}
 
 
 def start_monitor(config, name: str | None = None, **ray_options):
@@ -15,7 +26,7 @@ def start_monitor(config, name: str | None = None, **ray_options):
     from proxray.monitor.core import DriftMonitor
 
     cfg = config if isinstance(config, MonitorConfig) else MonitorConfig.model_validate(config)
-    opts = {"num_cpus": 0.5, **ray_options}
+    opts = {**placement(), **ray_options}
     actor_cls = ray.remote(max_restarts=-1, max_task_retries=-1, **opts)(DriftMonitor)
     return actor_cls.options(name=name or cfg.name, namespace=NAMESPACE, lifetime="detached",
                              get_if_exists=True).remote(cfg.model_dump(), None, True)

@@ -23,17 +23,21 @@ class JobsApiRunner:
         self.address = address
         self._client = None
 
+    def where(self) -> str | None:
+        """The Jobs API's address: the configured one, else the one Ray records for the head's dashboard (the
+        monitor runs on the head, where that address answers)."""
+        if self.address is None:
+            from ray._private.services import get_webui_url_from_internal_kv
+
+            url = get_webui_url_from_internal_kv()
+            return f"http://{url}" if url else None
+        return self.address
+
     def _c(self):
         if self._client is None:
             from ray.job_submission import JobSubmissionClient
 
-            address = self.address
-            if address is None:  # inside the cluster: the dashboard's URL from the GCS
-                from ray._private.services import get_webui_url_from_internal_kv
-
-                url = get_webui_url_from_internal_kv()
-                address = f"http://{url}" if url else None
-            self._client = JobSubmissionClient(address)
+            self._client = JobSubmissionClient(self.where())
         return self._client
 
     def submit(self, submission_id: str, config_path, out, models=None) -> None:
@@ -64,6 +68,9 @@ class InlineRunner:
 
     def __init__(self):
         self.done = {}
+
+    def where(self) -> str:
+        return "inline"
 
     def submit(self, submission_id: str, config_path, out, models=None) -> None:
         from proxray.evaljob import load_config, run_job

@@ -21,7 +21,16 @@ def status_of(m) -> dict:
         "jobs": [{k: e.get(k) for k in ("id", "kind", "n", "status", "charged", "error")} for e in ev.items[-8:]],
         "router_version": m.publisher.version, "router_path": m.publisher.path,
         "models": m.publisher.models, "judge": (m.config.job.get("grader") or {}).get("model"),
-        "feedback": m.feedback_book.status(), "scheduler": m.scheduler.alive, "events": book.events[-10:]}
+        "feedback": m.feedback_book.status(), "scheduler": m.scheduler.alive, "events": book.events[-10:],
+        "jobs_api": jobs_api(m.evaluations.runner)}
+
+
+def jobs_api(runner) -> str | None:
+    """Where the monitor submits its evaluations (the Jobs API's URL, or inline), for operators."""
+    try:
+        return runner.where()
+    except Exception:  # noqa: BLE001 - a runner without an address, or the GCS not reachable: not shown
+        return None
 
 
 def prometheus_text(s: dict) -> str:

@@ -1,0 +1,112 @@
+"""The KubeRay manifests (deploy/kuberay/) against the ray.io/v1 schema (tests/data/kuberay: KubeRay v1.5.1's RayJob
+and RayService, Kubernetes 1.33's pod templates, closed), and what they must hold for the app to start: Secrets the
+image's user reads and `proxray check` accepts, the Hugging Face token beside a writable cache, GPU tolerations,
+the fit after the evaluation, the monitor's application naming a config the image holds."""
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from jsonschema import Draft202012Validator
+
+ROOT = Path(__file__).resolve().parents[1]
+KUBERAY = ROOT / "deploy" / "kuberay"
+SCHEMA = json.loads((ROOT / "tests" / "data" / "kuberay" / "ray.io_v1.schema.json").read_text())
+
+
+def problems(doc: dict) -> list:
+    schema = {**SCHEMA, "$ref": f"#/$defs/ray.io.v1.{doc.get('kind')}"}
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in Draft202012Validator(schema).iter_errors(doc)]
+
+
+def manifest(name: str) -> dict:
+    return yaml.safe_load((KUBERAY / name).read_text())
+
+
+def templates(doc: dict) -> list:
+    spec = doc["spec"].get("rayClusterSpec") or doc["spec"]["rayClusterConfig"]
+    return [("head", spec["headGroupSpec"]["template"]["spec"])] + [
+        (g["groupName"], g["template"]["spec"]) for g in spec.get("workerGroupSpecs", [])]
+
+
+@pytest.mark.parametrize("name", ["rayjob.yaml", "rayservice.yaml"])
+def test_every_manifest_validates_against_the_kuberay_schema(name):
+    assert problems(manifest(name)) == []
+
+
+def test_the_schema_refuses_what_the_operator_would():
+    doc = manifest("rayservice.yaml")
+    bad = copy.deepcopy(doc)
+    bad["spec"]["rayClusterConfig"]["workerGroupSpec"] = bad["spec"]["rayClusterConfig"].pop("workerGroupSpecs")
+    bad["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    bad["spec"]["rayClusterConfig"]["authOptions"] = {"mode": "tokens"}
+    found = problems(bad)
+    assert any("workerGroupSpec" in p and "not allowed" in p for p in found), found
+    assert any("volumeMount" in p and "not allowed" in p for p in found), found
+    assert any("authOptions.mode" in p for p in found), found
+    job = manifest("rayjob.yaml")
+    job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] = "2"
+    assert any("replicas" in p for p in problems(job))
+
+
+@pytest.mark.parametrize("name", ["rayjob.yaml", "rayservice.yaml"])
+def test_pods_read_their_secrets_and_keep_the_token_out_of_the_cache(name):
+    from proxray.check import key_file_mode_ok
+
+    for group, pod in templates(manifest(name)):
+        assert pod["securityContext"]["fsGroup"] == 100, group  # the image's user: ray, group users (100)
+        assert pod["serviceAccountName"] == "proxray"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for v in volumes.values():
+            assert key_file_mode_ok(v["secret"]["defaultMode"]), (group, oct(v["secret"]["defaultMode"]))
+        (container,) = pod["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert all(m["readOnly"] for m in container["volumeMounts"])
+        assert env["HF_TOKEN_PATH"] == mounts["hf-token"] + "/token"
+        assert not env["HF_HOME"].startswith(mounts["hf-token"]) and not mounts["hf-token"].startswith(env["HF_HOME"])
+        assert env["HF_HOME"].startswith("/home/ray/")  # the image's user's home: writable, weights download there
+        assert mounts["api-key"] + "/api_key" == "/home/ray/.proxray/api_key"  # api_key_file: ~/.proxray/api_key
+        assert container["image"] == "REGISTRY/proxray:gpu"
+        if "nvidia.com/gpu" in container["resources"]["limits"]:
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_the_job_evaluates_then_fits_the_router_the_service_serves():
+    job = manifest("rayjob.yaml")
+    words = job["spec"]["entrypoint"].split()
+    assert words[:2] == ["python", "jobs/evaluate_and_fit.py"] and (ROOT / words[1]).is_file()
+    assert not set(words) & {"&&", "||", ";", "|"}  # KubeRay pastes the entrypoint into a shell: one command
+    args = dict(zip(words[2::2], words[3::2]))
+    assert (ROOT / args["--config"]).is_file()
+    serve = yaml.safe_load(manifest("rayservice.yaml")["spec"]["serveConfigV2"])
+    assert args["--router-out"] == serve["applications"][0]["args"]["router"]
+    monitor = yaml.safe_load((ROOT / "monitor_configs" / "paper_pool_h100.yaml").read_text())
+    assert monitor["table"] == args["--out"] + "/routing_table.parquet" and monitor["router"] == args["--router-out"]
+
+
+def test_the_service_embeds_the_shipped_serve_config_and_the_monitor_the_image_holds():
+    svc = manifest("rayservice.yaml")
+    shipped = (ROOT / "serve_configs" / "paper_pool_h100.yaml").read_text()
+    embedded = svc["spec"]["serveConfigV2"]
+    assert embedded.startswith(shipped)  # word for word, then the monitor's application
+    apps = yaml.safe_load(embedded)["applications"]
+    assert apps[0] == yaml.safe_load(shipped)["applications"][0] and len(apps) == 2
+    mon = apps[1]
+    assert mon["import_path"] == "proxray.monitor.app:build_app" and mon["route_prefix"] is None
+    workdir = re.search(r"^WORKDIR (\S+)$", (KUBERAY / "Dockerfile").read_text(), re.M).group(1)
+    path = mon["args"]["config"]
+    assert path.startswith(workdir + "/") and (ROOT / path[len(workdir) + 1:]).is_file()
+    from ray.serve.schema import ServeDeploySchema
+
+    ServeDeploySchema.model_validate(yaml.safe_load(embedded))
+
+
+def test_the_image_build_leaves_the_local_environment_out():
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", "out", ".git"} <= set(ignored)
+    docker = (KUBERAY / "Dockerfile").read_text()
+    assert "docker build -f deploy/kuberay/Dockerfile -t $REGISTRY/proxray:gpu ." in docker
+    assert "docker push $REGISTRY/proxray:gpu" in docker and "bash install.sh gpu" in docker
