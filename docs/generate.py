@@ -169,6 +169,21 @@ def config_page() -> str:
             text, nested = model_section(m, name, {})
             out.append(text)
             queue += [(n, n.__name__) for n in nested if n not in done]
+    return "".join(out) + router_params_section()
+
+
+def router_params_section() -> str:
+    """The routers' hyperparameters, from their one spec (``proxray.routing.params``)."""
+    from proxray.routing.params import SPECS
+
+    out = ["\n## Router hyperparameters (`proxray fit`, `make_router`, `KNNRouter` / `KMeansRouter`)\n\n"
+           "Validated once, when a router is fitted (`proxray fit` checks them against the table before encoding "
+           "it); `get_params()` returns them as passed.\n"]
+    for kind, title in (("knn", "KNNRouter (`--router knn`)"), ("km", "KMeansRouter (`--router km`)")):
+        out.append(f"\n### {title}\n\n| parameter | default | allowed | option | what |\n|---|---|---|---|---|\n")
+        for p in SPECS[kind].values():
+            allowed = "a temperature spec" if p.name == "temperature" else p.allowed()
+            out.append(f"| `{p.name}` | `{p.default!r}` | {allowed} | {f'`{p.cli}`' if p.cli else ''} | {p.help} |\n")
     return "".join(out)
 
 

@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "RoutingTable": "proxray.data.table", "TableValidationError": "proxray.data.table",
     "SentenceEncoder": "proxray.embeddings.encoder", "EmbeddingCache": "proxray.embeddings.cache",
-    "KNNRouter": "proxray.routing.routers", "KMeansRouter": "proxray.routing.routers", "choose": "proxray.routing.objective",
+    "KNNRouter": "proxray.routing.knn", "KMeansRouter": "proxray.routing.kmeans", "choose": "proxray.routing.objective",
     "proximity_weights": "proxray.routing.weights",
     "RandomRouter": "proxray.routing.baselines", "LargestRouter": "proxray.routing.baselines", "MLPRouter": "proxray.routing.baselines",
     "oracle_choice": "proxray.routing.baselines",

@@ -17,13 +17,12 @@ proxray check --config ...``) to check paths of the nodes.
 from __future__ import annotations
 
 import os
-import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxray.common.secrets import secret_problems
+
 KINDS = ("serve", "job", "monitor")
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.I)
 
 
 @dataclass
@@ -98,15 +97,21 @@ def check(path, address: str | None = None, simulate: bool = False) -> Report:
 
 
 # ---- the parts every kind shares -----------------------------------------------------------------
-def _validated(cls, raw, report: Report, prefix: str = ""):
-    """``raw`` as the pydantic model ``cls``, or None with every field problem (after ``prefix``) added to ``report``."""
+def _validated(cls, raw, report: Report, prefix: str = "", rehearse=None, note: str = ""):
+    """``raw`` as the pydantic model ``cls``, or None with every field problem (after ``prefix``) added to ``report``;
+    ``rehearse``: a function turning it into its rehearsal (``--simulate``), said in a ``note``."""
     from pydantic import ValidationError
 
     try:
-        return cls.model_validate(raw)
+        cfg = cls.model_validate(raw)
     except ValidationError as e:
         report.problems += [prefix + p for p in _validation(e)]
         return None
+    if rehearse:
+        cfg = rehearse(cfg)
+        if note:
+            report.notes.append(note)
+    return cfg
 
 
 def _job_demand(models) -> list:
@@ -115,49 +120,9 @@ def _job_demand(models) -> list:
 
 
 def _validation(e) -> list:
-    """One line per pydantic error: the field, the rule and the value given."""
-    from proxray.common.yamlconfig import _short
+    from proxray.common.yamlconfig import error_lines
 
-    return [f"{'.'.join(map(str, x['loc'])) or '(top level)'}: {x['msg']} (got {_short(x.get('input'))})"
-            for x in e.errors()]
-
-
-KEY_FILE_RULE = ("readable by its owner only (600 or 400), or read-only for its owner and group with nothing for "
-                 "others (440: a Kubernetes Secret mounted with the pod's fsGroup)")
-
-
-def key_file_mode_ok(mode: int) -> bool:
-    """The key-file rule: no permission for others; the group may read only a file no one can write."""
-    return not mode & 0o007 and (not mode & 0o070 or (mode & 0o070 == 0o040 and not mode & 0o200))
-
-
-def key_file_problems(path: str, what: str) -> list:
-    """A key or token file: present, not empty, and its mode within ``KEY_FILE_RULE`` (on this machine)."""
-    p = Path(os.path.expanduser(path))
-    if not p.is_file():
-        return [f"{what}: {path} does not exist on this machine (create it with mode 600; it must be on every node)"]
-    mode = stat.S_IMODE(p.stat().st_mode)
-    problems = []
-    if not key_file_mode_ok(mode):
-        problems.append(f"{what}: {path} has mode {mode:o}; a key file must be {KEY_FILE_RULE}: chmod 600 {path}")
-    if not p.read_text().strip():
-        problems.append(f"{what}: {path} is empty")
-    return problems
-
-
-def secret_problems(models, where: str) -> list:
-    """A secret written into a model's runtime_env (it would be stored with the job or the app, and logged); an
-    endpoint's key file that is missing, empty or readable by others."""
-    out = []
-    for i, m in enumerate(models):
-        if getattr(m, "api_key_file", None):
-            out += key_file_problems(m.api_key_file, f"{where}.{i}.api_key_file")
-        env = ((m.runtime_env or {}).get("env_vars") or {}) if hasattr(m, "runtime_env") else {}
-        for name, value in env.items():
-            if SECRET_NAME.search(name) and value:
-                out.append(f"{where}.{i}.runtime_env.env_vars.{name}: a secret in a runtime_env is stored with the "
-                           "config and shown by Ray; give it to the nodes as a file (a file_mount, mode 600)")
-    return out
+    return error_lines(e)
 
 
 # ---- a Serve config ------------------------------------------------------------------------------
@@ -203,39 +168,21 @@ def _check_monitor_app(args: dict, report: Report, where: str, simulate: bool) -
 
 
 def check_app_args(args: dict, report: Report, where: str = "args") -> list:
-    """The proxray app's ``args``: schema, router, models, key, prices. Returns its GPU demand at minimum scale."""
-    from proxray.pool.preflight import check_models
-    from proxray.serve.preflight import relay_problems, router_problems
+    """The proxray app's ``args``: the schema, then what the app's builder checks (``serve.builder.app_problems``: the
+    router, models, relayed fields, secrets, keys and key file). Returns its GPU demand at minimum scale."""
+    from proxray.serve.builder import app_problems, rehearsed
     from proxray.serve.schemas import AppArgs
 
-    a = _validated(AppArgs, args, report, f"{where}.")
+    a = _validated(AppArgs, args, report, f"{where}.", rehearse=rehearsed,
+                   note="simulate: every engine is the simulated one (a rehearsal), resources as configured"
+                   if args.get("simulate") else "")
     if a is None:
         return []
-    report.problems += router_problems(a.router, a.encoder, [m.id for m in a.models], a.new_models, f"{where}.router")
-    if not a.simulate:
-        report.problems += check_models(a.models, a.default_max_tokens)[1]
-    report.problems += relay_problems(a.models, f"{where}.models")
-    report.problems += secret_problems(a.models, f"{where}.models")
-    if a.keys_file:
-        from proxray.serve.keys import read_keys
-
-        try:
-            unknown = sorted({m for k in read_keys(os.path.expanduser(a.keys_file)).keys
-                              for m in k.allowed_models or () if m not in {x.id for x in a.models}})
-            if unknown:
-                report.problems.append(f"{where}.keys_file: allowed_models name models the app does not serve: "
-                                       f"{', '.join(unknown)}")
-        except (OSError, ValueError) as e:
-            report.problems.append(f"{where}.keys_file: {str(e).splitlines()[0]}")
-    if a.api_key_file:
-        report.problems += key_file_problems(a.api_key_file, f"{where}.api_key_file")
-    elif a.api_key_env:
-        if not os.environ.get(a.api_key_env):
-            report.notes.append(f"api_key_env {a.api_key_env}: not set here; it must be set on every node")
-    elif not a.keys_file:
+    report.problems += app_problems(a, f"{where}.")[1]
+    if a.api_key_env and not a.api_key_file and not os.environ.get(a.api_key_env):
+        report.notes.append(f"api_key_env {a.api_key_env}: not set here; it must be set on every node")
+    elif not (a.api_key_file or a.api_key_env or a.keys_file):
         report.notes.append("no api_key_file: the endpoint answers anyone who reaches it")
-    if a.simulate:
-        report.notes.append("simulate: every engine is the simulated one (a rehearsal), resources as configured")
     return [_served_demand(m) for m in a.models]
 
 
@@ -250,12 +197,10 @@ def _check_job(raw: dict, report: Report, simulate: bool = False):
     from proxray.evaljob import ConfigError, JobConfig, check_config
     from proxray.evaljob.config import rehearsal
 
-    cfg = _validated(JobConfig, raw, report)
+    cfg = _validated(JobConfig, raw, report, rehearse=simulate and rehearsal, note="simulate: every engine is the "
+                     "simulated one, Hub query sets their synthetic stand-ins")
     if cfg is None:
         return None
-    if simulate:
-        cfg = rehearsal(cfg)
-        report.notes.append("simulate: every engine is the simulated one, Hub query sets their synthetic stand-ins")
     hub = [i for i, qs in enumerate(cfg.query_sets) if qs.hf is not None]
     try:
         check_config(cfg)
@@ -271,18 +216,15 @@ def _check_job(raw: dict, report: Report, simulate: bool = False):
 # ---- a monitor config ----------------------------------------------------------------------------
 def _check_monitor(raw: dict, report: Report, simulate: bool = False):
     from proxray.common.storage import check_location
-    from proxray.evaljob import JobConfig
     from proxray.monitor.config import MonitorConfig, rehearsal
     from proxray.pool.preflight import check_models
     from proxray.routing.artifact import ArtifactError, read_manifest
 
-    cfg = _validated(MonitorConfig, raw, report)
+    cfg = _validated(MonitorConfig, raw, report, rehearse=simulate and rehearsal,
+                     note="simulate: the evaluations it submits run every model on the simulated engine")
     if cfg is None:
         return None
-    if simulate:
-        cfg = rehearsal(cfg)
-        report.notes.append("simulate: the evaluations it submits run every model on the simulated engine")
-    job = JobConfig.model_validate({**cfg.job, "query_sets": [{"path": "live.jsonl"}]})
+    job = cfg.job
 
     try:
         manifest = read_manifest(cfg.router)

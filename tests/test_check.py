@@ -1,6 +1,5 @@
 """`proxray check`: every problem of a Serve, job or monitor config at once, before anything starts; the app's builder
 refusing the same; and the rehearsal (`--simulate`) of a GPU config."""
-import os
 
 import numpy as np
 import pytest
@@ -68,7 +67,7 @@ def test_every_problem_of_a_serve_config_is_named_at_once(tmp_path):
 def test_the_key_file_rule_takes_a_kubernetes_secret_and_refuses_a_shared_file(tmp_path, mode, ok):
     """440 is how a Secret is mounted for a pod with fsGroup (root:fsGroup, read-only); a file others can read, or
     that its group can read while its owner can still change it, is refused."""
-    from proxray.check import key_file_problems
+    from proxray.common.secrets import key_file_problems
 
     key = tmp_path / "key"
     key.write_text("k\n")
@@ -111,13 +110,19 @@ def test_the_monitor_application_in_a_serve_config_is_checked_as_its_monitor_con
 
 
 def test_the_app_refuses_what_check_names_before_any_replica(tmp_path):
-    from proxray.serve.app import check_router
-    from proxray.serve.schemas import AppArgs
+    from proxray.serve.app import build_app
 
-    a = AppArgs(router=router(tmp_path / "r"), encoder="static", models=[{"id": m, "engine": "sim"} for m in POOL])
-    with pytest.raises(ValueError, match="fitted on embeddings of 'sentence-transformers/all-MiniLM-L6-v2', the app "
-                                         "encodes with 'static:"):
-        check_router(a)
+    key = tmp_path / "key"
+    key.write_text("k\n")
+    key.chmod(0o644)
+    args = {"router": router(tmp_path / "r"), "encoder": "static", "api_key_file": str(key),
+            "models": [{"id": m, "engine": "sim"} for m in POOL]}
+    with pytest.raises(ValueError) as e:  # the builder runs check's checks: every problem at once, before binding
+        build_app(args)
+    assert "fitted on embeddings of 'sentence-transformers/all-MiniLM-L6-v2', the app encodes with 'static:" in str(e.value)
+    assert f"api_key_file: {key} has mode 644" in str(e.value)
+    checked = [p.removeprefix("applications.0.args.") for p in check(serve_config(tmp_path, args)).problems]
+    assert checked == [line.strip() for line in str(e.value).splitlines()[1:]]  # the same problems, in one place
 
 
 def test_the_kind_is_read_from_the_keys(tmp_path):

@@ -72,7 +72,7 @@ def test_fit_writes_a_loadable_artifact(tmp_path, shared_data, capsys):
     assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", "knn",
                  "--out", str(tmp_path / "too-many")]) == 2
     err = capsys.readouterr().err
-    assert "--k 100: the neighbours per query must be an integer from 1 to the training queries' number (80)" in err
+    assert "--k 100: must be an integer from 1 to the training queries' number (80); pass --k 80" in err
     assert not (tmp_path / "too-many").exists()
 
 
@@ -94,7 +94,8 @@ def test_python_the_registry_and_proxray_fit_build_the_same_router(tmp_path, sha
         assert main(["fit", "--table", str(tmp_path / "small.parquet"), "--router", kind, *flag,
                      "--out", str(tmp_path / kind)]) == 0
         served = load_router(tmp_path / kind, encoder_id=encoder.id)  # what the app loads
-        assert python.temperature == registry.temperature == served.temperature
+        assert python.get_params() == registry.get_params()  # the defaults, stated once
+        assert served.get_params() == python.get_params()  # as passed, "auto" included
         assert python.temperature_.spec == served.temperature_.spec == {"knn": "spread:0.2", "km": "plug-in:0.125"}[kind]
         want = python.estimate(queries)
         for other in (registry, served):
@@ -102,7 +103,8 @@ def test_python_the_registry_and_proxray_fit_build_the_same_router(tmp_path, sha
             np.testing.assert_allclose(got[0], want[0], atol=1e-5)
             np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-12)
         manifest = json.loads((current_version(tmp_path / kind) / "manifest.json").read_text())
-        assert "inv_tau" not in manifest and manifest["params"]["temperature"] == manifest["temperature"]
+        assert "inv_tau" not in manifest and manifest["params"]["temperature"] == "auto"  # as passed
+        assert manifest["temperature"] == python.temperature_.spec  # and what it meant, which a load weighs with
 
 
 def test_fit_refuses_a_bad_temperature_before_reading_the_table(tmp_path, capsys):

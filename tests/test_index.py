@@ -11,7 +11,7 @@ import pytest
 from conftest import blobs
 from proxray import KMeansRouter, KNNRouter
 from proxray.routing import index as index_mod
-from proxray.routing import routers as routers_mod
+from proxray.routing import kmeans as routers_mod
 from proxray.routing.index import NeighborIndex, exact_neighbours, fit_index, normalize
 
 
@@ -71,7 +71,7 @@ def test_a_floor_out_of_reach(rng, small_limits, monkeypatch):
     monkeypatch.setattr(index_mod, "MAX_EF_SEARCH", 4)
     index, info = fit_index(R, "cosine", "auto", 20, floor=0.999)
     assert index.kind == "flat" and "exact search instead" in info["chosen"]
-    with pytest.raises(ValueError, match="recall_floor=1.5: must be in"):
+    with pytest.raises(ValueError, match="recall_floor=1.5: must be a number from 0 to 1"):
         KNNRouter(k=5, recall_floor=1.5).fit(R[:50], rng.uniform(size=(50, 2)))
 
 

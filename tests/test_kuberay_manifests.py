@@ -53,7 +53,7 @@ def test_the_schema_refuses_what_the_operator_would():
 
 @pytest.mark.parametrize("name", ["rayjob.yaml", "rayservice.yaml"])
 def test_pods_read_their_secrets_and_keep_the_token_out_of_the_cache(name):
-    from proxray.check import key_file_mode_ok
+    from proxray.common.secrets import key_file_mode_ok
 
     for group, pod in templates(manifest(name)):
         assert pod["securityContext"]["fsGroup"] == 100, group  # the image's user: ray, group users (100)

@@ -122,6 +122,23 @@ def test_shadow_overlap_separates_a_new_task_from_inliers(world, encoder, fresh_
     assert 'proxray_monitor_topz_overlap{traffic="outlier"}' in mon.prometheus()
 
 
+def test_explain_and_the_monitor_agree_on_every_querys_outlier_flag(world, encoder):
+    """One threshold: the one the router's artifact holds, which `proxray explain` shows and the monitor flags by."""
+    from proxray.routing.explain import evidence
+    from proxray.routing.registry import load_router
+
+    tmp, full, X, acc, cost, Xtr = world
+    mon = DriftMonitor(config(tmp, "agree"), encoder=encoder)
+    router = load_router(tmp / "r0")
+    assert mon.detector.threshold == router.outlier_threshold_
+    inl, Xi, t_rows = traffic(world, encoder)
+    prompts = inl + [full.prompts[i] for i in t_rows]
+    Q = np.vstack([Xi, X[t_rows]])
+    flags = send(mon, router, Q, prompts)
+    explained = [evidence(router, q, 0.0)["outlier"] for q in Q]
+    assert flags == explained and 0 < sum(flags) < len(flags)  # both kinds of query, the same verdict on each
+
+
 def test_budget_caps_and_dedup(world, encoder):
     tmp, *_ = world
     mon = DriftMonitor(config(tmp, "budget", cost_budget=1e-9, max_buffer=5), encoder=encoder)
@@ -310,10 +327,10 @@ def test_feedback_alone_grows_the_router_and_joins_the_judges_labels(world, enco
     # the ids users' queries get in a grown router (what explain shows every user): keyed hashes, not the text's,
     # the same after a restart, another monitor's another
     keys = [text_key(p) for p in prompts]
-    ids = mon._public_ids(keys)
+    ids = mon.decisions.public_ids(keys)
     assert all(i.startswith("q-") for i in ids) and len(set(ids)) == len(keys) and not set(ids) & set(keys)
-    assert DriftMonitor(cfg, encoder=encoder)._public_ids(keys) == ids
-    assert DriftMonitor(config(tmp, "elsewhere", max_evals_per_hour=0), encoder=encoder)._public_ids(keys) != ids
+    assert DriftMonitor(cfg, encoder=encoder).decisions.public_ids(keys) == ids
+    assert DriftMonitor(config(tmp, "elsewhere", max_evals_per_hour=0), encoder=encoder).decisions.public_ids(keys) != ids
     est_acc, est_cost = router.estimate(X[t_rows[:10]])
     for i in range(10):  # the scored model's label is the user's; every other model's the router's estimate
         row, m = r1.acc_values_[router.n_train_ + i], chosen[i]

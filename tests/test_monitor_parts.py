@@ -81,11 +81,15 @@ class Jobs:
 
 
 def test_evaluations_are_recorded_before_submitting_and_charged_what_they_cost(tmp_path):
+    from proxray.evaljob.config import JobTemplate
+
+    template = JobTemplate.model_validate({"models": [{"id": "a", "engine": "sim", "price": {"input_per_mtok": 1.0,
+                                                                                           "output_per_mtok": 2.0}}]})
     checkpoints, jobs = [], Jobs()
     ev = Evaluations("m", tmp_path, jobs, budget=1.0, est_cost=0.01, checkpoint=lambda: checkpoints.append(1))
     rows = [{"query_id": f"q{i}", "task": "c0*", "prompt": f"p{i}"} for i in range(3)]
     e = ev.record("drift", rows, {r["query_id"]: {"group": "c0*", "outlier": True} for r in rows}, 0.03, 10.0,
-                  {"models": []})
+                  template)
     assert e["status"] == "RUNNING" and len(checkpoints) == 2 and ev.spent == pytest.approx(0.03)
     assert e["id"].startswith("m-drift-0001-") and ev.prompts(e) == {"q0": "p0", "q1": "p1", "q2": "p2"}
     assert ev.running("drift") and ev.started_within("drift", 100.0, 3600) == 1 and not ev.affordable(0.98)
@@ -94,7 +98,7 @@ def test_evaluations_are_recorded_before_submitting_and_charged_what_they_cost(t
     assert ev.est_cost == pytest.approx(0.5 * 0.01 + 0.5 * 0.004 / 3)  # learnt from what jobs really cost
     jobs.states[e["id"]] = "FAILED"
     assert list(ev.outcomes(20.0, 100.0)) == [(e, "job failed")]
-    late = ev.record("shadow", rows[:1], {"q0": {"group": "c0", "outlier": False}}, 0.01, 10.0, {"models": []})
+    late = ev.record("shadow", rows[:1], {"q0": {"group": "c0", "outlier": False}}, 0.01, 10.0, template)
     assert list(ev.outcomes(111.0, 100.0))[-1] == (late, "timed out after 100 s") and jobs.stopped == [late["id"]]
     ev.fail(late, "timed out")  # nothing readable: nothing charged, the reservation released
     assert late["status"] == "FAILED" and late["charged"] == 0.0 and ev.spent == pytest.approx(0.004)
@@ -112,14 +116,19 @@ def test_the_state_store_replays_only_reports_after_its_snapshot(tmp_path):
     assert snap == {"seq": 1, "n": 1} and entries == [{"seq": 2, "x": 2}]
 
 
-def test_the_detector_groups_by_nearest_cluster_and_flags_by_the_routers_own_quantile():
+def test_the_detector_groups_by_nearest_cluster_and_flags_by_the_routers_own_threshold():
     class Router:
+        outlier_threshold_ = None  # an artifact saved before it kept one: the same rule, computed here
+
         def training_outlier_scores(self, X):
             return np.linspace(0.0, 1.0, len(X))
 
     rng = np.random.default_rng(1)
     X = np.vstack([rng.normal(loc=c, scale=0.01, size=(20, 4)) for c in (np.eye(4)[0], np.eye(4)[1])])
-    d = DriftDetector(Router(), X, n_groups=2, quantile=0.9)
-    assert d.threshold == pytest.approx(np.quantile(np.linspace(0, 1, 40), 0.9))
+    router = Router()
+    d = DriftDetector(router, X, n_groups=2)
+    assert d.threshold == pytest.approx(np.quantile(np.linspace(0, 1, 40), 0.99)) == router.outlier_threshold_
     assert d.group(X[0]) != d.group(X[-1]) and d.group(X[0]) == d.group(X[5])
-    assert d.drifted(0.95) and not d.drifted(0.5)
+    assert d.drifted(0.995) and not d.drifted(0.5)
+    router.outlier_threshold_ = 0.42  # the artifact's: the one explain shows
+    assert DriftDetector(router, X, n_groups=2).threshold == 0.42

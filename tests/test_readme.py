@@ -19,7 +19,7 @@ def test_import_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, proxray, proxray.routing.routers, proxray.data.table, proxray.experiments.metrics, proxray.cli; "
+    code = ("import sys, proxray, proxray.routing.knn, proxray.routing.kmeans, proxray.data.table, proxray.experiments.metrics, proxray.cli; "
             "print(sorted(m for m in ('torch', 'sentence_transformers', 'ray', 'vllm', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

@@ -296,7 +296,7 @@ def test_estimate_with_outlier_score_is_both_in_one(rng, cls, kw):
 
 
 def test_fewer_training_points_than_k_is_an_error_before_the_index(rng, monkeypatch):
-    import proxray.routing.routers as routers
+    import proxray.routing.knn as routers
 
     X, acc, cost, _ = blobs(rng, n_per=2, centers=2)
     monkeypatch.setattr(routers, "fit_index", lambda *a, **kw: pytest.fail("the index was built"))

@@ -95,12 +95,12 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     import ray
     from ray import serve
 
-    from proxray.routing.registry import load_router
     from proxray.embeddings.encoder import SentenceEncoder
     from proxray.monitor import get_monitor
-    from proxray.routing.routers import KNNRouter
-    from proxray.serve.app import build_app
     from proxray.pool.simulated import make_table
+    from proxray.routing.knn import KNNRouter
+    from proxray.routing.registry import load_router
+    from proxray.serve.app import build_app
 
     state = Path(state_dir or tempfile.mkdtemp(prefix="proxray-drift-"))
     state.mkdir(parents=True, exist_ok=True)

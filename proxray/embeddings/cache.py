@@ -10,10 +10,11 @@ import os
 import shutil
 import sqlite3
 import tempfile
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
+
+from proxray.common.lru import LRU
 
 
 def default_cache_dir() -> Path:
@@ -103,10 +104,8 @@ class LRUEmbeddings:
     (a 384-d float32 vector and its key take ~1.7 KB: 10,000 entries ~17 MB)."""
 
     def __init__(self, capacity: int):
-        if capacity < 0:
-            raise ValueError(f"capacity={capacity}: must be >= 0 (0 = no cache)")
         self.capacity = capacity
-        self._d: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._d = LRU(capacity)
         self.hits = self.misses = 0
 
     key = staticmethod(EmbeddingCache.key)  # the on-disk cache's text key
@@ -116,17 +115,11 @@ class LRUEmbeddings:
         if v is None:
             self.misses += 1
         else:
-            self._d.move_to_end(key)
             self.hits += 1
         return v
 
     def put(self, key: str, vec: np.ndarray) -> None:
-        if not self.capacity:
-            return
-        self._d[key] = vec
-        self._d.move_to_end(key)
-        while len(self._d) > self.capacity:
-            self._d.popitem(last=False)
+        self._d.put(key, vec)
 
     def __len__(self):
         return len(self._d)

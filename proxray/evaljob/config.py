@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from proxray.common.naming import slug
+from proxray.common.yamlconfig import StrictModel
 from proxray.pool.spec import PoolModel, Sampling
 
 
-class SyntheticSet(BaseModel):
+class SyntheticSet(StrictModel):
     """The embedded synthetic tasks (real text, simulated answers) as a query set."""
-    model_config = ConfigDict(extra="forbid")
     n_per_task: int = Field(20, ge=1, description="queries per task")
     seed: int = Field(0, description="which queries are drawn")
     tasks: list[str] | None = Field(None, min_length=1, description="the tasks to draw from (default: all ten)")
@@ -28,9 +28,8 @@ class SyntheticSet(BaseModel):
         return v
 
 
-class QuerySetSpec(BaseModel):
+class QuerySetSpec(StrictModel):
     """One set of queries: exactly one of ``path``, ``hf`` or ``synthetic``."""
-    model_config = ConfigDict(extra="forbid")
     name: str | None = Field(None, description="written to the table's split column")
     path: str | None = Field(None, description=(
         "JSONL or parquet of {query_id, task, prompt, answer, answer_type}, a local path or a URI "
@@ -54,9 +53,8 @@ DEFAULT_RUBRIC = (
     "'Score: X', where X is a number from 0 (wrong or useless) to 1 (fully correct).")
 
 
-class GraderSpec(BaseModel):
+class GraderSpec(StrictModel):
     """Judge grading: a model of the pool scores each (query, response) pair in [0, 1] from a rubric prompt."""
-    model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1, description="the judge: a model id of this config's pool (any engine)")
     rubric: str = Field(DEFAULT_RUBRIC, description="judge prompt with {question} and {response}; the judge "
                         "answers 'Score: X', X in [0, 1] (or 'X/10')")
@@ -78,13 +76,11 @@ class GraderSpec(BaseModel):
         return self
 
 
-class JobConfig(BaseModel):
-    """The evaluation job (``proxray build-table --config``; ``jobs/build_table.py`` on a cluster)."""
-    model_config = ConfigDict(extra="forbid")
-    output: str = Field("out/table", description="folder or URI the table is written to (--out overrides it)")
+class JobTemplate(StrictModel):
+    """An evaluation job without its queries and output: the pool, how it generates and how it is graded (what the
+    drift monitor runs on the queries it picks, ``MonitorConfig.job``)."""
     models: list[PoolModel] = Field(min_length=1, description="the pool: every model runs every query (a price "
                                     "is required: the job prices every answer)")
-    query_sets: list[QuerySetSpec] = Field(min_length=1, description="the queries")
     sampling: Sampling = Field(default_factory=Sampling, description="how every model generates")
     grader: GraderSpec | None = Field(None, description="judge grading (for queries without reference answers)")
 
@@ -115,6 +111,12 @@ class JobConfig(BaseModel):
                 raise ValueError(f"model ids {slugs[slug(i)]!r} and {i!r} map to the same output folder {slug(i)!r}")
             slugs[slug(i)] = i
         return self
+
+
+class JobConfig(JobTemplate):
+    """The evaluation job (``proxray build-table --config``; ``jobs/build_table.py`` on a cluster)."""
+    output: str = Field("out/table", description="folder or URI the table is written to (--out overrides it)")
+    query_sets: list[QuerySetSpec] = Field(min_length=1, description="the queries")
 
 
 class ConfigError(ValueError):

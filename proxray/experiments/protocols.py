@@ -144,7 +144,7 @@ def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: in
     if budgets and cost is not None:
         cal = {"base": X[sp.base_train], "prox": X[sp.base_train], "allsee": X[sp.allsee_train]}
         budget = budget_scores(fitted, cal, Xt, at, ct, budgets, sp.test_outlier)
-    return {"scores": scores, "temperature": fitted["prox"].temperature.spec, "curves": curves, "budgets": budget}
+    return {"scores": scores, "temperature": fitted["prox"].temperature_.spec, "curves": curves, "budgets": budget}
 
 
 def _mean_budgets(runs) -> list:

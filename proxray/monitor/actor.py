@@ -29,7 +29,7 @@ def start_monitor(config, name: str | None = None, **ray_options):
     opts = {**placement(), **ray_options}
     actor_cls = ray.remote(max_restarts=-1, max_task_retries=-1, **opts)(DriftMonitor)
     return actor_cls.options(name=name or cfg.name, namespace=NAMESPACE, lifetime="detached",
-                             get_if_exists=True).remote(cfg.model_dump(), None, True)
+                             get_if_exists=True).remote(cfg.model_dump(mode="json", exclude_none=True), None, True)
 
 
 def get_monitor(name: str = "proxray-monitor"):

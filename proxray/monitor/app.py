@@ -12,12 +12,13 @@ head). The monitor itself is the same actor ``proxray monitor start`` starts (on
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from proxray.common.yamlconfig import StrictModel
 
 
-class MonitorAppArgs(BaseModel):
+class MonitorAppArgs(StrictModel):
     """The application's ``args``."""
-    model_config = ConfigDict(extra="forbid")
     config: str = Field(min_length=1, description="the monitor config (a path on every node, or a URI)")
     health_check_period_s: float = Field(30.0, gt=0, description="how often the replica checks that the monitor "
                                          "actor exists, and starts it when it does not")
@@ -63,4 +64,4 @@ def build_app(args: dict):
     cfg = load_monitor_config(a.config)
     keeper = serve.deployment(MonitorKeeper, name="MonitorKeeper", num_replicas=1, max_ongoing_requests=4,
                               health_check_period_s=a.health_check_period_s, ray_actor_options={"num_cpus": 0})
-    return keeper.bind(cfg.model_dump())
+    return keeper.bind(cfg.model_dump(mode="json", exclude_none=True))

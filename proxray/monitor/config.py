@@ -4,27 +4,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
+
+from proxray.common.yamlconfig import StrictModel
+from proxray.evaljob.config import JobTemplate
 
 
-class MonitorConfig(BaseModel):
+class MonitorConfig(StrictModel):
     """What ``proxray monitor start --config monitor.yaml`` reads. Paths are made absolute (the actor and
     the evaluation jobs run in other directories); ``state_dir`` must be storage every node reads."""
-    model_config = ConfigDict(extra="forbid")
     name: str = Field("proxray-monitor", min_length=1, description="the detached actor's name (namespace proxray); "
                       "the Serve app's `monitor:` names it")
     router: str = Field(description="the served router's artifact (version 0)")
     table: str = Field(description="the routing table it was fitted on, in the order it was fitted (what "
                        "`proxray fit --table` does); `embedded`: the embedded synthetic table (`proxray fit` without --table)")
     state_dir: str = Field(description="checkpoints, evaluation inputs and outputs, new router versions")
-    job: dict = Field(description="evaluation job template: proxray.evaljob.JobConfig without query_sets/output; "
-                      "its grader (a judge of the pool) labels live traffic, which has no reference answers")
+    job: JobTemplate = Field(description="the evaluation job it runs on the queries it picks: an evaluation job "
+                             "config without query_sets and output; its grader (a judge of the pool) labels live "
+                             "traffic, which has no reference answers")
     z: int = Field(3, ge=1, description="top-z models compared by J_z")
     lam: float = Field(0.0, ge=0, description="λ of the objective acc − λ·cost ranked by J_z")
     window: int = Field(500, ge=10, description="recent routed queries kept (grouping, J_z re-evaluation)")
     n_groups: int = Field(8, ge=1, description="traffic groups: clusters of the training embeddings (× inlier/outlier)")
-    quantile: float = Field(0.99, gt=0, lt=1, description="outlier threshold: this quantile of the router's own "
-                            "outlier_score on its training queries (left out of the reference)")
+    quantile: float | None = Field(None, gt=0, lt=1, description="deprecated, ignored: the outlier threshold is the "
+                                   "router's own, saved in its artifact (what `proxray explain` shows)")
     overlap_threshold: float | Literal["auto"] = Field(
         "auto", description="J_z below which a traffic group is re-evaluated; auto: half the mean J_z of the "
         "training tasks against each other")
@@ -48,23 +51,32 @@ class MonitorConfig(BaseModel):
     jobs_address: str | None = Field(None, description="Ray Jobs API (dashboard) URL; default: the cluster's own")
     submit: Literal["jobs_api", "inline"] = Field("jobs_api", description="inline: run jobs in the actor (tests)")
 
+    @field_validator("quantile")
+    @classmethod
+    def _deprecated_quantile(cls, v):
+        if v is not None:
+            import warnings
+
+            warnings.warn("monitor config: quantile is deprecated and ignored: the outlier threshold is the router's "
+                          "own (its artifact's, what `proxray explain` shows)", DeprecationWarning, stacklevel=2)
+        return v
+
     @field_validator("router", "table", "state_dir")
     @classmethod
     def _absolute(cls, v: str) -> str:
         return v if "://" in v or v == "embedded" else str(Path(v).expanduser().resolve())
 
+    @field_validator("job", mode="before")
+    @classmethod
+    def _no_queries(cls, job):
+        if isinstance(job, dict) and ("query_sets" in job or "output" in job):
+            raise ValueError("leave out query_sets and output (the monitor writes them per evaluation)")
+        return job
+
     @field_validator("job")
     @classmethod
-    def _job_template(cls, job: dict) -> dict:
-        from proxray.evaljob import JobConfig
-
-        if "query_sets" in job or "output" in job:
-            raise ValueError("leave out query_sets and output (the monitor writes them per evaluation)")
-        try:
-            cfg = JobConfig.model_validate({**job, "query_sets": [{"path": "live.jsonl"}]})
-        except ValidationError as e:
-            raise ValueError("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
-        if cfg.grader is None:
+    def _judged(cls, job: JobTemplate) -> JobTemplate:
+        if job.grader is None:
             raise ValueError("grader: required (live traffic has no reference answers; name a judge model of the pool)")
         return job
 
@@ -80,8 +92,7 @@ def rehearsal(config: MonitorConfig) -> MonitorConfig:
     """The config as a rehearsal (``proxray monitor start --simulate``): the evaluations it submits run every model of
     its job template on the simulated engine, with its price and resources (``proxray.pool.simulated.rehearsal``)."""
     from proxray.pool.simulated import rehearsal as simulated
-    from proxray.pool.spec import PoolModel
 
-    models = [simulated(PoolModel.model_validate(m)).model_dump(exclude_none=True) for m in config.job["models"]]
-    return config.model_copy(update={"job": {**config.job, "models": models}})
+    job = config.job.model_copy(update={"models": [simulated(m) for m in config.job.models]})
+    return config.model_copy(update={"job": job})
 

@@ -4,9 +4,9 @@ with the labels (paper §4, "Outlier gaps and Router Retraining").
 Two signals, both on the served router's own terms:
 
 * **outlier score** — every routed query's distance to the router's reference set (reported by the
-  ingress); over the threshold = drifted. The threshold is the ``quantile`` of the router's own
-  ``training_outlier_scores`` on its training queries (each left out of the reference), so it is the
-  same distance, computed the same way, as the one it is compared with.
+  ingress); over the threshold = drifted. The threshold is the router's own, saved in its artifact (what
+  ``explain`` shows): a quantile of its ``training_outlier_scores`` on its training queries (each left out of
+  the reference), so it is the same distance, computed the same way, as the one it is compared with.
 * **true J_z** — a ``shadow_rate`` fraction of routed traffic is evaluated on the whole pool (judge
   graded). For each traffic group (nearest cluster of the training embeddings × inlier/outlier), the
   top-z models by *observed* objective acc − λ·cost are compared with each training task's top-z
@@ -28,16 +28,15 @@ the router's training queries and added as a column (``add_model``).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
-import secrets
 import threading
 import time
 
 import numpy as np
 
+from proxray.common.hashing import unit_hash
 from proxray.common.storage import join
+from proxray.monitor.absorb import Absorber
 from proxray.monitor.config import MonitorConfig
 from proxray.monitor.detector import DriftDetector, text_key
 from proxray.monitor.evaluations import Evaluations
@@ -46,10 +45,9 @@ from proxray.monitor.jobs import InlineRunner, JobsApiRunner
 from proxray.monitor.overlap import OverlapTracker
 from proxray.monitor.publisher import RouterPublisher
 from proxray.monitor.scheduler import Scheduler
-from proxray.monitor.state import state_store
+from proxray.monitor.state import Decisions, Journal
 from proxray.monitor.traffic import TrafficBook
 from proxray.monitor.views import prometheus_text, status_of
-from proxray.common.hashing import unit_hash
 
 logger = logging.getLogger("proxray.monitor")
 __all__ = ["DriftMonitor", "text_key"]
@@ -65,7 +63,6 @@ class DriftMonitor:
 
         self.config = cfg = config if isinstance(config, MonitorConfig) else MonitorConfig.model_validate(config)
         self.state_dir = cfg.state_dir  # a local folder or a URI (an object store every node reads)
-        self.store = state_store(self.state_dir)
         self.publisher = RouterPublisher(cfg.router, join(self.state_dir, "routers"))
         # the encoder the router was fitted with (MiniLM, the static encoder, …): the monitor's embeddings are its
         self.encoder = encoder or SentenceEncoder(getattr(self.publisher.router, "encoder_id_", None), progress=False)
@@ -75,12 +72,11 @@ class DriftMonitor:
             table = make_table()
         else:
             table = RoutingTable.read(cfg.table)
-        self.train_prompts = list(table.prompts)
-        self._n_table = len(self.train_prompts)
-        X = self.encoder.encode(self.train_prompts)
+        self.decisions = Decisions(table.prompts)
+        X = self.encoder.encode(self.decisions.train_prompts)
         acc, cost = table.matrices(models=self.publisher.models)
         cost = np.zeros_like(acc) if cost is None else cost
-        self.detector = DriftDetector(self.publisher.router, X, cfg.n_groups, cfg.quantile)
+        self.detector = DriftDetector(self.publisher.router, X, cfg.n_groups)
         self.overlap = OverlapTracker(acc, cost, table.tasks, cfg.lam, cfg.z, cfg.min_group, cfg.overlap_threshold,
                                       max_observed=20 * cfg.window)
         self.book = TrafficBook(cfg.window, cfg.max_buffer)
@@ -94,11 +90,11 @@ class DriftMonitor:
         self.lock = threading.RLock()
         self.scheduler = Scheduler(self.tick, cfg.tick_s)
         self.blocked = None  # why nothing was submitted last time (budget, growth), for status
-        self.triggered: dict = {}  # group -> router version when its J_z last triggered
-        self.not_before = 0.0  # no drift evaluation before (after a failure)
-        self._dirty = 0
-        self.id_salt = secrets.token_hex(16)  # the grown router names traffic by ids no one can tie to a prompt
-        self._restore()
+        self.absorber = Absorber(cfg, self.encoder, self.book, self.overlap, self.evaluations, self.labels,
+                                 self.publisher, self.decisions)
+        self.journal = Journal(self.state_dir, (self.book, self.overlap, self.evaluations, self.publisher,
+                                                self.feedback_book, self.decisions), self._apply)
+        self.journal.restore()
         if start:
             self.start()
 
@@ -112,22 +108,16 @@ class DriftMonitor:
             entry = {"seq": self.book.seq + 1, "t": time.time(), "key": key, "prompt": prompt, "group": group,
                      "drifted": drifted, "score": float(outlier_score),
                      "shadow": bool(unit_hash(key, "shadow") < self.config.shadow_rate)}
-            self._journal(entry)
+            self.journal.record(entry)
         return drifted
 
     def feedback(self, prompt: str, model: str, score: float, cost: float | None = None, comment: str | None = None):
         """A user's score in [0, 1] of ``model``'s answer to ``prompt`` (the ingress calls this fire-and-forget):
         that model's label for that query (proxray.monitor.feedback)."""
         with self.lock:
-            self._journal({"seq": self.book.seq + 1, "t": time.time(), "kind": "feedback", "key": text_key(prompt),
+            self.journal.record({"seq": self.book.seq + 1, "t": time.time(), "kind": "feedback", "key": text_key(prompt),
                            "prompt": prompt, "model": str(model), "score": float(np.clip(score, 0.0, 1.0)),
                            "cost": None if cost is None else float(cost), "comment": comment})
-
-    def _journal(self, entry: dict) -> None:
-        """Apply a new entry and append it to the journal (under the lock)."""
-        self._apply(entry)
-        self.store.append(entry)
-        self._dirty += 1
 
     def _apply(self, e: dict) -> None:
         """One journal entry's effect (a routed query's report, or feedback), live and on replay."""
@@ -165,21 +155,23 @@ class DriftMonitor:
             for e, outcome in list(self.evaluations.outcomes(now, self.config.job_timeout_s)):
                 if outcome == "SUCCEEDED":
                     try:
-                        self._finish(e)
+                        self.absorber.finish(e)
+                        self._snapshot()
                         continue
                     except Exception as err:  # noqa: BLE001 - a bad result must not stop the monitor
                         logger.exception("proxray monitor: absorbing %s failed", e["id"])
                         outcome = f"absorbing failed: {err}"
-                self._fail(e, now, outcome)
-            if self._dirty:
+                self.absorber.fail(e, now, outcome)
+                self._snapshot()
+            if self.journal.dirty:
                 self._snapshot()
 
     def _overlap_trigger(self) -> None:
         for g, o in self.overlap.by_group().items():
-            if o["j"] < self.overlap.threshold and self.triggered.get(g) != self.publisher.version:
-                self.triggered[g] = self.publisher.version
+            if o["j"] < self.overlap.threshold and self.decisions.triggered.get(g) != self.publisher.version:
+                self.decisions.triggered[g] = self.publisher.version
                 self.book.event("overlap_trigger", group=g, j=o["j"], queued=self.book.queue_group(g))
-                self._dirty += 1
+                self.journal.dirty += 1
 
     def _maybe_evaluate(self, kind: str, now: float) -> None:
         cfg, book = self.config, self.book
@@ -191,7 +183,7 @@ class DriftMonitor:
             if kind == "drift" or now - oldest < cfg.shadow_max_wait_s:
                 return
             size = len(queue)
-        if kind == "drift" and (now < self.not_before or
+        if kind == "drift" and (now < self.decisions.not_before or
                                 self.evaluations.started_within("drift", now, 3600) >= cfg.max_evals_per_hour):
             return
         reserve = size * self.evaluations.est_cost
@@ -209,70 +201,21 @@ class DriftMonitor:
         e = self.evaluations.record(kind, rows, meta, reserve, now, self.config.job, models)
         self.book.event("submitted", id=e["id"], kind=kind, n=len(rows))
 
-    def _fail(self, e: dict, now: float, why: str) -> None:
-        self.evaluations.fail(e, why)
-        keys = list(e["meta"])
-        if e["kind"] == "drift":  # its queries go back to the front of the queue (and out of seen), retried later
-            prompts = self.evaluations.prompts(e)
-            self.book.give_back(keys, {k: {"prompt": prompts[k], "group": e["meta"][k]["group"], "reason": "retry"}
-                                       for k in keys})
-            self.not_before = now + self.config.retry_after_s
-        else:
-            self.book.seen.difference_update(keys)
-        self.book.event("failed", id=e["id"], why=why)
-        self._snapshot()
-
-    # ---- results ---------------------------------------------------------------------------------
-    def _finish(self, e: dict) -> None:
-        from proxray.data.table import RoutingTable
-        from proxray.evaljob import graded_parts
-
-        parts = graded_parts(e["out"])
-        self.evaluations.charge(e, parts)
-        if e["kind"] == "growth":  # each new model a column over the training queries, in the router's order
-            self._publish(self.publisher.with_models(parts, [f"train-{i}" for i in range(len(self.train_prompts))],
-                                                     e["models"]), added_models=e["models"])
-        else:
-            table = RoutingTable.read(join(e["out"], "routing_table.parquet"))
-            models = self.publisher.models
-            missing = [m for m in models if m not in table.models]
-            if missing:
-                raise ValueError(f"the evaluation lacks the router's models {missing}")
-            acc, cost = table.matrices(models=models)
-            cost = np.zeros_like(acc) if cost is None else cost
-            if e["kind"] == "shadow":
-                for i, k in enumerate(table.query_ids):
-                    self.overlap.observe(k, e["meta"][k], acc[i], cost[i])
-            else:  # add the labelled queries to the router (no refit); they are a training "task" for J_z now
-                self.labels.merge(e, table, self.publisher.models, acc, cost)
-                router = self.publisher.with_queries(self.encoder.encode(table.prompts), acc, cost,
-                                                     query_ids=self._public_ids(table.query_ids),
-                                                     tasks=list(table.tasks))
-                self.train_prompts.extend(table.prompts)
-                self.overlap.add_task(e["id"], acc, cost)
-                self._publish(router, absorbed=e["id"], n=len(table.prompts))
-        e["status"] = "DONE"
-        self._snapshot()
-
     # ---- feedback: users' scores on their own (beside the judge's: _finish) ---------------------------------
     def _maybe_absorb_feedback(self, now: float) -> None:
         got = self.labels.batch(now, self.config, self.publisher, self.encoder)
         if got is None:
             return
         fid, keys, prompts, X, acc, cost = got
-        router = self.publisher.with_queries(X, acc, cost, query_ids=self._public_ids(keys),
+        router = self.publisher.with_queries(X, acc, cost, query_ids=self.decisions.public_ids(keys),
                                              tasks=["feedback"] * len(keys))
         self.train_prompts.extend(prompts)
-        self._publish(router, feedback=fid, n=len(keys))
+        self.absorber.publish(router, feedback=fid, n=len(keys))
         self._snapshot()
-
-    def _publish(self, router, **event) -> None:
-        path = self.publisher.publish(router)
-        self.book.event("router", version=self.publisher.version, path=path, **event)
 
     # ---- growth: a model added to the pool (the job template) is evaluated on the training queries --------
     def _maybe_grow(self, now: float) -> None:
-        pool, ev, n_router = [m["id"] for m in self.config.job["models"]], self.evaluations, self.publisher.router.n_train_
+        pool, ev, n_router = [m.id for m in self.config.job.models], self.evaluations, self.publisher.router.n_train_
         new = [m for m in pool if m not in self.publisher.models]
         if new and n_router != len(self.train_prompts):  # add_model needs the training queries in the router's order
             if self.blocked != "growth":
@@ -290,38 +233,22 @@ class DriftMonitor:
         self._record("growth", rows, {r["query_id"]: {"group": "training", "outlier": False} for r in rows},
                      reserve, now, models=new)
 
-    def _public_ids(self, keys) -> list:
-        """The ids users' queries get in the grown router (which ``explain`` shows every user): keyed hashes of their
-        own ids (hashes of the text) under this monitor's salt, so no one can test a guessed prompt against them."""
-        return ["q-" + hmac.new(self.id_salt.encode(), str(k).encode(), hashlib.sha256).hexdigest()[:20] for k in keys]
-
     # ---- state ---------------------------------------------------------------------------------
-    def checkpoint(self) -> dict:
-        """The snapshot: each part's own ``state()`` (traffic book, J_z tracker, evaluations, router publisher) and the
-        monitor's decisions and the training prompts absorbed since the table."""
-        return {**self.book.state(), **self.overlap.state(), **self.evaluations.state(), **self.publisher.state(),
-                **self.feedback_book.state(),
-                "triggered": self.triggered, "not_before": self.not_before, "id_salt": self.id_salt,
-                "train_prompts_added": self.train_prompts[self._n_table:]}
+    @property
+    def train_prompts(self) -> list:
+        return self.decisions.train_prompts
 
-    def _restore_checkpoint(self, snap: dict) -> None:
-        for part in (self.book, self.overlap, self.evaluations, self.publisher, self.feedback_book):
-            part.restore(snap)
-        self.triggered, self.not_before = snap["triggered"], snap["not_before"]
-        self.id_salt = snap.get("id_salt", self.id_salt)  # snapshots before it had none
-        self.train_prompts.extend(snap["train_prompts_added"])
+    @property
+    def not_before(self) -> float:
+        return self.decisions.not_before
+
+    def checkpoint(self) -> dict:
+        """The snapshot: each part's own ``state()`` (traffic book, J_z tracker, evaluations, router publisher,
+        feedback, the monitor's decisions)."""
+        return self.journal.checkpoint()
 
     def _snapshot(self) -> None:
-        self.store.snapshot(self.checkpoint())
-        self._dirty = 0
-
-    def _restore(self) -> None:
-        snap, entries = self.store.load()
-        if snap:
-            self._restore_checkpoint(snap)
-        for e in entries:  # reports and feedback after the snapshot
-            self._apply(e)
-        self._dirty = len(entries)
+        self.journal.snapshot()
 
     # ---- views -----------------------------------------------------------------------------------
     def current_router(self) -> str:

@@ -1,8 +1,9 @@
 """The drift detector: which traffic group a routed query belongs to, and whether it drifted.
 
 Groups are clusters of the training embeddings (× inlier/outlier); a query drifted when its outlier score — the
-served router's distance to its reference set — is over the ``quantile`` of the router's own
-``training_outlier_scores`` on its training queries (each left out of the reference): the same distance, computed
+served router's distance to its reference set — is over the router's own outlier threshold, the one its artifact
+holds and ``explain`` shows (``proxray.routing.provenance.outlier_threshold``: a quantile of the router's
+``training_outlier_scores`` on its training queries, each left out of the reference): the same distance, computed
 the same way, as the one it is compared with.
 """
 from __future__ import annotations
@@ -22,15 +23,18 @@ def group_name(group: int, drifted: bool) -> str:
 
 
 class DriftDetector:
-    def __init__(self, router, X_train, n_groups: int, quantile: float):
+    def __init__(self, router, X_train, n_groups: int):
         from sklearn.cluster import KMeans
 
         from proxray.routing.index import normalize
+        from proxray.routing.provenance import outlier_threshold
 
         Xn = normalize(np.asarray(X_train, dtype=np.float32))
         self.centers = normalize(KMeans(n_clusters=min(n_groups, len(Xn)), random_state=0, n_init=1)
                                  .fit(Xn).cluster_centers_.astype(np.float32))
-        self.threshold = float(np.quantile(router.training_outlier_scores(X_train), quantile))
+        if getattr(router, "outlier_threshold_", None) is None:  # an artifact saved before it kept one
+            router.outlier_threshold_ = outlier_threshold(router, X_train)
+        self.threshold = float(router.outlier_threshold_)
 
     def group(self, embedding) -> int:
         """The nearest training cluster of an embedding (d,)."""

@@ -46,8 +46,9 @@ class Evaluations:
     def affordable(self, reserve: float) -> bool:
         return self.spent + reserve <= self.budget
 
-    def record(self, kind: str, rows: list, meta: dict, reserve: float, now: float, job: dict, models=None) -> dict:
-        """Write the evaluation's queries and job config, record it (with its submission id) durably, submit it."""
+    def record(self, kind: str, rows: list, meta: dict, reserve: float, now: float, job, models=None) -> dict:
+        """Write the evaluation's queries and job config (``job``: the monitor's ``JobTemplate``), record it (with its
+        submission id) durably, submit it."""
         n = sum(1 for e in self.items if e["kind"] == kind) + 1
         digest = hashlib.sha256(json.dumps([r["query_id"] for r in rows]).encode()).hexdigest()[:8]
         sid = f"{self.name}-{kind}-{n:04d}-{digest}"
@@ -56,7 +57,8 @@ class Evaluations:
         folder = join(self.folder, sid)
         qpath = write_file(join(folder, "queries.jsonl"), "".join(json.dumps(r) + "\n" for r in rows).encode())
         cfg_path = write_file(join(folder, "job.yaml"),
-                              yaml.safe_dump({**job, "query_sets": [{"name": kind, "path": qpath}]}).encode())
+                              yaml.safe_dump({**job.model_dump(mode="json", exclude_none=True),
+                                              "query_sets": [{"name": kind, "path": qpath}]}).encode())
         e = {"id": sid, "kind": kind, "n": len(rows), "status": "SUBMITTING", "time": now, "submitted": None,
              "reserved": reserve, "charged": None, "config": cfg_path, "out": join(folder, "out"),
              "meta": meta, "models": models}

@@ -10,8 +10,11 @@ as they have always been, so a state folder written by an earlier version restor
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
+import secrets
 from pathlib import Path
 
 from proxray.common.storage import Store, is_uri, replace_atomically
@@ -83,3 +86,65 @@ class FileStateStore:
         with open(self.journal_path, "w", encoding="utf-8") as f:
             f.flush()
             os.fsync(f.fileno())
+
+
+class Decisions:
+    """What the monitor decided and must remember: the traffic groups whose J_z triggered (at which router version),
+    when drift evaluations may start again (after a failure), the salt of users' query ids in the grown router, and the
+    training prompts in the router's order (the table's, then those absorbed since)."""
+
+    def __init__(self, train_prompts):
+        self.triggered: dict = {}
+        self.not_before = 0.0
+        self.id_salt = secrets.token_hex(16)  # the grown router names traffic by ids no one can tie to a prompt
+        self.train_prompts = list(train_prompts)
+        self._n_table = len(self.train_prompts)
+
+    def state(self) -> dict:
+        return {"triggered": self.triggered, "not_before": self.not_before, "id_salt": self.id_salt,
+                "train_prompts_added": self.train_prompts[self._n_table:]}
+
+    def restore(self, snap: dict) -> None:
+        self.triggered, self.not_before = snap["triggered"], snap["not_before"]
+        self.id_salt = snap.get("id_salt", self.id_salt)  # snapshots before it had none
+        self.train_prompts.extend(snap["train_prompts_added"])
+
+    def public_ids(self, keys) -> list:
+        """The ids users' queries get in the grown router (which ``explain`` shows every user): keyed hashes of their
+        own ids (hashes of the text) under this monitor's salt, so no one can test a guessed prompt against them."""
+        return ["q-" + hmac.new(self.id_salt.encode(), str(k).encode(), hashlib.sha256).hexdigest()[:20] for k in keys]
+
+
+class Journal:
+    """The monitor's durable state over its state store: a snapshot of every part's ``state()`` (``parts``: objects
+    with ``state()`` / ``restore(snapshot)``, their keys merged), and the journal of entries since, each applied by
+    ``apply`` live and on replay."""
+
+    def __init__(self, folder, parts, apply):
+        self.store, self.parts, self.apply = state_store(folder), parts, apply
+        self.dirty = 0  # entries or decisions since the last snapshot
+
+    def record(self, entry: dict) -> None:
+        """Apply a new entry and append it to the journal (under the monitor's lock)."""
+        self.apply(entry)
+        self.store.append(entry)
+        self.dirty += 1
+
+    def checkpoint(self) -> dict:
+        out = {}
+        for part in self.parts:
+            out.update(part.state())
+        return out
+
+    def snapshot(self) -> None:
+        self.store.snapshot(self.checkpoint())
+        self.dirty = 0
+
+    def restore(self) -> None:
+        snap, entries = self.store.load()
+        if snap:
+            for part in self.parts:
+                part.restore(snap)
+        for e in entries:  # reports and feedback after the snapshot
+            self.apply(e)
+        self.dirty = len(entries)

@@ -20,7 +20,7 @@ def status_of(m) -> dict:
         "evaluations": len([e for e in ev.items if e["kind"] == "drift"]),
         "jobs": [{k: e.get(k) for k in ("id", "kind", "n", "status", "charged", "error")} for e in ev.items[-8:]],
         "router_version": m.publisher.version, "router_path": m.publisher.path,
-        "models": m.publisher.models, "judge": (m.config.job.get("grader") or {}).get("model"),
+        "models": m.publisher.models, "judge": m.config.job.grader.model,
         "feedback": m.feedback_book.status(), "scheduler": m.scheduler.alive, "events": book.events[-10:],
         "jobs_api": jobs_api(m.evaluations.runner)}
 

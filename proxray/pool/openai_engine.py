@@ -15,7 +15,6 @@ vLLM / SGLang / TGI server another team runs), for the evaluation job (served: `
 """
 from __future__ import annotations
 
-import os
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,13 +25,11 @@ RETRYABLE = {408, 409, 429, 500, 502, 503, 504}  # an endpoint's passing trouble
 
 
 def endpoint_key(spec) -> str:
-    """The key of an openai model spec, from its env var or file ("" when it names neither)."""
-    if spec.api_key_env:
-        return os.environ.get(spec.api_key_env, "").strip()
-    if spec.api_key_file:
-        with open(os.path.expanduser(spec.api_key_file)) as f:
-            return (f.readline() or "").strip()
-    return ""
+    """The key of an openai model spec, from its file or env var ("" when it names neither; one named but unreadable
+    or empty is an error: ``common.secrets.read_secret``)."""
+    from proxray.common.secrets import read_secret
+
+    return read_secret(spec.api_key_file, spec.api_key_env)
 
 
 def scrub(text: str, key: str, limit: int = 300) -> str:
@@ -166,11 +163,9 @@ def probe(spec) -> str | None:
 
     try:
         key = endpoint_key(spec)
-    except OSError as e:
-        return f"model {spec.id!r}: api_key_file {spec.api_key_file}: cannot read it ({e.strerror})"
+    except ValueError as e:
+        return f"model {spec.id!r}: {e}"
     where = f"model {spec.id!r}: {spec.base_url}"
-    if (spec.api_key_env or spec.api_key_file) and not key:
-        return f"model {spec.id!r}: its key ({spec.api_key_env or spec.api_key_file}) is empty or unset here"
     try:
         r = httpx.get(spec.base_url.rstrip("/") + "/models", timeout=min(spec.timeout_s, 20.0),
                       headers={"Authorization": f"Bearer {key}"} if key else {})

@@ -9,28 +9,28 @@ from __future__ import annotations
 import warnings
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from proxray.common.pricing import token_cost
+from proxray.common.yamlconfig import StrictModel
 
 ENGINES = ("vllm", "transformers", "sim", "openai")
 
 
-class Sampling(BaseModel):
+class Sampling(StrictModel):
     """How a model generates: the evaluation job's ``sampling:`` (part of each row's fingerprint, so a change re-runs
     every pair) and, per request, what a served model is asked for."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
     temperature: float = Field(0.0, ge=0, allow_inf_nan=False, description="0 = greedy")
     max_tokens: int = Field(64, ge=1, description="the answer's token limit")
     seed: int = Field(42, description="sampling seed")
     top_p: float = Field(1.0, ge=0, le=1, description="nucleus sampling: the probability mass sampled from")
 
 
-class PriceSpec(BaseModel):
+class PriceSpec(StrictModel):
     """A model's token prices, USD per million tokens (as providers list them)."""
 
-    model_config = ConfigDict(extra="forbid")
     input_per_mtok: float = Field(ge=0, allow_inf_nan=False, description="USD per million prompt tokens")
     output_per_mtok: float = Field(ge=0, allow_inf_nan=False, description="USD per million completion tokens")
 
@@ -48,10 +48,9 @@ class PriceSpec(BaseModel):
         return float(self.tokens(p, c))
 
 
-class AutoscalingSpec(BaseModel):
+class AutoscalingSpec(StrictModel):
     """Ray Serve ``autoscaling_config`` keys, checked (Serve itself lets a misspelt key pass)."""
 
-    model_config = ConfigDict(extra="forbid")
     min_replicas: int = Field(1, ge=0, description="fewest replicas (0: none while no request comes)")
     max_replicas: int = Field(2, ge=1, description="most replicas routed load may start")
     initial_replicas: int | None = Field(None, ge=0, description="replicas at deploy time; default min_replicas")
@@ -63,19 +62,17 @@ class AutoscalingSpec(BaseModel):
     look_back_period_s: float | None = Field(None, gt=0, description="the window load is averaged over; default Serve's")
 
 
-class RateLimit(BaseModel):
+class RateLimit(StrictModel):
     """What an endpoint allows one model, across all of its workers in one job."""
 
-    model_config = ConfigDict(extra="forbid")
     requests_per_minute: float | None = Field(None, gt=0, description="requests started in any minute, at most")
     tokens_per_minute: float | None = Field(None, gt=0, description="prompt + completion tokens in any minute, at "
                                             "most (a request reserves its prompt estimate + max_tokens)")
 
 
-class PoolModel(BaseModel):
+class PoolModel(StrictModel):
     """One model of the pool, wherever it runs."""
 
-    model_config = ConfigDict(extra="forbid")
     id: str = Field(min_length=1, description="the model's name in tables, router artifacts and responses")
     engine: Literal[ENGINES] = Field(description="vllm (GPU nodes, or the CPU build), transformers (CPU), sim "
                                      "(the synthetic world's simulated models), openai (an OpenAI-compatible endpoint "

@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from proxray.common.storage import Store, is_uri, join, replace_atomically, storage_trouble
-from proxray.routing.temperature import Temperature, legacy
+from proxray.common.yamlconfig import StrictModel
+from proxray.routing.temperature import Temperature, legacy, parse_temperature
 
 FORMAT = "proxray-router"
 FORMAT_VERSION = 1
@@ -54,15 +55,13 @@ class ArtifactError(ValueError):
     """A router artifact is missing, corrupted, or does not match what the caller expects."""
 
 
-class FileEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FileEntry(StrictModel):
     sha256: str
     shape: list[int]
     dtype: str
 
 
-class Manifest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Manifest(StrictModel):
     format: Literal["proxray-router"]
     format_version: int
     router_class: str
@@ -302,6 +301,8 @@ def load_router(path, classes: dict, expected_class=None, encoder_id: str | None
         router = cls(**params)
         if hasattr(router, "_effective_temperature"):
             router.temperature_ = router._effective_temperature()
+            if manifest.temperature and router.weighting == "prox":  # what "auto" meant when it was saved
+                router.temperature_ = parse_temperature(manifest.temperature, router.kind)
     except (TypeError, ValueError) as e:
         raise ArtifactError(f"{path}: hyperparameters do not fit {manifest.router_class}: {e}") from None
     router.models_ = list(manifest.models)

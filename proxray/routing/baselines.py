@@ -8,7 +8,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from proxray.routing.index import as_matrix
 from proxray.routing.objective import choose
-from proxray.routing.routers import RouterMixin
+from proxray.routing.prox import RouterMixin
 
 
 def oracle_choice(acc, cost, lam=0.0) -> np.ndarray:

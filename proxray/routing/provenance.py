@@ -9,6 +9,16 @@ OUTLIER_QUANTILE = 0.99  # a query scoring above this quantile of the training q
 OUTLIER_SAMPLE = 2000  # training queries the threshold is computed on
 
 
+def outlier_threshold(router, X) -> float | None:
+    """The one outlier threshold of a router fitted on X: the ``OUTLIER_QUANTILE`` of its training queries' own
+    outlier scores (each left out of the reference), on a seeded sample of ``OUTLIER_SAMPLE``. Saved in the artifact
+    (``outlier_threshold_``): ``explain`` and the drift monitor read it there."""
+    n = len(X)
+    pick = np.random.default_rng(0).choice(n, min(n, OUTLIER_SAMPLE), replace=False)
+    scores = router.training_outlier_scores(np.asarray(X)[np.sort(pick)])
+    return float(np.quantile(scores, OUTLIER_QUANTILE)) if len(scores) else None
+
+
 class TrainingProvenance:
     """Mixed into every ProxRouter (``routers.RouterMixin``); needs ``training_outlier_scores``."""
 
@@ -20,9 +30,7 @@ class TrainingProvenance:
             if v is not None and len(v) != n:
                 raise ValueError(f"{name} has {len(v)} entries for {n} training queries")
             setattr(self, name + "_", None if v is None else np.asarray([str(x) for x in v]))
-        pick = np.random.default_rng(0).choice(n, min(n, OUTLIER_SAMPLE), replace=False)
-        scores = self.training_outlier_scores(np.asarray(X)[np.sort(pick)])
-        self.outlier_threshold_ = float(np.quantile(scores, OUTLIER_QUANTILE)) if len(scores) else None
+        self.outlier_threshold_ = outlier_threshold(self, X)
 
     @staticmethod
     def _check_growth(n: int, query_ids, tasks) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from proxray.common.pricing import answer_cost
+
 
 class BudgetController:
     def __init__(self, cost_per_query: float, lam0: float | None = None, window: int = 100, gain: float = 0.05,
@@ -48,8 +50,8 @@ class BudgetController:
     def answered(self, model: str, usage, estimate: float) -> None:
         """On realised cost, one complete answer: its ``usage`` tokens at ``model``'s price, or where it carries
         no usage (``None``: a stream whose client did not ask for it) its ``estimate``, counted as unmetered."""
-        real = self.prices[model].cost(usage)
-        self.observe(estimate if real is None else real, metered=real is not None)
+        usd, metered = answer_cost(self.prices.get(model), usage, estimate)
+        self.observe(usd, metered=metered)
 
     def report(self) -> dict:
         out = {"cost_per_query": self.target, "basis": self.basis, "recent_mean_cost": self.recent, "requests": self.n}

@@ -12,19 +12,19 @@ bounded (``max_entries``, the least recently used dropped first) and forgets a c
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from proxray.common.lru import LRU
+from proxray.common.yamlconfig import StrictModel
 from proxray.routing.objective import objective
 from proxray.serve.shared_actor import SharedActorClient, SharedStateDown, logger
 
 
-class ConversationSpec(BaseModel):
+class ConversationSpec(StrictModel):
     """``conversations:`` of the app args."""
 
-    model_config = ConfigDict(extra="forbid")
     escalate_margin: float = Field(0.02, ge=0, description="switch to a model with higher estimated accuracy when "
                                    "its objective beats the conversation's model by more than this")
     step_down_margin: float = Field(0.05, ge=0, description="switch to a model with lower estimated accuracy (a "
@@ -38,16 +38,13 @@ class ConversationBook:
     """Conversation id → the model that answered its last turn, bounded and expiring (the app's shared actor)."""
 
     def __init__(self, max_entries: int = 100_000, ttl_s: float = 3600.0):
-        self.entries: OrderedDict = OrderedDict()  # id -> (model, last seen)
-        self.dropped = 0
+        self.entries = LRU(max_entries)  # id -> (model, last seen)
         self.configure(max_entries, ttl_s)
 
     def configure(self, max_entries: int, ttl_s: float) -> None:
         """The app's current settings (every replica says them when it first finds the book: a redeploy applies)."""
-        self.max_entries, self.ttl_s = max_entries, ttl_s
-        while len(self.entries) > self.max_entries:
-            self.entries.popitem(last=False)
-            self.dropped += 1
+        self.ttl_s = ttl_s
+        self.entries.resize(max_entries)
 
     def recall(self, cid: str, now: float | None = None) -> str | None:
         now = time.time() if now is None else now
@@ -55,19 +52,15 @@ class ConversationBook:
         if hit is None:
             return None
         if now - hit[1] > self.ttl_s:
-            del self.entries[cid]
+            self.entries.pop(cid)
             return None
         return hit[0]
 
     def remember(self, cid: str, model: str, now: float | None = None) -> None:
-        self.entries[cid] = (model, time.time() if now is None else now)
-        self.entries.move_to_end(cid)
-        while len(self.entries) > self.max_entries:
-            self.entries.popitem(last=False)
-            self.dropped += 1
+        self.entries.put(cid, (model, time.time() if now is None else now))
 
     def stats(self) -> dict:
-        return {"conversations": len(self.entries), "dropped": self.dropped}
+        return {"conversations": len(self.entries), "dropped": self.entries.dropped}
 
 
 def keep(candidates: list, previous: str | None, acc, cost, lam: float, models: list, spec: ConversationSpec) -> dict:

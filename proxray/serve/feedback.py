@@ -16,15 +16,16 @@ import sys
 import time
 from collections import OrderedDict
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from proxray.common.pricing import answer_cost
+from proxray.common.yamlconfig import StrictModel
 from proxray.serve.shared_actor import SharedActorClient, SharedStateDown
 
 
-class FeedbackSpec(BaseModel):
+class FeedbackSpec(StrictModel):
     """``feedback:`` of the app args."""
 
-    model_config = ConfigDict(extra="forbid")
     enabled: bool = Field(True, description="remember answers and accept POST /v1/feedback on them")
     retention_s: float = Field(86400.0, gt=0, description="feedback is accepted this long after the answer")
     max_answers: int = Field(20_000, ge=1, description="answers remembered at most, the oldest dropped first "
@@ -35,10 +36,9 @@ class FeedbackSpec(BaseModel):
                              "may take: past it, that key's own oldest answers are dropped, not another key's")
 
 
-class FeedbackRequest(BaseModel):
+class FeedbackRequest(StrictModel):
     """The body of ``POST /v1/feedback``."""
 
-    model_config = ConfigDict(extra="forbid")
     id: str = Field(min_length=1, max_length=256, description="the answer's id, as the endpoint returned it")
     score: float = Field(ge=0, le=1, description="how good the answer was: 0 (wrong) … 1 (right)")
     comment: str | None = Field(None, max_length=2000, description="free text, kept with the feedback by the monitor")
@@ -149,8 +149,8 @@ class FeedbackClient(SharedActorClient):
             return None
 
         def remember(usage):
-            cost = price.cost(usage) if price is not None and usage else None
-            record = {"text": text, "model": model, "key": key, "cost": estimate if cost is None else float(cost)}
+            cost, _ = answer_cost(price, usage, estimate)
+            record = {"text": text, "model": model, "key": key, "cost": cost}
             self.tell("remember", answer_id, record)  # fails open: an answer not remembered cannot be scored
 
         return remember

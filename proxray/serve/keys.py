@@ -24,23 +24,23 @@ import os
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from proxray.common.pricing import answer_cost
+from proxray.common.yamlconfig import StrictModel
 from proxray.serve.shared_actor import Checkpointed, SharedActorClient, SharedStateDown
 
 RELOAD_EVERY_S = 2.0
 
 
-class KeyBudget(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeyBudget(StrictModel):
     usd: float = Field(gt=0, description="USD the key may spend per window (the answers' cost at the models' prices)")
     window_s: float = Field(86400.0, gt=0, description="the window, seconds (a day by default)")
     over_budget: Literal["reject", "cheapest"] = Field("reject", description="past the budget: 429, or route to the "
                                                         "cheapest model the key allows")
 
 
-class KeySpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeySpec(StrictModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="the key's name in "
                       "metrics, logs and reports")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the key, hex (the key itself is never stored)")
@@ -51,8 +51,7 @@ class KeySpec(BaseModel):
     budget: KeyBudget | None = None
 
 
-class KeysFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeysFile(StrictModel):
     keys: list[KeySpec] = Field(default_factory=list)
 
     @field_validator("keys")
@@ -388,9 +387,7 @@ class KeyGate:
         price = self.prices.get(model)
 
         def charge(usage):
-            usd = price.cost(usage) if price is not None and usage else None
-            if usd is None:
-                usd = estimate or 0.0
+            usd = answer_cost(price, usage, estimate)[0] or 0.0
             if usd > 0:
                 self.spend.inc(float(usd), {"key": spec.name})
             if spec.budget or usd > 0:

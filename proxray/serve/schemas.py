@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from proxray.common.yamlconfig import StrictModel
 from proxray.pool.spec import PoolModel
 from proxray.serve.conversations import ConversationSpec
 from proxray.serve.feedback import FeedbackSpec
@@ -68,9 +69,8 @@ class Message(BaseModel):
         return self.content or ""
 
 
-class BudgetSpec(BaseModel):
+class BudgetSpec(StrictModel):
     """A cost target instead of a fixed λ: each ingress replica adjusts λ online."""
-    model_config = ConfigDict(extra="forbid")
     cost_per_query: float = Field(gt=0, description="USD: target mean cost of routed requests")
     basis: Literal["estimated", "realised"] = Field("estimated", description=(
         "what is kept on target: the router's estimated cost of the chosen model (known when routing), or "
@@ -81,11 +81,10 @@ class BudgetSpec(BaseModel):
     lam0: float | None = Field(None, gt=0, description="starting λ; default 0.1 / cost_per_query")
 
 
-class RoutingOptions(BaseModel):
+class RoutingOptions(StrictModel):
     """Per-request routing options, sent in the body as ``"proxray": {...}`` (the openai client's
     ``extra_body``). Never passed to the model."""
 
-    model_config = ConfigDict(extra="forbid")
     lam: float | None = Field(None, ge=0, le=1e9, description="λ of acc − λ·cost; default: the app's")
     allowed_models: list[str] | None = Field(None, min_length=1, max_length=256, description="route only among these")
     max_cost: float | None = Field(None, ge=0, description="USD: skip models whose estimated cost is higher")
@@ -190,10 +189,9 @@ def routing_text(req: ChatRequest | CompletionRequest, policy: str = "system+las
 ServedModel = PoolModel  # one model deployment of the app: the one pool-model spec (proxray.pool.spec)
 
 
-class AppArgs(BaseModel):
+class AppArgs(StrictModel):
     """``args`` of the Serve application (``import_path: proxray.serve.app:build_app``)."""
 
-    model_config = ConfigDict(extra="forbid")
     router: str = Field(description="router artifact: a folder every node reads, or a URI (s3://bucket/routers/r; "
                         "proxray fit --out / KNNRouter.save); each replica caches its arrays by checksum")
     encoder: str | None = Field(None, description=(
@@ -283,22 +281,6 @@ class AppArgs(BaseModel):
 def load_api_key(args: AppArgs) -> bytes:
     """The bearer token the ingress requires (b"" = none), from ``api_key_file`` or ``api_key_env``;
     a configured source that is missing or empty is an error, never "no auth"."""
-    if args.api_key_file:
-        from pathlib import Path
+    from proxray.common.secrets import read_secret
 
-        try:
-            lines = Path(args.api_key_file).expanduser().read_text().splitlines()
-        except OSError as e:
-            raise ValueError(f"api_key_file={args.api_key_file!r}: cannot read it ({e.strerror})") from None
-        key = lines[0].strip() if lines else ""
-        if not key:
-            raise ValueError(f"api_key_file={args.api_key_file!r} is empty")
-        return key.encode()
-    if args.api_key_env:
-        import os
-
-        key = os.environ.get(args.api_key_env, "")
-        if not key:
-            raise ValueError(f"api_key_env={args.api_key_env!r} is set but the environment variable is empty")
-        return key.encode()
-    return b""
+    return read_secret(args.api_key_file, args.api_key_env).encode()

@@ -1,0 +1,177 @@
+"""``proxray keys``, ``serve``, ``check``, ``monitor`` and ``demo``: the served endpoint and what runs beside it."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_keys(a):
+    from proxray.serve.keys import new_key_entry
+
+    budget = None
+    if a.budget_usd is not None:
+        budget = {"usd": a.budget_usd, "window_s": a.budget_window_s, "over_budget": a.over_budget}
+    key = new_key_entry(a.file, a.name, lam=a.lam, allowed_models=a.models.split(",") if a.models else None,
+                        requests_per_minute=a.rpm, budget=budget)
+    print(f"added key {a.name!r} to {a.file} (its hash; ingress replicas pick it up within seconds). The key, shown "
+          "this once:", file=sys.stderr)
+    print(key)
+
+
+def _cmd_check(a):
+    from proxray.check import check
+
+    reports = [check(path, a.address, a.simulate) for path in a.config]
+    print("\n".join(r.text() for r in reports))
+    return 0 if all(r.ok for r in reports) else 2
+
+
+def _cmd_serve(a):
+    """``proxray check``'s checks first (a problem stops it before anything starts), then ``serve run``; with
+    ``--simulate`` the config's rehearsal, written beside the run's other files."""
+    import os
+    import subprocess
+    import tempfile
+
+    import yaml
+
+    from proxray.check import check, simulated_serve_config
+
+    config = a.config
+    if a.simulate:
+        raw = yaml.safe_load(open(config))
+        config = os.path.join(tempfile.mkdtemp(prefix="proxray-rehearsal-"), os.path.basename(config))
+        with open(config, "w") as f:
+            yaml.safe_dump(simulated_serve_config(raw), f, sort_keys=False)
+    report = check(config)
+    print(report.text(), file=sys.stderr)
+    if not report.ok:
+        raise SystemExit(2)
+    serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
+    # Ray's token auth stays as configured (on by default in Ray 2.60: the local cluster makes a token)
+    raise SystemExit(subprocess.call([serve_bin, "run", config]))
+
+
+def _cmd_demo(a):
+    from proxray.demos.drift import main as drift_main
+
+    raise SystemExit(drift_main(a.rest))
+
+
+def _cmd_monitor(a):
+    """start: validate the config, start the detached monitor actor (its scheduler runs by itself) next to
+    the running Serve app, print its status. status / metrics / stop: the running one, by name. Standard output
+    holds the result only (JSON, or Prometheus text): what Ray prints to a driver's stdout (the raylet's warnings,
+    pushed to every driver) goes to standard error meanwhile, up to and including Ray's disconnect, which prints
+    the messages its deduplicator still holds."""
+    import sys
+
+    out, sys.stdout = sys.stdout, sys.stderr
+    try:
+        _monitor_command(a, out)
+    finally:
+        import ray
+
+        try:
+            ray.shutdown()  # here, not at exit: its leftovers would reach the restored stdout
+        finally:
+            sys.stdout = out
+
+
+def _monitor_command(a, out):
+    import json
+    import time
+
+    import ray
+
+    from proxray.monitor import get_monitor, load_monitor_config, start_monitor, stop_monitor
+
+    name = a.name
+    cfg = None
+    if a.config:
+        cfg = load_monitor_config(a.config)  # before Ray: a bad config fails here, not inside an actor
+        if a.simulate:
+            from proxray.monitor.config import rehearsal
+
+            cfg = rehearsal(cfg)
+        name = name or cfg.name
+    name = name or "proxray-monitor"
+    if a.what == "start" and cfg is None:
+        raise ValueError("proxray monitor start needs --config monitor.yaml")
+    ray.init(address=a.address, namespace="proxray", log_to_driver=False)
+    if a.what == "start":
+        actor = start_monitor(cfg, name=name)
+        deadline = time.time() + a.timeout
+        while True:  # the constructor encodes the training table: wait until it answers
+            try:
+                status = ray.get(actor.status.remote(), timeout=5)
+                break
+            except ray.exceptions.GetTimeoutError:
+                if time.time() > deadline:
+                    raise SystemExit(f"monitor {name!r} did not answer within {a.timeout:.0f} s")
+        print(json.dumps(status, indent=2, default=str), file=out)
+        return
+    if a.what == "stop":
+        print(json.dumps({"stopped": stop_monitor(name), "name": name}), file=out)
+        return
+    try:
+        actor = get_monitor(name)
+    except ValueError:
+        raise SystemExit(f"no monitor named {name!r} is running (namespace proxray)") from None
+    if a.what == "status":
+        print(json.dumps(ray.get(actor.status.remote()), indent=2, default=str), file=out)
+    else:
+        print(ray.get(actor.prometheus.remote()), end="", file=out)
+
+
+def add_serving(sub) -> None:
+    from proxray.common.cliargs import flag_with_old_positional
+
+    keys = sub.add_parser("keys", help="API keys with their own policy: `new` adds one to a keys file (the app's "
+                          "keys_file) and prints the key once")
+    keys.add_argument("what", choices=["new"], help="new: add a key")
+    keys.add_argument("--file", required=True, help="the keys file (created if absent; it holds hashes only)")
+    keys.add_argument("--name", required=True, help="the key's name in metrics and reports")
+    keys.add_argument("--lam", type=float, default=None, help="default λ of its routed requests")
+    keys.add_argument("--models", default=None, help="comma-separated models it may reach (default: all)")
+    keys.add_argument("--rpm", type=float, default=None, help="requests a minute at most, across every replica")
+    keys.add_argument("--budget-usd", type=float, default=None, help="USD it may spend per window")
+    keys.add_argument("--budget-window-s", type=float, default=86400.0, help="the budget's window (default a day)")
+    keys.add_argument("--over-budget", choices=["reject", "cheapest"], default="reject",
+                      help="past the budget: 429, or route to the cheapest model it allows")
+    keys.set_defaults(func=_cmd_keys)
+
+    srv = sub.add_parser("serve", help="check a Serve config, then run it (serve run CONFIG), Ray's token auth as "
+                         "configured")
+    flag_with_old_positional(srv, "--config", help="Serve YAML, e.g. serve_configs/cpu_demo.yaml")
+    srv.add_argument("--simulate", action="store_true", help="a rehearsal: every model on the simulated engine, "
+                     "resources (accelerator types, GPUs), autoscaling and routing as configured")
+    srv.set_defaults(func=_cmd_serve)
+
+    chk = sub.add_parser("check", help="check Serve, job or monitor configs before anything starts: every problem "
+                         "at once", description="Check configs (a Serve config, an evaluation job config or a "
+                         "monitor config; the kind is read from its keys) before anything starts, every problem at "
+                         "once: the schema, the router (reachable, versioned, its encoder the app's, knowing every "
+                         "served model), model sources, query files, key files and their modes, prices, and with "
+                         "--address the accelerator types and GPUs against the cluster. Exit 0 only when each would "
+                         "deploy.")
+    chk.add_argument("--config", required=True, nargs="+", help="one or more config YAML files")
+    chk.add_argument("--address", default=None, help="a Ray cluster to check resources against (auto: the running "
+                     "one)")
+    chk.add_argument("--simulate", action="store_true", help="check the rehearsal (--simulate) of each config")
+    chk.set_defaults(func=_cmd_check)
+
+    demo = sub.add_parser("demo", help="end-to-end demos")
+    demo.add_argument("name", choices=["drift"], help="drift: the drift monitor's whole loop on a CPU")
+    demo.add_argument("rest", nargs=argparse.REMAINDER, help="the demo's own options (proxray demo drift --help)")
+    demo.set_defaults(func=_cmd_demo)
+    mon = sub.add_parser("monitor", help="drift monitor: start (a detached actor that runs itself), status, "
+                         "metrics (Prometheus text), stop")
+    mon.add_argument("what", choices=["start", "status", "metrics", "stop"], help="what to do with the monitor")
+    mon.add_argument("--config", default=None, help="monitor.yaml (start; elsewhere only for its name)")
+    mon.add_argument("--name", default=None, help="actor name (default: the config's, else proxray-monitor)")
+    mon.add_argument("--address", default="auto", help="Ray cluster address (default: the running one)")
+    mon.add_argument("--timeout", type=float, default=300.0, help="start: seconds to wait for the monitor")
+    mon.add_argument("--simulate", action="store_true", help="start: a rehearsal, the evaluations it submits run "
+                     "every model on the simulated engine")
+    mon.set_defaults(func=_cmd_monitor)

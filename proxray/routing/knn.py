@@ -1,0 +1,132 @@
+"""``KNNRouter``: ProxRouter whose reference set is the k nearest training queries (uniform prior)."""
+from __future__ import annotations
+
+import numpy as np
+
+from proxray.routing.index import NeighborIndex, as_matrix, fit_index, prepare
+from proxray.routing.params import SPECS
+from proxray.routing.prox import ProxRouter, check_targets
+
+D = {name: p.default for name, p in SPECS["knn"].items()}
+
+
+class KNNRouter(ProxRouter):
+    """k-nearest-neighbour router: reference set = the k nearest training queries.
+
+    Parameters
+    ----------
+    k : int, neighbours (clipped to the training-set size).
+    weighting : "base" (uniform over the k) | "prox" (uniform prior tilted by exp(-phi/tau)).
+    temperature : Prox's temperature (``proxray.routing.temperature``): "auto" (default) kNN's shipped one
+        (spread:0.2, 1/tau(x) = 0.2 / std of the query's k distances), a number a fixed 1/tau (the paper's 20), or
+        a ``Fixed`` / ``Spread`` value or its string ("spread:0.2").
+    metric : "cosine" | "euclidean".
+    index : "auto" (default: exact search up to 8k references, an HNSW graph above, tuned to recall_floor) |
+        "flat" (exact) | "ivf" | "hnsw" (approximate, for large reference sets; see ``proxray.routing.index``).
+    recall_floor : recall@k against exact search an approximate index must reach on a sample of the references
+        (auto falls back to exact search below it; ivf / hnsw by name are an error). 0 accepts any.
+    nprobe : IVF lists searched; None (default) tunes it: the fewest that reach recall_floor.
+    nlist : IVF lists; None: ~2 sqrt(n). hnsw_m : HNSW graph degree.
+    ef_search : HNSW search breadth; None (default) tunes it: the least (64, 96, 144, ...) that reaches recall_floor.
+
+    Learned: ``acc_values_``, ``cost_values_`` (n_train, M), ``models_``, ``k_``, ``temperature_``,
+    ``index_`` (faiss), ``index_info_`` (its kind, parameters and the recall it reached), ``reference_``
+    (n_train, d) prepared embeddings.
+    """
+
+    kind = "knn"
+
+    def __init__(self, k=D["k"], weighting=D["weighting"], temperature=D["temperature"], metric=D["metric"],
+                 index=D["index"], recall_floor=D["recall_floor"], nprobe=D["nprobe"], nlist=D["nlist"],
+                 hnsw_m=D["hnsw_m"], ef_search=D["ef_search"], **deprecated):
+        self._store(dict(locals()))
+
+    def fit(self, X, acc, cost=None, models=None, encoder_id=None, query_ids=None, tasks=None):
+        """X (n, d) embeddings, acc (n, M) in [0, 1], cost (n, M) >= 0 or None, models M names; query_ids and tasks
+        (n,) what the evidence of a decision names its neighbours by (optional)."""
+        X, acc, cost = self._init_common(X, acc, cost, models, encoder_id)
+        self.acc_values_, self.cost_values_ = acc, cost
+        self._values = None
+        self.reference_ = prepare(X, self.metric)
+        self._build_index()
+        self._note_training(X, query_ids, tasks)
+        return self
+
+    def _build_index(self):
+        self.index_, self.index_info_ = fit_index(self.reference_, self.metric, self.index, self.k_,
+                                                  float(self.recall_floor), self.nprobe, self.nlist, self.hnsw_m,
+                                                  self.ef_search)
+
+    @property
+    def n_train_(self):
+        return len(self.acc_values_)
+
+    @property
+    def k_(self):  # min: an artifact saved before k was checked may hold fewer references than k
+        return min(int(self.k), self.n_train_)
+
+    def _phi(self, Xq):
+        dist, idx = self.index_.search(Xq, self.k_)
+        return dist, idx, None  # uniform prior over the k neighbours
+
+    def _loo_scores(self, R) -> np.ndarray:
+        dist, _ = self.index_.search(R, min(2, self.n_train_))
+        if dist.shape[1] < 2:
+            return dist[:, 0]
+        return np.where(dist[:, 0] <= 1e-6, dist[:, 1], dist[:, 0])  # itself at distance 0: the next one
+
+    def _values_at(self, w, ref):
+        """Σ_i w_i V_i over each query's k neighbours ``ref`` (q, k): two (q, M) arrays."""
+        # Gathering the k neighbours' rows is the main cost beyond the search: one gather from a
+        # stacked (n, 2M) copy serves accuracy and cost together. Absent neighbours (-1) weigh 0.
+        if getattr(self, "_values", None) is None:
+            self._values = np.hstack([self.acc_values_, self.cost_values_])
+        out = np.matmul(w[:, None, :], self._values[np.maximum(ref, 0)])[:, 0, :]
+        M = self.acc_values_.shape[1]
+        return out[:, :M], out[:, M:]
+
+    def add_queries(self, X, acc, cost=None, query_ids=None, tasks=None):
+        """Add labeled training queries without refitting (an index add)."""
+        self._check_fitted()
+        self._check_growth(len(X), query_ids, tasks)
+        X = as_matrix(X, dim=self.dim_)
+        acc, cost = check_targets(acc, cost, n=len(X))
+        self._check_new_targets(acc, cost)
+        R = prepare(X, self.metric)
+        self.acc_values_ = np.vstack([self.acc_values_, acc])
+        self.cost_values_ = np.vstack([self.cost_values_, np.zeros_like(acc) if cost is None else cost])
+        self.reference_ = np.vstack([self.reference_, R])
+        self._values = None
+        self.index_.add(R)
+        self._grow_training(len(R), query_ids, tasks)
+        return self
+
+    def _append_model_column(self, acc, cost):
+        self.acc_values_ = np.hstack([self.acc_values_, acc])
+        self.cost_values_ = np.hstack([self.cost_values_, cost])
+        self._values = None
+
+    # State for artifacts: plain arrays only (an approximate index as faiss serializes it: read, not rebuilt).
+    def _state(self):
+        state = {"reference": self.reference_, "acc_values": self.acc_values_, "cost_values": self.cost_values_}
+        if self.index_.kind != "flat":
+            state["index"] = self.index_.to_bytes()
+        return state
+
+    def _set_state(self, arrays, meta):
+        self.reference_ = arrays["reference"]
+        self.acc_values_, self.cost_values_ = arrays["acc_values"], arrays["cost_values"]
+        self._values = None
+        self.dim_ = self.reference_.shape[1]
+        info = getattr(meta, "index", None)
+        if "index" in arrays and info:
+            self.index_ = NeighborIndex.from_bytes(arrays["index"], self.dim_, self.metric, info)
+            self.index_info_ = dict(info)
+        elif info and info.get("kind") == "flat":  # an exact index is the references themselves
+            self.index_ = NeighborIndex(self.dim_, self.metric, "flat")
+            self.index_.add(self.reference_)
+            self.index_info_ = dict(info)
+        else:  # saved before indexes were recorded: built as its parameters say
+            self._build_index()
+
+

@@ -1,0 +1,264 @@
+"""The ingress of the routed, OpenAI-compatible endpoint (``proxray.serve.builder`` checks the app's args and binds it
+with one deployment per model; ``proxray.serve.app:build_app`` is the Serve config's import path).
+
+    RouterIngress (FastAPI)  --DeploymentHandle.respond-->  ModelServer "<model a>"        (CPU engines)
+      composes: HTTP boundary (http), encoder service,      VLLMModelServer "<model b>"   (ray.serve.llm)
+      routing policy (policy), model client (client) with   --in process-->  EndpointRelay "<model c>"
+      fallback (fallback), stream writer (sse), monitor       (an endpoint it does not host)
+      client, metrics                                       ... every one: respond(endpoint, body)
+
+The client's request goes to the chosen model as sent (only ``model`` is rewritten); the model's response
+or chunk stream comes back unchanged, with a ``proxray`` object added (and ``x-proxray-*`` headers).
+``args`` follow ``proxray.serve.schemas.AppArgs``. Handles are injected through ``.bind()``, so tests compose the same app
+from small real parts. Each ingress replica builds its FastAPI app from its own args (``http.gateway_api``, Serve's
+late-bound ``__serve_build_asgi_app__``, as ray.serve.llm's ``LLMServer`` does), so docs and CORS are per app.
+"""
+
+import logging
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+
+from proxray.routing.index import single_thread
+from proxray.serve import plan as planning
+from proxray.serve.client import ModelClient
+from proxray.serve.conversations import ConversationClient
+from proxray.serve.fallback import first_answer
+from proxray.serve.feedback import FeedbackClient, FeedbackRequest
+from proxray.serve.http import error_response, gateway_api, parse_request, response_headers
+from proxray.serve.errors import RequestError
+from proxray.serve.policy import RoutingPolicy, budget_from
+from proxray.serve.schemas import ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, load_api_key, routing_text
+from proxray.serve.sse import relay
+
+logger = logging.getLogger("ray.serve")
+
+
+def deployment_name(model_id: str) -> str:
+    from proxray.common.naming import slug
+
+    return slug(model_id)
+
+
+@serve.deployment
+@serve.ingress()
+class RouterIngress:
+    """Composes, per request: the HTTP boundary (bound, parse, key), the routing policy (route or pass through)
+    over the encoder service's embedding, the model client with fallback, and the answer or its stream."""
+
+    def __init__(self, args: dict, handles: dict):
+        from proxray.routing.registry import load_router
+        from proxray.serve.encoder_service import EncoderService
+        from proxray.serve.endpoint_server import relays
+        from proxray.serve.keys import KeyGate
+        from proxray.serve.metrics import GatewayMetrics
+
+        self.args = a = AppArgs(**args)
+        self.encoder = EncoderService(a.encoder, a.encoder_backend, a.encoder_threads, a.embedding_cache_entries,
+                                      a.embed_batch_wait_s)
+        router = load_router(a.router, encoder_id=self.encoder.id)
+        if not hasattr(router, "estimate_with_outlier_score"):
+            raise ValueError(f"{a.router}: serving needs a KNNRouter or KMeansRouter artifact "
+                             f"(it reports outlier scores), not a {type(router).__name__}")
+        handles = relays(handles)  # an endpoint proxray does not host is relayed from this process
+        self.client = ModelClient(handles)
+        self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a), a.conversations)
+        app_name = serve.get_replica_context().app_name
+        self.conversations = ConversationClient(app_name, a.conversations)
+        self.answers = FeedbackClient(app_name, a.feedback)  # answers remembered for feedback on them
+        self.gate = KeyGate(a.keys_file, load_api_key(a), app_name, {m.id: m.price for m in a.models if m.price})
+        self.kinds = {m.id: m.engine for m in a.models}
+        self.requests = 0
+        self.created = int(time.time())  # the model objects' "created"
+        self.replica = serve.get_replica_context().replica_id.unique_id  # which ingress replica answered
+        self.metrics = GatewayMetrics()
+        self.monitor = None
+        if a.monitor:
+            from proxray.serve.monitor_client import MonitorClient
+
+            self.monitor = MonitorClient(a.monitor, a.reload_every_s, a.router, self.encoder.id, self.policy.use_router)
+
+    async def _plan(self, req, body: dict, endpoint: str, timings: dict, text: str, key=None,
+                    again: bool = False) -> planning.Plan:
+        if req.model != ROUTER_MODEL:  # nothing router-related on a pass-through request's path
+            return planning.pass_through(req.model, self.client.handles)
+        t0 = time.perf_counter()
+        if len(text) > self.args.max_prompt_chars:
+            raise RequestError(413, f"the routing text has {len(text)} characters; the limit is "
+                               f"{self.args.max_prompt_chars}", "messages" if isinstance(req, ChatRequest) else "prompt")
+        refusals = await self.client.refusals(self.policy.routable, body, endpoint)
+        X = (await self.encoder.vector(text, timings))[None, :]
+        previous = None
+        if req.proxray.conversation:  # the model of the conversation's last turn, from the app's shared book
+            t1 = time.perf_counter()
+            previous = await self.conversations.recall(req.proxray.conversation, key and key.name)
+            timings["conversation_ms"] = 1e3 * (time.perf_counter() - t1)
+        t1 = time.perf_counter()
+        single_thread()  # one query, one faiss thread (more threads cost more than they give on one query)
+        p = self.policy.decide(X, req.proxray, refusals, previous, key and key.allowed_models)
+        timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
+        p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
+        self.metrics.routed(p.report["route_ms"], p.report["outlier_score"])
+        if self.monitor is not None and not again:  # planned again (over a key's budget): reported once
+            self.monitor.report(text, X[0], p.report["outlier_score"])
+        return p
+
+    def _failed(self, model: str, reason: str) -> None:
+        logger.warning("proxray: model %s failed (%s); falling back", model, reason)
+        self.metrics.fallback(model)
+
+    async def _admit(self, key, req, p, body: dict, endpoint: str, timings: dict, text: str, ticket: str):
+        """The key's rate and budget for the planned request, which holds an upper bound of its cost (``KeyGate.hold``)
+        until its answer settles it. Over budget with ``cheapest``: a routed request is planned again with cost
+        deciding, a request naming a model other than the cheapest the key may use is refused (429 naming it).
+        Returns (the key's report, the plan, the estimate the answer is charged at without usage)."""
+        model = p.candidates[0]
+        estimate = p.report.get("estimates", {}).get(model, {}).get("cost")
+        if key is None:
+            return None, p, estimate
+        if estimate is None and key.budget and model not in self.gate.prices:  # a named model with no price
+            estimate = await self._estimate(text, model)
+        report = await self.gate.admit(key, self.gate.hold(model, body, estimate), ticket)
+        if not report["over_budget"]:
+            return report, p, estimate
+        if req.model == ROUTER_MODEL:
+            req.proxray.lam = 1e9  # cost decides among the models the key may use
+            p = await self._plan(req, body, endpoint, timings, text, key, again=True)
+            return report, p, p.report["estimates"][p.candidates[0]]["cost"]
+        cheapest = self.gate.cheapest(key, self.client.handles)
+        if cheapest is not None and req.model != cheapest:
+            self.gate.ledger.settle(key.name, ticket, 0.0)
+            raise RequestError(429, f"key {key.name!r} is over its budget: it may use only the cheapest model it may "
+                               f"use, {cheapest!r}", "model", kind="insufficient_quota")
+        return report, p, estimate
+
+    async def _estimate(self, text: str, model: str) -> float | None:
+        """The router's estimated cost of ``model``'s answer to ``text`` (None where the router does not know it)."""
+        router = self.policy.router
+        if model not in router.models_:
+            return None
+        _, cost, _ = router.estimate_with_outlier_score((await self.encoder.vector(text, {}))[None, :])
+        return float(cost[0][router.models_.index(model)])
+
+    async def _handle(self, request: Request, model_cls, endpoint: str):
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self.args.timeout_s
+        timings = {}  # where the gateway's time went: read, parse, embed (+ cache), estimate, model
+        key = ticket = None
+        try:
+            key = self.gate.identify(request)
+            req = await parse_request(request, model_cls, self.args.max_body_bytes, timings)
+            self.gate.apply_policy(key, req)  # the key's models and λ
+            if request.headers.get("x-proxray-explain", "").lower() in ("1", "true", "yes"):
+                req.proxray.explain = True
+            if request.headers.get("x-proxray-conversation") and req.proxray.conversation is None:
+                req.proxray.conversation = request.headers["x-proxray-conversation"][:256]
+            body = req.forward(req.model, self.args.default_max_tokens)  # what every candidate gets, model aside
+            usage_asked = bool((body.get("stream_options") or {}).get("include_usage"))
+            if req.stream:  # every stream's usage, asked of the model whether or not the client asked for it
+                body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
+            text = routing_text(req, self.args.routing_text)
+            p = await self._plan(req, body, endpoint, timings, text, key)
+            ticket = uuid.uuid4().hex if key is not None else None
+            key_report, p, estimate = await self._admit(key, req, p, body, endpoint, timings, text, ticket)
+            t_model = time.perf_counter()
+            model, head, gen = await first_answer(self.client, p, body, endpoint, req.stream, deadline,
+                                                  self.args.timeout_s, self._failed)
+            timings["model_ms"] = 1e3 * (time.perf_counter() - t_model)  # the answer, or a stream's first content
+        except RequestError as e:
+            if ticket is not None and key.budget:
+                self.gate.ledger.settle(key.name, ticket, 0.0)  # no answer: nothing spent
+            self.metrics.error(e.status)
+            return error_response(e)
+        self.requests += 1
+        self.metrics.answered(model, p.report["routed"])
+        if p.report.get("conversation"):  # the model that answered (after any fallback) carries the conversation
+            self.conversations.remember(p.report["conversation"]["id"], model, key and key.name)
+        p.report["latency_s"] = time.perf_counter() - t0
+        p.report["timings"] = timings
+        p.report["replica"] = self.replica
+        if key_report:
+            p.report["key"] = key_report
+        # what an answer's usage counts toward: a budget on realised cost, the key's spend
+        # and the answer, remembered for feedback on it
+        if model != p.candidates[0] or estimate is None:
+            estimate = p.report.get("estimates", {}).get(model, {}).get("cost", estimate)
+        counts = [f for f in (self.policy.meter(p, model), self.gate.charger(key, model, estimate, ticket),
+                              self.answers.recorder(head[0], text, model, key and key.name, self.gate.prices.get(model),
+                                                    estimate) if len(text) <= self.args.max_prompt_chars else None) if f]
+        if req.stream:
+            head[0] = {**head[0], "proxray": p.report}
+            usage = {}  # the stream's usage, from its last chunk (asked of every model)
+
+            def seen(obj):
+                if obj.get("usage"):
+                    usage["usage"] = obj["usage"]
+
+            def done(ok):
+                if not ok:  # a stream that ended in an error event
+                    self.metrics.error(502)
+                for count in counts:
+                    count(usage.get("usage"))
+
+            return StreamingResponse(relay(head, gen, done, seen, hide_usage=not usage_asked),
+                                     media_type="text/event-stream", headers=response_headers(p.report))
+        for count in counts:
+            count(head[0].get("usage"))
+        return JSONResponse({**head[0], "proxray": p.report}, headers=response_headers(p.report))
+
+    # ---- routes (http.gateway_api binds them) ---------------------------------------------------
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return gateway_api(self, self.args)
+
+    async def chat(self, request: Request):
+        return await self._handle(request, ChatRequest, "chat")
+
+    async def completions(self, request: Request):
+        return await self._handle(request, CompletionRequest, "completions")
+
+    def _model_objects(self, key=None) -> list:
+        """OpenAI model objects: the router first, then every served model — of a key with ``allowed_models``, only
+        those it may use."""
+        mine = (lambda m: True) if key is None or key.allowed_models is None else key.allowed_models.__contains__
+        data = [{"id": ROUTER_MODEL, "object": "model", "created": self.created, "owned_by": "proxray",
+                 "routes_to": [m for m in self.policy.routable if mine(m)]}]
+        return data + [{"id": m, "object": "model", "created": self.created, "owned_by": "proxray",
+                        "engine": self.kinds[m]} for m in sorted(self.client.handles) if mine(m)]
+
+    async def models(self, request: Request):
+        try:
+            key = self.gate.identify(request)
+        except RequestError as e:
+            return error_response(e)
+        return {"object": "list", "data": self._model_objects(key)}
+
+    async def model(self, model: str, request: Request):
+        try:
+            key = self.gate.identify(request)
+            mine = self._model_objects(key)
+            found = [m for m in mine if m["id"] == model]
+            if not found:
+                raise planning.not_served(model, [m["id"] for m in mine[1:]])
+        except RequestError as e:
+            return error_response(e)
+        return found[0]
+
+    async def feedback(self, request: Request):
+        """``POST /v1/feedback``: a score in [0, 1] for an answer this endpoint gave (proxray.serve.feedback)."""
+        try:
+            key = self.gate.identify(request)
+            self.answers.check_enabled()
+            await self.gate.admit(key, 0.0, None, budget=False)  # a feedback post counts toward the key's rate
+            fb = await parse_request(request, FeedbackRequest, self.args.max_body_bytes)
+            return await self.answers.take(fb, key and key.name, self.metrics, self.monitor)
+        except RequestError as e:
+            self.metrics.error(e.status)
+            return error_response(e)
+
+    async def health(self):
+        return {"status": "ok", "models": sorted(self.client.handles), "router_models": self.policy.routable,
+                "requests": self.requests}
