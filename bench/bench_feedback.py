@@ -2,7 +2,7 @@
 
     python bench/bench_feedback.py [--answers 5000] [--prompt-chars 400]
 
-On a local Ray: the answer book (proxray.serve.feedback.AnswerBook) as the named actor every ingress replica writes
+On a local Ray: the answer book (proxray.serve.tenancy.feedback.AnswerBook) as the named actor every ingress replica writes
 to. Reports what remembering an answer costs the request (the fire-and-forget submit, per call, in the caller),
 how fast the book takes them (calls a second, end to end), a feedback lookup's round trip (p50 / p99) and the book's
 memory per answer (its process's RSS growth over ``--answers`` answers of ``--prompt-chars`` characters).
@@ -26,7 +26,7 @@ def main(argv=None) -> int:
 
     import ray
 
-    from proxray.serve.feedback import FeedbackClient, FeedbackSpec
+    from proxray.serve.tenancy.feedback import FeedbackClient, FeedbackSpec
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     client = FeedbackClient("bench", FeedbackSpec(max_answers=10 * a.answers))

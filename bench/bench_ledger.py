@@ -2,7 +2,7 @@
 
     python bench/bench_ledger.py [--admissions 5000] [--day 28800]
 
-The keys ledger (proxray.serve.keys.KeyLedger) as the named actor every ingress replica asks, on a local Ray: the time
+The keys ledger (proxray.serve.tenancy.keys.KeyLedger) as the named actor every ingress replica asks, on a local Ray: the time
 of ``--admissions`` admissions of a key with a rate and a budget (each holding its cost, then settled, as the gateway
 does), first on a fresh ledger, then once a day's window holds ``--day`` requests of that key; admissions a second and
 per admission, and the ledger's own work per admission (in process, without Ray). A key's cost must not grow with its
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
 
     import ray
 
-    from proxray.serve.keys import KeyLedger
+    from proxray.serve.tenancy.keys import KeyLedger
 
     out = {}
     local = KeyLedger()

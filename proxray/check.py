@@ -171,7 +171,7 @@ def check_app_args(args: dict, report: Report, where: str = "args") -> list:
     """The proxray app's ``args``: the schema, then what the app's builder checks (``serve.builder.app_problems``: the
     router, models, relayed fields, secrets, keys and key file). Returns its GPU demand at minimum scale."""
     from proxray.serve.builder import app_problems, rehearsed
-    from proxray.serve.schemas import AppArgs
+    from proxray.serve.request.schemas import AppArgs
 
     a = _validated(AppArgs, args, report, f"{where}.", rehearse=rehearsed,
                    note="simulate: every engine is the simulated one (a rehearsal), resources as configured"
@@ -255,23 +255,16 @@ def _check_cluster(address: str, demand: list, report: Report) -> None:
     its live nodes and the node types its autoscaler can start."""
     import ray
 
-    from proxray.evaljob.preflight import autoscaler_accelerators
+    from proxray.evaljob.preflight import cluster_resources
 
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, log_to_driver=False)
     try:
-        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-        scalable = autoscaler_accelerators()
+        live, scalable = cluster_resources()  # GPUs of the live nodes by accelerator type (None: every GPU)
     finally:
         if started:
             ray.shutdown()
-    live = {}  # GPUs of the live nodes, by their accelerator type (None: every GPU)
-    for res in nodes:
-        for k in res:
-            if k.startswith("accelerator_type:"):
-                live[k.split(":", 1)[1]] = live.get(k.split(":", 1)[1], 0.0) + res.get("GPU", 0.0)
-        live[None] = live.get(None, 0.0) + res.get("GPU", 0.0)
     wanted = {}
     for model, acc, gpus in demand:
         if acc and acc not in live and acc not in scalable:

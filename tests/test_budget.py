@@ -67,7 +67,7 @@ def serve_stream(ctl, acc_hat, cost_hat, stream, counted):
     """The ingress' loop without the transport: per request ``i`` of ``stream``, choose with the controller's λ (the
     plan's rule) and observe ``counted[i, j]``, the chosen model's cost on the controller's basis. Returns the chosen
     models (len(stream),) and the λ each was chosen with."""
-    from proxray.serve.plan import candidate_order
+    from proxray.serve.request.plan import candidate_order
 
     picks, lams = [], []
     for i in stream:
@@ -81,8 +81,8 @@ def serve_stream(ctl, acc_hat, cost_hat, stream, counted):
 def test_the_served_budget_controller_keeps_recent_estimated_cost_on_target(world):
     """The ingress' loop without the transport (``serve_stream``): estimate, choose with the controller's λ,
     observe the chosen model's estimated cost. After a warm-up the recent mean stays within 10 % of target."""
-    from proxray.serve.budget import BudgetController
-    from proxray.serve.plan import candidate_order
+    from proxray.serve.request.budget import BudgetController
+    from proxray.serve.request.plan import candidate_order
 
     t, X, acc, cost, train, cal, test = world
     router = KNNRouter(k=50, temperature=20.0).fit(X[train], acc[train], cost[train], models=t.models)  # the paper's 1/τ
@@ -109,7 +109,7 @@ def test_a_budget_on_realised_cost_holds_where_the_estimates_do_not(world):
     wrong there, so a controller holding the mean *estimated* cost on target spends more than the target for
     real; on the realised cost (``basis="realised"``, the answers' usage at their prices when served) the real
     mean stays within 10 % of it. Same loop (``serve_stream``), 3,000 requests from held-out queries, two budgets."""
-    from proxray.serve.budget import BudgetController
+    from proxray.serve.request.budget import BudgetController
 
     t, X, acc, cost, train, cal, test = world
     unseen = np.isin(np.asarray(t.tasks), ["gsm8k", "svamp"])
@@ -137,7 +137,7 @@ def test_a_budget_on_realised_cost_holds_where_the_estimates_do_not(world):
 def test_budget_config_is_validated():
     from pydantic import ValidationError
 
-    from proxray.serve.schemas import AppArgs
+    from proxray.serve.request.schemas import AppArgs
 
     base = {"router": "r", "models": [{"id": "m", "engine": "sim"}]}
     assert AppArgs.model_validate({**base, "budget": {"cost_per_query": 1e-5}}).budget.window == 100
@@ -157,7 +157,7 @@ def test_budget_config_is_validated():
     assert price.cost({"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100}) == pytest.approx(6.5e-4)
     assert price.cost(None) is None and price.cost({"prompt_tokens": 3}) is None
     # an answer is counted at its usage × price; without usage, at its estimate, as unmetered
-    from proxray.serve.budget import BudgetController
+    from proxray.serve.request.budget import BudgetController
 
     ctl = BudgetController(1e-3, window=1, basis="realised", prices={"m": price})
     ctl.answered("m", {"prompt_tokens": 1000, "completion_tokens": 100}, estimate=1.0)

@@ -41,7 +41,7 @@ def server(tmp_path_factory, encoder):
               {"id": BROKEN, "engine": "sim", "engine_kwargs": {"fail_always": True}, "autoscaling": one},
               {"id": MIDFAIL, "engine": "sim", "engine_kwargs": {"fail_mid_stream": True}, "autoscaling": one},
               {"id": LONG, "engine": "sim", "engine_kwargs": {"word_latency_s": 0.5}, "autoscaling": one}]
-    from proxray.serve.keys import new_key_entry
+    from proxray.serve.tenancy.keys import new_key_entry
 
     FOLDERS["team-key"] = new_key_entry(tmp / "keys.yaml", "team")  # a key of the keys file: its metrics
     yield start_app(tmp, encoder, models, api_key_env="PROXRAY_TEST_KEY", timeout_s=60, max_body_bytes=64 * 1024,
@@ -81,7 +81,7 @@ def test_openai_sdk_multi_turn_reaches_the_model_as_sent(client):
     # the transformers engine's chat template ran over the whole conversation
     from transformers import AutoTokenizer
 
-    from proxray.serve.schemas import ChatRequest
+    from proxray.serve.request.schemas import ChatRequest
 
     tok = AutoTokenizer.from_pretrained(FOLDERS[TINY])
     msgs = [{"role": m.role, "content": m.text()} for m in ChatRequest(model=TINY, messages=CONVERSATION).messages]

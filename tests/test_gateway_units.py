@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from proxray.routing.objective import choose
-from proxray.serve.http import MAX_DEPTH, parse_json
-from proxray.serve.client import ModelError, scrub
-from proxray.serve.models import refused_parameters
-from proxray.serve.errors import RequestError
-from proxray.serve.plan import candidate_order, pass_through, routed
-from proxray.serve.schemas import ChatRequest, CompletionRequest, RoutingOptions, routing_text
+from proxray.serve.request.http import MAX_DEPTH, parse_json
+from proxray.serve.deployments.client import ModelError, scrub
+from proxray.serve.deployments.models import refused_parameters
+from proxray.serve.request.errors import RequestError
+from proxray.serve.request.plan import candidate_order, pass_through, routed
+from proxray.serve.request.schemas import ChatRequest, CompletionRequest, RoutingOptions, routing_text
 
 CONV = [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": "first question"},
@@ -119,7 +119,7 @@ def test_the_plan_leaves_out_models_that_cannot_honour_the_request():
 
 
 def test_api_key_comes_from_a_file_or_an_env_var_never_silently_from_nothing(tmp_path, monkeypatch):
-    from proxray.serve.schemas import AppArgs, load_api_key
+    from proxray.serve.request.schemas import AppArgs, load_api_key
 
     base = {"router": "r", "models": [{"id": "m", "engine": "sim"}]}
     key_file = tmp_path / "api_key"
@@ -143,7 +143,7 @@ def test_encoder_batcher_forms_the_next_pass_from_everything_queued_while_the_en
     import asyncio
     import threading
 
-    from proxray.serve.encoding import EncoderBatcher
+    from proxray.serve.request.encoding import EncoderBatcher
 
     passes, gate = [], threading.Event()
 
@@ -198,7 +198,7 @@ def test_a_relay_past_its_cap_answers_429_at_once(monkeypatch):
     """An endpoint's relay with every slot taken answers 429 (the gateway falls back) without calling the endpoint."""
     import asyncio
 
-    from proxray.serve.endpoint_server import EndpointRelay
+    from proxray.serve.deployments.endpoint_server import EndpointRelay
 
     class Quiet:  # ray.util.metrics stand-in: no Ray needed to count
         def __init__(self, *a, **k):
@@ -226,7 +226,7 @@ def test_a_relay_past_its_cap_answers_429_at_once(monkeypatch):
 
 
 def test_the_conversation_book_is_bounded_and_forgets_idle_conversations():
-    from proxray.serve.conversations import ConversationBook
+    from proxray.serve.tenancy.conversations import ConversationBook
 
     book = ConversationBook(max_entries=2, ttl_s=60)
     book.remember("a", "m1", now=0)
@@ -246,7 +246,7 @@ def test_the_conversation_book_is_bounded_and_forgets_idle_conversations():
     ([0.80, 0.76], [5.0, 0.0], 0.01, ("kept", "step down")),     # 0.76 vs 0.75: 0.01 < step-down margin 0.05
 ])
 def test_a_conversation_keeps_its_model_within_the_margins(acc, cost, lam, expect):
-    from proxray.serve.conversations import ConversationSpec, keep
+    from proxray.serve.tenancy.conversations import ConversationSpec, keep
 
     models = ["held", "other"]
     obj = np.array(acc) - lam * np.array(cost)
@@ -261,7 +261,7 @@ def test_a_conversation_keeps_its_model_within_the_margins(acc, cost, lam, expec
 
 
 def test_the_answer_book_is_bounded_expires_and_answers_only_the_key_that_asked():
-    from proxray.serve.feedback import AnswerBook, FeedbackRequest
+    from proxray.serve.tenancy.feedback import AnswerBook, FeedbackRequest
 
     book = AnswerBook(max_answers=3, retention_s=100.0, key_share=1.0)
     for i in range(4):
@@ -311,7 +311,7 @@ def test_retry_waits_honour_retry_after_else_back_off():
 def test_one_keys_answers_cannot_push_out_anothers_and_bytes_are_bounded():
     """A key floods the book with long texts: it drops its own oldest answers past its share, never another key's;
     the book's bytes stay under max_bytes, counted as Python holds the text (4 bytes a character for an emoji text)."""
-    from proxray.serve.feedback import RECORD_BYTES, AnswerBook
+    from proxray.serve.tenancy.feedback import RECORD_BYTES, AnswerBook
 
     book = AnswerBook(max_answers=1000, retention_s=1e9, max_bytes=2**20, key_share=0.5)
     book.remember("theirs", {"text": "a short question", "model": "m", "key": "quiet", "cost": 0.0}, now=0.0)
@@ -327,8 +327,8 @@ def test_one_keys_answers_cannot_push_out_anothers_and_bytes_are_bounded():
 def test_a_redeploy_with_smaller_bounds_trims_the_shared_books():
     """Every replica tells a shared book the app's settings when it first finds it: an app redeployed with smaller
     bounds trims the book the earlier deployment created, instead of keeping its settings."""
-    from proxray.serve.conversations import ConversationBook
-    from proxray.serve.feedback import AnswerBook
+    from proxray.serve.tenancy.conversations import ConversationBook
+    from proxray.serve.tenancy.feedback import AnswerBook
 
     convs = ConversationBook(max_entries=10)
     for i in range(10):

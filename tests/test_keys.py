@@ -1,12 +1,12 @@
-"""API keys with their own policy (proxray.serve.keys): the keys file (hashes only, validated, read again when it
+"""API keys with their own policy (proxray.serve.tenancy.keys): the keys file (hashes only, validated, read again when it
 changes), the shared ledger's rate and budget windows, `proxray keys new`. Over HTTP: tests/test_serve.py."""
 import os
 import stat
 
 import pytest
 
-from proxray.serve import keys as keys_mod
-from proxray.serve.keys import KeyLedger, KeyRing, key_hash, new_key_entry, read_keys
+from proxray.serve.tenancy import keys as keys_mod
+from proxray.serve.tenancy.keys import KeyLedger, KeyRing, key_hash, new_key_entry, read_keys
 
 
 def test_a_new_key_is_printed_once_and_stored_as_its_hash(tmp_path, capsys):
@@ -60,7 +60,7 @@ def test_holds_keep_concurrent_requests_within_the_budget_and_settle_to_the_real
     """40 requests admitted at once on a budget of 5 answers, each holding its upper bound: 5 are let through at
     the budget, the rest are over it; each settles to what its answer cost (less than its hold), and a hold whose
     replica never settled it is charged in full when its time is up."""
-    from proxray.serve.keys import HOLD_TTL_S
+    from proxray.serve.tenancy.keys import HOLD_TTL_S
 
     led, budget = KeyLedger(), {"usd": 5.0, "window_s": 3600.0}
     verdicts = [led.admit("k", None, budget, hold_usd=1.0, ticket=f"t{i}", now=10.0) for i in range(40)]
@@ -79,7 +79,7 @@ def test_holds_keep_concurrent_requests_within_the_budget_and_settle_to_the_real
 def test_admission_costs_the_same_after_a_day_of_traffic():
     """A key's memory is bounded whatever its traffic: the rate's starts of the last minute and the budget's 60
     buckets (its spend leaves the window in steps of a sixtieth of it)."""
-    from proxray.serve.keys import BUCKETS
+    from proxray.serve.tenancy.keys import BUCKETS
 
     led, budget = KeyLedger(), {"usd": 1e9, "window_s": 86400.0}
     for i in range(28_800):  # a day at one request every 3 s

@@ -249,7 +249,7 @@ def test_monitor_config_errors_name_the_field(tmp_path):
     from proxray.monitor import load_monitor_config
 
     shipped = load_monitor_config(ROOT / "monitor_configs" / "cpu_demo.yaml")
-    assert shipped.table == "embedded" and shipped.job["grader"]["model"] == "meta-llama/Llama-3.3-70B-Instruct"
+    assert shipped.table == "embedded" and shipped.job.grader.model == "meta-llama/Llama-3.3-70B-Instruct"
     bad = {"router": "r", "table": "t.parquet", "state_dir": "s", "shadow_rate": 1.5,
            "job": {"models": [{"id": "a", "engine": "sim", "price": {"input_per_mtok": 1, "output_per_mtok": 1}}]}}
     (tmp_path / "m.yaml").write_text(__import__("yaml").safe_dump(bad))

@@ -27,7 +27,7 @@ def server(tmp_path_factory, encoder):
                                "look_back_period_s": 1}},
               {"id": BROKEN, "engine": "sim", "engine_kwargs": {"fail_always": True}, "autoscaling": fast},
               {"id": STRONG, "engine": "sim", "autoscaling": fast}]
-    from proxray.serve.keys import new_key_entry
+    from proxray.serve.tenancy.keys import new_key_entry
 
     tmp = tmp_path_factory.mktemp("serve")
     KEYS["file"] = tmp / "keys.yaml"  # keys with their own policy beside the single key
@@ -150,7 +150,7 @@ def test_a_conversation_keeps_its_model_unless_another_is_better_by_the_margin(c
 def test_keys_with_their_own_policy(server):
     from openai import APIStatusError, OpenAI, PermissionDeniedError, RateLimitError
 
-    from proxray.serve.keys import new_key_entry
+    from proxray.serve.tenancy.keys import new_key_entry
 
     def as_key(name):
         return OpenAI(base_url=f"{server}/v1", api_key=KEYS[name], max_retries=0, timeout=30)

@@ -9,13 +9,13 @@ from conftest import blobs
 
 from proxray import KNNRouter
 from proxray.routing.objective import choose, objective
-from proxray.serve.budget import BudgetController
-from proxray.serve.fallback import first_answer, has_content
-from proxray.serve.errors import RequestError
-from proxray.serve.plan import Plan
-from proxray.serve.policy import RoutingPolicy
+from proxray.serve.request.budget import BudgetController
+from proxray.serve.request.fallback import first_answer, has_content
+from proxray.serve.request.errors import RequestError
+from proxray.serve.request.plan import Plan
+from proxray.serve.request.policy import RoutingPolicy
 from proxray.pool.spec import PriceSpec
-from proxray.serve.schemas import RoutingOptions
+from proxray.serve.request.schemas import RoutingOptions
 
 MODELS = ["small", "mid", "big"]
 
@@ -162,21 +162,36 @@ def test_a_request_naming_one_model_gets_that_models_own_error():
 def test_a_keys_lambda_stands_before_the_served_budget_and_the_requests_own_before_both(router):
     """λ precedence: the request's own, then its API key's, then the served budget's (only such requests are counted
     by the budget controller), then the app's."""
-    from types import SimpleNamespace
-
-    from proxray.serve.keys import KeyGate, KeySpec
+    from proxray.serve.tenancy.keys import KeySpec
+    from proxray.serve.request.policy import request_policy
 
     r, X = router
     est = BudgetController(1e-5, basis="estimated")
     policy = RoutingPolicy(r, "r0", {m: None for m in MODELS}, lam=7.0, budget=est)
-    gate = KeyGate.__new__(KeyGate)  # its policy alone: no keys file, no ledger
     spec = KeySpec(name="k", sha256="0" * 64, lam=123.0)
-    for asked, want, counted in ((None, 123.0, False), (5.0, 5.0, False)):
-        req = SimpleNamespace(model="proxray", proxray=RoutingOptions(lam=asked))
-        gate.apply_policy(spec, req)
-        p = policy.decide(X[:1], req.proxray)
-        assert p.report["lam"] == want and p.on_budget is counted
+    for asked, want, source in ((None, 123.0, "key"), (5.0, 5.0, "request")):
+        opts = RoutingOptions(lam=asked)
+        rp = request_policy(opts, spec)
+        p = policy.decide(X[:1], rp)
+        assert p.report["lam"] == want and not p.on_budget and p.report["lam_from"] == source
+        assert opts.lam == asked  # the request's options are read, never changed
     assert est.n == 0
     lam0 = est.lam
     p = policy.decide(X[:1], RoutingOptions())  # no key λ, no request λ: the served budget's
-    assert p.on_budget and p.report["lam"] == lam0 and est.n == 1
+    assert p.on_budget and p.report["lam"] == lam0 and est.n == 1 and p.report["lam_from"] == "budget"
+    over = policy.decide(X[:1], request_policy(RoutingOptions(), spec).over_budget())
+    assert over.report["lam"] == 1e9 and over.report["lam_from"] == "over_budget" and est.n == 1
+
+
+def test_a_requests_policy_is_decided_once_with_a_stated_precedence():
+    from proxray.serve.tenancy.keys import KeySpec
+    from proxray.serve.request.policy import request_policy
+
+    spec = KeySpec(name="k", sha256="0" * 64, allowed_models=["small", "big"])
+    headers = {"x-proxray-explain": "true", "x-proxray-conversation": "c" * 300}
+    rp = request_policy(RoutingOptions(allowed_models=["big", "other"]), spec, headers)
+    assert rp.allowed_models == ("big",) and rp.explain and rp.conversation == "c" * 256 and rp.lam_from == "app"
+    assert request_policy(RoutingOptions(conversation="body"), spec, headers).conversation == "body"
+    assert request_policy(RoutingOptions(allowed_models=["other"]), spec).allowed_models == ()  # none left: a 403
+    assert request_policy(RoutingOptions(), spec).allowed_models == ("small", "big")
+    assert request_policy(RoutingOptions()).allowed_models is None and not request_policy(RoutingOptions()).explain

@@ -24,7 +24,7 @@ KEYS: dict = {}
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory, encoder):
-    from proxray.serve.keys import new_key_entry
+    from proxray.serve.tenancy.keys import new_key_entry
 
     tmp = tmp_path_factory.mktemp("tenancy")
     key, _ = key_file(tmp)

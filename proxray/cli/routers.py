@@ -27,7 +27,7 @@ def _cmd_fit(a):
     table = RoutingTable.read(a.table) if a.table else make_table()
     if a.table is None:
         print("no --table: fitting on the embedded SYNTHETIC routing table", file=sys.stderr)
-    models = a.models.split(",") if a.models else table.models
+    models = a.models or table.models
     acc, cost = table.matrices(models=models)
     hp = from_options(a, a.router)
     check_fit(a.router, hp, len(acc), len(models), spelled=spelled_by_cli(a.router))  # before the table is encoded
@@ -78,11 +78,12 @@ def _parse_budgets(v, cost) -> list:
     if cost is None:
         raise ValueError("--budgets needs a table with cost")
     try:
-        out = [float(x) for x in v.split(",") if x.strip()]
+        out = [float(x) for x in v]
     except ValueError:
-        raise ValueError(f"--budgets {v!r}: expected comma-separated USD amounts per query, e.g. 0.0001,0.0005") from None
-    if not out or not all(np.isfinite(x) and x > 0 for x in out):
-        raise ValueError(f"--budgets {v!r}: every budget must be a number > 0")
+        raise ValueError(f"--budgets {','.join(v)!r}: expected comma-separated USD amounts per query, e.g. "
+                         "0.0001,0.0005") from None
+    if not all(np.isfinite(x) and x > 0 for x in out):
+        raise ValueError(f"--budgets {','.join(v)!r}: every budget must be a number > 0")
     return out
 
 
@@ -121,7 +122,7 @@ def _cmd_eval(a) -> None:
     table = _load_table(a.table, a.n_per_task)
     acc, cost = table.matrices()
     if a.outliers:
-        outliers = [o.strip() for o in a.outliers.split(",") if o.strip()]
+        outliers = a.outliers
     elif a.table is None:
         outliers = DEFAULT_SYNTH_OUTLIERS[a.router]
     else:
@@ -133,7 +134,7 @@ def _cmd_eval(a) -> None:
     if a.sweep:
         _check_sweep(a.sweep)
     X = _embed_prompts(table, a.encoder)
-    seeds = [int(s) for s in a.seeds.split(",")]
+    seeds = a.seeds
     common = dict(router=a.router, protocol=protocol, outliers=outliers, seeds=seeds, few_shot=a.few_shot,
                   n_clusters=a.clusters, k=a.k, temperature=temperature)
     if a.sweep:
@@ -184,12 +185,13 @@ def _check_sweep(sweep: str) -> None:
 
 
 def add_fit_explain(sub) -> None:
+    from proxray.common.cliargs import comma_list
     from proxray.routing.params import add_options
     from proxray.routing.temperature import add_temperature_options  # numpy only
 
     fit = sub.add_parser("fit", help="fit a router on a table and save the artifact")
     fit.add_argument("--table", default=None, help="routing table (default: the embedded synthetic one)")
-    fit.add_argument("--models", default=None, help="comma-separated subset of the table's models")
+    fit.add_argument("--models", type=comma_list(), default=None, help="comma-separated subset of the table's models")
     fit.add_argument("--router", choices=["km", "knn"], default="km", help="KMeans clusters (default, as in eval) "
                      "or the k nearest training queries")
     add_options(fit, ("weighting", "k", "n_clusters", "recall_floor"))
@@ -214,6 +216,7 @@ def add_fit_explain(sub) -> None:
 
 
 def add_eval(sub) -> None:
+    from proxray.common.cliargs import comma_list
     from proxray.experiments.protocols import PROTOCOLS
     from proxray.routing.params import add_options
     from proxray.routing.temperature import add_temperature_options
@@ -223,16 +226,17 @@ def add_eval(sub) -> None:
     p.add_argument("--router", choices=["km", "knn"], default="km", help="KMeans clusters or the k nearest queries")
     p.add_argument("--protocol", choices=list(PROTOCOLS), default=None,
                    help="default: leave-task-out for km, few-shot-outlier for knn (the paper's settings)")
-    p.add_argument("--outliers", default=None, help="comma-separated outlier tasks (required with --table)")
+    p.add_argument("--outliers", type=comma_list(), default=None, help="comma-separated outlier tasks (required with "
+                   "--table)")
     p.add_argument("--few-shot", type=int, default=25, help="few-shot-outlier: outlier queries in the training set")
     add_options(p, ("n_clusters", "k"))
     add_temperature_options(p)
-    p.add_argument("--seeds", default="42,7,99", help="comma-separated seeds (splits and KMeans)")
+    p.add_argument("--seeds", type=comma_list(int), default="42,7,99", help="comma-separated seeds (splits and KMeans)")
     p.add_argument("--encoder", default=None, help=ENCODER_HELP)
     p.add_argument("--n-per-task", type=int, default=200, help="synthetic table: queries per task")
     p.add_argument("--sweep", default=None, metavar="PARAM=V1,V2,…",
                    help="ablation: clusters=16,32,64 | k=50,100,200 | inv-tau=0,1,5,20,100,inf")
-    p.add_argument("--budgets", default=None, metavar="USD1,USD2,…",
+    p.add_argument("--budgets", type=comma_list(), default=None, metavar="USD1,USD2,…",
                    help="also report, at each mean cost per query, the accuracy and real cost each router reaches")
     p.add_argument("--json", default=None, help="write the result as JSON here")
     p.add_argument("--plot", default=None, help="write accuracy–cost curves (or the sweep) as PNG here")

@@ -6,12 +6,12 @@ import sys
 
 
 def _cmd_keys(a):
-    from proxray.serve.keys import new_key_entry
+    from proxray.serve.tenancy.keys import new_key_entry
 
     budget = None
     if a.budget_usd is not None:
         budget = {"usd": a.budget_usd, "window_s": a.budget_window_s, "over_budget": a.over_budget}
-    key = new_key_entry(a.file, a.name, lam=a.lam, allowed_models=a.models.split(",") if a.models else None,
+    key = new_key_entry(a.file, a.name, lam=a.lam, allowed_models=a.models,
                         requests_per_minute=a.rpm, budget=budget)
     print(f"added key {a.name!r} to {a.file} (its hash; ingress replicas pick it up within seconds). The key, shown "
           "this once:", file=sys.stderr)
@@ -125,7 +125,7 @@ def _monitor_command(a, out):
 
 
 def add_serving(sub) -> None:
-    from proxray.common.cliargs import flag_with_old_positional
+    from proxray.common.cliargs import comma_list, flag_with_old_positional
 
     keys = sub.add_parser("keys", help="API keys with their own policy: `new` adds one to a keys file (the app's "
                           "keys_file) and prints the key once")
@@ -133,7 +133,8 @@ def add_serving(sub) -> None:
     keys.add_argument("--file", required=True, help="the keys file (created if absent; it holds hashes only)")
     keys.add_argument("--name", required=True, help="the key's name in metrics and reports")
     keys.add_argument("--lam", type=float, default=None, help="default λ of its routed requests")
-    keys.add_argument("--models", default=None, help="comma-separated models it may reach (default: all)")
+    keys.add_argument("--models", type=comma_list(), default=None, help="comma-separated models it may reach "
+                      "(default: all)")
     keys.add_argument("--rpm", type=float, default=None, help="requests a minute at most, across every replica")
     keys.add_argument("--budget-usd", type=float, default=None, help="USD it may spend per window")
     keys.add_argument("--budget-window-s", type=float, default=86400.0, help="the budget's window (default a day)")

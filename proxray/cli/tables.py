@@ -71,7 +71,7 @@ def _cmd_build_table(a) -> None:
         config = rehearsal(config)
     if a.sample is not None:
         config = sampled(config, a.sample)
-    res = run_job(config, a.out, models=a.models.split(",") if a.models else None, max_batches=a.max_batches)
+    res = run_job(config, a.out, models=a.models, max_batches=a.max_batches)
     out = Store(res["output"])
     if out.exists("summary.md"):
         print(out.read_text("summary.md"))
@@ -103,7 +103,7 @@ def add_import_info(sub) -> None:
 
 
 def add_job(sub) -> None:
-    from proxray.common.cliargs import flag_with_old_positional, renamed_flag
+    from proxray.common.cliargs import comma_list, flag_with_old_positional, renamed_flag
 
     p = sub.add_parser("build-table", help="run the evaluation job: every model on every query -> routing table",
                        description="Run the evaluation job on this machine or the running Ray cluster: every model "
@@ -112,7 +112,7 @@ def add_job(sub) -> None:
     p.add_argument("--out", default=None, help="output folder or filesystem URI, e.g. s3://bucket/run "
                    "(default: the config's output)")
     renamed_flag(p, "--output", "--out")
-    p.add_argument("--models", default=None, help="comma-separated model ids to run (default: all)")
+    p.add_argument("--models", type=comma_list(), default=None, help="comma-separated model ids to run (default: all)")
     p.add_argument("--sample", type=int, default=None, metavar="N", help="at most N queries of each query set (seeded)"
                    ": try a job on a few queries first; a full run later resumes from its rows")
     p.add_argument("--simulate", action="store_true", help="a rehearsal on a CPU: every model on the simulated engine "

@@ -17,6 +17,23 @@ class _Renamed(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def comma_list(item=str):
+    """An option's type for comma-separated values ("a,b,c" -> [item(a), item(b), item(c)], blanks dropped): the one
+    place the command line splits a list; a value ``item`` refuses is argparse's error naming it."""
+    def parse(text: str) -> list:
+        try:
+            out = [item(x.strip()) for x in str(text).split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated {getattr(item, '__name__', 'values')}"
+                                             " values") from None
+        if not out:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected at least one value")
+        return out
+
+    parse.__name__ = "comma-separated list"
+    return parse
+
+
 def renamed_flag(parser, old: str, new: str) -> None:
     """``old`` parses as ``new`` (hidden from --help, with a deprecation message)."""
     dest = new.lstrip("-").replace("-", "_")

@@ -125,9 +125,7 @@ class ConfigError(ValueError):
 
 def load_config(path) -> JobConfig:
     """Read and validate a job YAML; errors name the file, the field, the value and the rule."""
-    from proxray.common.yamlconfig import load_yaml_model
-
-    return load_yaml_model(path, JobConfig, "job config", ConfigError)
+    return JobConfig.from_file(path, "job config", ConfigError)
 
 
 def sampled(config: JobConfig, n: int) -> JobConfig:

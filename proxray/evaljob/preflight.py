@@ -64,14 +64,29 @@ def check_config(config: JobConfig, output=None) -> dict:
     return sources
 
 
+def cluster_resources() -> tuple[dict, set]:
+    """What the connected Ray cluster has and can start: (the GPUs of its live nodes by accelerator type, None for
+    every GPU; the accelerator types of the node types its autoscaler can start, ``autoscaler_accelerators``). The
+    job's check (``check_cluster``) and ``proxray check --address`` both read it."""
+    import ray
+
+    live = {}
+    for n in ray.nodes():
+        if not n.get("Alive"):
+            continue
+        res = n.get("Resources", {})
+        for k in res:
+            if k.startswith("accelerator_type:"):
+                live[k.split(":", 1)[1]] = live.get(k.split(":", 1)[1], 0.0) + res.get("GPU", 0.0)
+        live[None] = live.get(None, 0.0) + res.get("GPU", 0.0)
+    return live, autoscaler_accelerators()
+
+
 def cluster_accelerators() -> set:
     """Accelerator types this Ray cluster has or can start: those of its live nodes, and those of the
     node types in the autoscaler's config (``autoscaler_accelerators``)."""
-    import ray
-
-    types = {k.split(":", 1)[1] for n in ray.nodes() if n.get("Alive")
-             for k in n.get("Resources", {}) if k.startswith("accelerator_type:")}
-    return types | autoscaler_accelerators()
+    live, scalable = cluster_resources()
+    return (set(live) - {None}) | scalable
 
 
 def autoscaler_accelerators() -> set:

@@ -17,10 +17,12 @@ import numpy as np
 from proxray.common.logs import log
 from proxray.embeddings.encoder import STATIC, SentenceEncoder, encoder_id
 from proxray.experiments.protocols import evaluate
+from proxray.routing.params import defaults
 
 CANDIDATES = (STATIC, None)  # the cheap one first: it is kept when it is good enough
 PROTOCOL = {"km": "leave-task-out", "knn": "few-shot-outlier"}
 MIN_PER_TASK = 10  # a task with fewer queries is never held out
+KNN_K, KM_CLUSTERS = defaults("knn")["k"], defaults("km")["n_clusters"]  # the routers' own (routing.params)
 
 
 def check_choice_args(tolerance_pp: float, max_queries: int, held_out: int) -> None:
@@ -48,8 +50,8 @@ def sample_rows(tasks: np.ndarray, max_queries: int, seed: int = 0) -> np.ndarra
 
 
 def choose_encoder(prompts, acc, cost, tasks, router: str = "km", tolerance_pp: float = 0.5,
-                   max_queries: int = 3000, held_out: int = 8, seed: int = 42, k: int = 100,
-                   n_clusters: int = 32) -> dict:
+                   max_queries: int = 3000, held_out: int = 8, seed: int = 42, k: int = KNN_K,
+                   n_clusters: int = KM_CLUSTERS) -> dict:
     """{"chosen": the encoder setting (None: MiniLM), "chosen_id", "tolerance_pp", "scores": {encoder id: {"overall",
     "outlier"}}, "held_out_tasks", "protocol", "metric", "n_queries", "seconds", "reason"}."""
     check_choice_args(tolerance_pp, max_queries, held_out)

@@ -19,6 +19,7 @@ import numpy as np
 
 from proxray.common.logs import log
 from proxray.experiments.metrics import baseline_points, cost_range, ndch_auc, routing_score, sweep
+from proxray.routing.params import defaults
 from proxray.routing.registry import make_router
 from proxray.routing.temperature import Temperature
 
@@ -108,7 +109,8 @@ def budget_scores(fitted: dict, X_cal, Xt, at, ct, budgets, test_outlier) -> lis
 
 
 def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: int, few_shot: int = 25,
-             n_clusters: int = 32, k: int = 100, temperature="auto", keep_curves: bool = False, budgets=()) -> dict:
+             n_clusters: int = defaults("km")["n_clusters"], k: int = defaults("knn")["k"], temperature="auto",
+             keep_curves: bool = False, budgets=()) -> dict:
     """One seed of one protocol: {"scores": {split: {key: value}}, "temperature": Prox's, as its spec, "curves": …,
     "budgets": [per budget: per router λ, accuracy and cost reached on the test split]}.
     ``temperature``: anything the routers take ("auto": the router's shipped one), or a callable
@@ -164,7 +166,8 @@ def _mean_budgets(runs) -> list:
 
 
 def evaluate(X, acc, cost, tasks, router="km", protocol="leave-task-out", outliers=(), seeds=(42, 7, 99),
-             few_shot=25, n_clusters=32, k=100, temperature="auto", keep_curves=False, budgets=()) -> dict:
+             few_shot=25, n_clusters=defaults("km")["n_clusters"], k=defaults("knn")["k"], temperature="auto",
+             keep_curves=False, budgets=()) -> dict:
     """All seeds; the result has the JSON shape of ``proxray eval --json`` ("temperature": Prox's spec per seed)."""
     runs = []
     for s in seeds:

@@ -83,9 +83,7 @@ class MonitorConfig(StrictModel):
 
 def load_monitor_config(path) -> MonitorConfig:
     """Read and validate ``monitor.yaml``; errors name the file, the field, the value and the rule."""
-    from proxray.common.yamlconfig import load_yaml_model
-
-    return load_yaml_model(path, MonitorConfig, "monitor config")
+    return MonitorConfig.from_file(path, "monitor config")
 
 
 def rehearsal(config: MonitorConfig) -> MonitorConfig:

@@ -1,5 +1,5 @@
 """The ``openai`` engine: a pool model behind an OpenAI-compatible endpoint proxray does not host (a hosted API, or a
-vLLM / SGLang / TGI server another team runs), for the evaluation job (served: ``proxray.serve.endpoint_server``).
+vLLM / SGLang / TGI server another team runs), for the evaluation job (served: ``proxray.serve.deployments.endpoint_server``).
 
 * **Limits across workers.** ``rate_limit`` is kept by one ``RateLimiter`` actor per model and job, which every
   worker asks before a request: requests start at least 60 / requests_per_minute apart (so no minute holds more), and
@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from proxray.pool.spec import Sampling
 
-RETRYABLE = {408, 409, 429, 500, 502, 503, 504}  # an endpoint's passing trouble: the same request may succeed later
+RETRYABLE = {408, 409, 429, 500, 502, 503, 504}  # passing trouble: the same request may succeed later (relayed:
+# retried within timeout_s; routed: another candidate is tried), as the openai SDK retries
 
 
 def endpoint_key(spec) -> str:
@@ -153,7 +154,7 @@ class OpenAIEngine:
             return list(pool.map(lambda r: self._one(r, sampling), rows))
 
     def stream(self, messages, prompt, sampling: Sampling = Sampling(), stop=()):
-        raise NotImplementedError("served, an endpoint's model is relayed as it is (proxray.serve.endpoint_server)")
+        raise NotImplementedError("served, an endpoint's model is relayed as it is (proxray.serve.deployments.endpoint_server)")
 
 
 def probe(spec) -> str | None:

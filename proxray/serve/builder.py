@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 
 from proxray.serve.ingress import RouterIngress, deployment_name
-from proxray.serve.models import ModelServer
-from proxray.serve.schemas import AppArgs, ServedModel
+from proxray.serve.deployments.models import ModelServer
+from proxray.serve.request.schemas import AppArgs, ServedModel
 
 
 def app_args(args: dict) -> AppArgs:
@@ -38,7 +38,7 @@ def app_problems(a: AppArgs, where: str = "") -> tuple[dict, list]:
     sources, found = check_models(a.models, a.default_max_tokens)
     problems += found + relay_problems(a.models, f"{where}models") + secret_problems(a.models, f"{where}models")
     if a.keys_file:
-        from proxray.serve.keys import read_keys
+        from proxray.serve.tenancy.keys import read_keys
 
         try:
             unknown = sorted({m for k in read_keys(os.path.expanduser(a.keys_file)).keys
@@ -61,7 +61,7 @@ def _vllm_deployment(m: ServedModel, source: str):
     from ray.serve.llm import LLMConfig, build_llm_deployment
 
     from proxray.pool.vllm_adapter import vllm_engine_kwargs, vllm_placement
-    from proxray.serve.vllm_server import VLLMModelServer
+    from proxray.serve.deployments.vllm_server import VLLMModelServer
 
     cfg = LLMConfig(model_loading_config={"model_id": m.id, "model_source": source},
                     engine_kwargs=vllm_engine_kwargs(m), accelerator_type=m.accelerator_type,
@@ -81,13 +81,15 @@ def build_app(args: dict):
     simulated engine, ``proxray.pool.simulated.rehearsal``)."""
     a = app_args(args)
     sources, problems = app_problems(a)
+    if len(problems) == 1:
+        raise ValueError(f"invalid app args: {problems[0]}")
     if problems:
         raise ValueError("invalid app args:\n" + "\n".join(f"  {p}" for p in problems))
     handles = {}
     for m in a.models:
         if m.engine == "vllm":
             handles[m.id] = _vllm_deployment(m, sources[m.id])
-        elif m.engine == "openai":  # relayed by the router's replicas (proxray.serve.endpoint_server)
+        elif m.engine == "openai":  # relayed by the router's replicas (proxray.serve.deployments.endpoint_server)
             handles[m.id] = {"relay": m.model_dump()}
         else:  # a CPU engine in the replica
             handles[m.id] = ModelServer.options(

@@ -9,7 +9,7 @@ with one deployment per model; ``proxray.serve.app:build_app`` is the Serve conf
 
 The client's request goes to the chosen model as sent (only ``model`` is rewritten); the model's response
 or chunk stream comes back unchanged, with a ``proxray`` object added (and ``x-proxray-*`` headers).
-``args`` follow ``proxray.serve.schemas.AppArgs``. Handles are injected through ``.bind()``, so tests compose the same app
+``args`` follow ``proxray.serve.request.schemas.AppArgs``. Handles are injected through ``.bind()``, so tests compose the same app
 from small real parts. Each ingress replica builds its FastAPI app from its own args (``http.gateway_api``, Serve's
 late-bound ``__serve_build_asgi_app__``, as ray.serve.llm's ``LLMServer`` does), so docs and CORS are per app.
 """
@@ -23,16 +23,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from proxray.routing.index import single_thread
-from proxray.serve import plan as planning
-from proxray.serve.client import ModelClient
-from proxray.serve.conversations import ConversationClient
-from proxray.serve.fallback import first_answer
-from proxray.serve.feedback import FeedbackClient, FeedbackRequest
-from proxray.serve.http import error_response, gateway_api, parse_request, response_headers
-from proxray.serve.errors import RequestError
-from proxray.serve.policy import RoutingPolicy, budget_from
-from proxray.serve.schemas import ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, load_api_key, routing_text
-from proxray.serve.sse import relay
+from proxray.serve.request import plan as planning
+from proxray.serve.deployments.client import ModelClient
+from proxray.serve.tenancy.conversations import ConversationClient
+from proxray.serve.request.fallback import first_answer
+from proxray.serve.tenancy.feedback import FeedbackClient, FeedbackRequest
+from proxray.serve.request.http import error_response, gateway_api, parse_request, response_headers
+from proxray.serve.request.errors import RequestError
+from proxray.serve.request.policy import RoutingPolicy, budget_from, request_policy
+from proxray.serve.request.schemas import ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, load_api_key, routing_text
+from proxray.serve.request.sse import relay
 
 logger = logging.getLogger("ray.serve")
 
@@ -51,9 +51,9 @@ class RouterIngress:
 
     def __init__(self, args: dict, handles: dict):
         from proxray.routing.registry import load_router
-        from proxray.serve.encoder_service import EncoderService
-        from proxray.serve.endpoint_server import relays
-        from proxray.serve.keys import KeyGate
+        from proxray.serve.request.encoder_service import EncoderService
+        from proxray.serve.deployments.endpoint_server import relays
+        from proxray.serve.tenancy.keys import KeyGate
         from proxray.serve.metrics import GatewayMetrics
 
         self.args = a = AppArgs(**args)
@@ -81,7 +81,7 @@ class RouterIngress:
 
             self.monitor = MonitorClient(a.monitor, a.reload_every_s, a.router, self.encoder.id, self.policy.use_router)
 
-    async def _plan(self, req, body: dict, endpoint: str, timings: dict, text: str, key=None,
+    async def _plan(self, req, rp, body: dict, endpoint: str, timings: dict, text: str, key=None,
                     again: bool = False) -> planning.Plan:
         if req.model != ROUTER_MODEL:  # nothing router-related on a pass-through request's path
             return planning.pass_through(req.model, self.client.handles)
@@ -92,13 +92,13 @@ class RouterIngress:
         refusals = await self.client.refusals(self.policy.routable, body, endpoint)
         X = (await self.encoder.vector(text, timings))[None, :]
         previous = None
-        if req.proxray.conversation:  # the model of the conversation's last turn, from the app's shared book
+        if rp.conversation:  # the model of the conversation's last turn, from the app's shared book
             t1 = time.perf_counter()
-            previous = await self.conversations.recall(req.proxray.conversation, key and key.name)
+            previous = await self.conversations.recall(rp.conversation, key and key.name)
             timings["conversation_ms"] = 1e3 * (time.perf_counter() - t1)
         t1 = time.perf_counter()
         single_thread()  # one query, one faiss thread (more threads cost more than they give on one query)
-        p = self.policy.decide(X, req.proxray, refusals, previous, key and key.allowed_models)
+        p = self.policy.decide(X, rp, refusals, previous, key and key.allowed_models)
         timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
         self.metrics.routed(p.report["route_ms"], p.report["outlier_score"])
@@ -110,7 +110,7 @@ class RouterIngress:
         logger.warning("proxray: model %s failed (%s); falling back", model, reason)
         self.metrics.fallback(model)
 
-    async def _admit(self, key, req, p, body: dict, endpoint: str, timings: dict, text: str, ticket: str):
+    async def _admit(self, key, req, rp, p, body: dict, endpoint: str, timings: dict, text: str, ticket: str):
         """The key's rate and budget for the planned request, which holds an upper bound of its cost (``KeyGate.hold``)
         until its answer settles it. Over budget with ``cheapest``: a routed request is planned again with cost
         deciding, a request naming a model other than the cheapest the key may use is refused (429 naming it).
@@ -124,9 +124,8 @@ class RouterIngress:
         report = await self.gate.admit(key, self.gate.hold(model, body, estimate), ticket)
         if not report["over_budget"]:
             return report, p, estimate
-        if req.model == ROUTER_MODEL:
-            req.proxray.lam = 1e9  # cost decides among the models the key may use
-            p = await self._plan(req, body, endpoint, timings, text, key, again=True)
+        if req.model == ROUTER_MODEL:  # cost decides among the models the key may use
+            p = await self._plan(req, rp.over_budget(), body, endpoint, timings, text, key, again=True)
             return report, p, p.report["estimates"][p.candidates[0]]["cost"]
         cheapest = self.gate.cheapest(key, self.client.handles)
         if cheapest is not None and req.model != cheapest:
@@ -151,20 +150,17 @@ class RouterIngress:
         try:
             key = self.gate.identify(request)
             req = await parse_request(request, model_cls, self.args.max_body_bytes, timings)
-            self.gate.apply_policy(key, req)  # the key's models and λ
-            if request.headers.get("x-proxray-explain", "").lower() in ("1", "true", "yes"):
-                req.proxray.explain = True
-            if request.headers.get("x-proxray-conversation") and req.proxray.conversation is None:
-                req.proxray.conversation = request.headers["x-proxray-conversation"][:256]
+            rp = request_policy(req.proxray, key, request.headers)  # decided once: app, key, request, headers
+            self.gate.check_policy(key, req.model, rp)
             body = req.forward(req.model, self.args.default_max_tokens)  # what every candidate gets, model aside
             usage_asked = bool((body.get("stream_options") or {}).get("include_usage"))
             if req.stream:  # every stream's usage, asked of the model whether or not the client asked for it
                 body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = routing_text(req, self.args.routing_text)
-            p = await self._plan(req, body, endpoint, timings, text, key)
+            p = await self._plan(req, rp, body, endpoint, timings, text, key)
             ticket = uuid.uuid4().hex if key is not None else None
-            key_report, p, estimate = await self._admit(key, req, p, body, endpoint, timings, text, ticket)
+            key_report, p, estimate = await self._admit(key, req, rp, p, body, endpoint, timings, text, ticket)
             t_model = time.perf_counter()
             model, head, gen = await first_answer(self.client, p, body, endpoint, req.stream, deadline,
                                                   self.args.timeout_s, self._failed)
@@ -248,7 +244,7 @@ class RouterIngress:
         return found[0]
 
     async def feedback(self, request: Request):
-        """``POST /v1/feedback``: a score in [0, 1] for an answer this endpoint gave (proxray.serve.feedback)."""
+        """``POST /v1/feedback``: a score in [0, 1] for an answer this endpoint gave (proxray.serve.tenancy.feedback)."""
         try:
             key = self.gate.identify(request)
             self.answers.check_enabled()

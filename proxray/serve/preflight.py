@@ -52,7 +52,7 @@ RELAYED = ("autoscaling", "max_replicas_per_node", "max_queued_requests", "num_c
 
 def relay_problems(models, where: str = "models") -> list:
     """Serving fields set on an ``engine: openai`` model, which the router's replicas relay in their own process
-    (``proxray.serve.endpoint_server``): it has no replicas to scale, place or queue for."""
+    (``proxray.serve.deployments.endpoint_server``): it has no replicas to scale, place or queue for."""
     return [f"{where}: model {m.id!r}: {f}: an openai model is relayed by the router's replicas and has no replicas of "
             "its own (router_replicas scales it; max_ongoing_requests caps it per router replica)"
             for m in models if m.engine == "openai" for f in RELAYED if f in m.model_fields_set]

@@ -43,7 +43,7 @@ def conversations(table, rng, n: int) -> list:
 
 def run(table_name: str, n: int, seed: int, enc) -> dict:
     from proxray import KMeansRouter, KNNRouter, RoutingTable
-    from proxray.serve.conversations import ConversationSpec, keep
+    from proxray.serve.tenancy.conversations import ConversationSpec, keep
 
     table = RoutingTable.read(DATA / f"{table_name}.parquet")
     acc, cost = table.matrices()

@@ -20,7 +20,7 @@ from pydantic import Field, field_validator
 
 from proxray.common.pricing import answer_cost
 from proxray.common.yamlconfig import StrictModel
-from proxray.serve.shared_actor import SharedActorClient, SharedStateDown
+from proxray.serve.tenancy.shared_actor import SharedActorClient, SharedStateDown
 
 
 class FeedbackSpec(StrictModel):
@@ -156,7 +156,7 @@ class FeedbackClient(SharedActorClient):
         return remember
 
     def check_enabled(self) -> None:
-        from proxray.serve.errors import RequestError
+        from proxray.serve.request.errors import RequestError
 
         if not self.spec.enabled:
             raise RequestError(404, "feedback is off for this endpoint (feedback.enabled: false)", kind="not_found_error")
@@ -164,7 +164,7 @@ class FeedbackClient(SharedActorClient):
     async def take(self, fb: FeedbackRequest, key: str | None, metrics, monitor) -> dict:
         """``POST /v1/feedback`` once its body is parsed: the answer found (404 otherwise), the score counted and handed
         to the monitor. Returns the answer to send."""
-        from proxray.serve.errors import RequestError
+        from proxray.serve.request.errors import RequestError
 
         try:
             record = await self.call("find", fb.id, key)

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from proxray.common.yamlconfig import StrictModel
 from proxray.pool.spec import PoolModel
-from proxray.serve.conversations import ConversationSpec
-from proxray.serve.feedback import FeedbackSpec
+from proxray.serve.tenancy.conversations import ConversationSpec
+from proxray.serve.tenancy.feedback import FeedbackSpec
 
 ROUTER_MODEL = "proxray"  # the model name that asks for routing
 INT64 = 2**63  # integers in a request must fit a signed 64-bit int (seed, logit_bias, ...)
@@ -227,7 +227,7 @@ class AppArgs(StrictModel):
         "key out of runtime_env, the Serve config and process environments; exclusive with api_key_env"))
     keys_file: str | None = Field(None, description=(
         "a file (on every node) of API keys with their own policy — λ, allowed models, request rate, budget — held as "
-        "SHA-256 hashes and read again when it changes (proxray.serve.keys; `proxray keys new` adds one); beside "
+        "SHA-256 hashes and read again when it changes (proxray.serve.tenancy.keys; `proxray keys new` adds one); beside "
         "api_key_file / api_key_env, whose key stays unrestricted"))
     timeout_s: float = Field(30.0, gt=0, description=(
         "one deadline per request across fallbacks: for the whole answer, or a stream's first chunk"))
@@ -237,10 +237,10 @@ class AppArgs(StrictModel):
     routing_text: Literal[ROUTING_TEXT] = Field("system+last_user", description="what the router embeds")
     conversations: ConversationSpec = Field(default_factory=ConversationSpec, description=(
         "requests naming a conversation keep its model across turns unless another is better by a margin "
-        "(proxray.serve.conversations)"))
+        "(proxray.serve.tenancy.conversations)"))
     feedback: FeedbackSpec = Field(default_factory=FeedbackSpec, description=(
         "answers remembered so that POST /v1/feedback can score them; the monitor learns from the scores "
-        "(proxray.serve.feedback)"))
+        "(proxray.serve.tenancy.feedback)"))
     docs: bool = Field(False, description="serve /docs and /openapi.json")
     cors_origins: list[str] = Field([], max_length=64, description=(
         "origins whose web pages may call the endpoint from a browser (CORS), e.g. https://app.example.com, "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
-from proxray.serve.encoding import EncoderBatcher
+from proxray.serve.request.encoding import EncoderBatcher
 
 logger = logging.getLogger("ray.serve")
 INLINE_CHARS = 8192  # a static encoder's text up to this long is encoded on the event loop (< ~0.5 ms)

@@ -28,7 +28,7 @@ from pydantic import Field, field_validator
 
 from proxray.common.pricing import answer_cost
 from proxray.common.yamlconfig import StrictModel
-from proxray.serve.shared_actor import Checkpointed, SharedActorClient, SharedStateDown
+from proxray.serve.tenancy.shared_actor import Checkpointed, SharedActorClient, SharedStateDown
 
 RELOAD_EVERY_S = 2.0
 
@@ -240,7 +240,7 @@ class LedgerClient(SharedActorClient):
 
     async def admit(self, spec: KeySpec, hold_usd: float = 0.0, ticket: str | None = None) -> dict:
         """The ledger's verdict; a ledger that does not answer fails closed: a 503 naming it (retry shortly)."""
-        from proxray.serve.errors import RequestError
+        from proxray.serve.request.errors import RequestError
 
         try:
             return await self.call("admit", spec.name, spec.requests_per_minute,
@@ -295,7 +295,7 @@ class KeyGate:
 
     def identify(self, request) -> KeySpec | None:
         """The key of the request's bearer token (None: the single key, or no auth configured); 401 otherwise."""
-        from proxray.serve.errors import RequestError
+        from proxray.serve.request.errors import RequestError
 
         if not self.api_key and self.ring is None:
             return None
@@ -308,36 +308,29 @@ class KeyGate:
             raise RequestError(401, "missing or invalid API key (Authorization: Bearer …)", kind="authentication_error")
         return spec
 
-    def apply_policy(self, spec: KeySpec | None, req) -> None:
-        """The key's models and λ on the parsed request ``req`` (its ``proxray`` options and model), before it is
-        planned: 403 for a model it may not use; its λ where the request sets none."""
-        from proxray.serve.errors import RequestError
-        from proxray.serve.schemas import ROUTER_MODEL
+    def check_policy(self, spec: KeySpec | None, model: str, rp) -> None:
+        """Before a request is planned: 403 for a model its key may not use, or a ``proxray.allowed_models`` that leaves
+        none of the key's (``rp``: the request's ``RequestPolicy``, which narrowed it)."""
+        from proxray.serve.request.errors import RequestError
+        from proxray.serve.request.schemas import ROUTER_MODEL
 
-        if spec is None:
+        if spec is None or spec.allowed_models is None:
             return
-        opts = req.proxray
-        if spec.allowed_models is not None:
-            if req.model != ROUTER_MODEL and req.model not in spec.allowed_models:
-                self.requests.inc(1, {"key": spec.name, "outcome": "forbidden"})
-                raise RequestError(403, f"key {spec.name!r} may not use model {req.model!r} (it may use "
-                                   f"{', '.join(spec.allowed_models)})", "model", kind="permission_error")
-            asked = opts.allowed_models or spec.allowed_models
-            opts.allowed_models = [m for m in asked if m in spec.allowed_models] or None
-            if opts.allowed_models is None:
-                self.requests.inc(1, {"key": spec.name, "outcome": "forbidden"})
-                raise RequestError(403, f"proxray.allowed_models: key {spec.name!r} may use none of them (it may use "
-                                   f"{', '.join(spec.allowed_models)})", "proxray.allowed_models",
-                                   kind="permission_error")
-        if opts.lam is None and spec.lam is not None:
-            opts.lam = spec.lam
+        if model != ROUTER_MODEL and model not in spec.allowed_models:
+            self.requests.inc(1, {"key": spec.name, "outcome": "forbidden"})
+            raise RequestError(403, f"key {spec.name!r} may not use model {model!r} (it may use "
+                               f"{', '.join(spec.allowed_models)})", "model", kind="permission_error")
+        if not rp.allowed_models:
+            self.requests.inc(1, {"key": spec.name, "outcome": "forbidden"})
+            raise RequestError(403, f"proxray.allowed_models: key {spec.name!r} may use none of them (it may use "
+                               f"{', '.join(spec.allowed_models)})", "proxray.allowed_models", kind="permission_error")
 
     async def admit(self, spec: KeySpec | None, hold_usd: float, ticket: str | None, budget: bool = True) -> dict | None:
         """The key's rate and budget, for a planned request that may cost up to ``hold_usd``: 429 past its rate or
         (``over_budget: reject``) its budget. Returns the key's report (name, spent, over budget; over budget with
         ``cheapest`` the caller routes down) or None; a key with neither limit is not asked about. ``budget=False``:
         the rate alone (feedback, which costs nothing, counts toward the key's rate)."""
-        from proxray.serve.errors import RequestError
+        from proxray.serve.request.errors import RequestError
 
         if spec is None:
             return None

@@ -1,5 +1,5 @@
 """vLLM models: ray.serve.llm's ``LLMServer`` (vLLM's own OpenAI serving) behind the gateway's one model
-interface, ``respond(endpoint, body)`` (see ``proxray.serve.models``). Imported only when an app has a
+interface, ``respond(endpoint, body)`` (see ``proxray.serve.deployments.models``). Imported only when an app has a
 vLLM model (it imports ray.serve.llm)."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 from pydantic import ValidationError
 from ray.serve.llm import LLMServer
 
-from proxray.serve.models import OpenAIModel, refused_parameters
-from proxray.serve.errors import error
-from proxray.serve.schemas import validation_message
+from proxray.serve.deployments.models import OpenAIModel, refused_parameters
+from proxray.serve.request.errors import error
+from proxray.serve.request.schemas import validation_message
 
 
 def _objects(item):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from proxray.serve.client import ModelError, failure_reason
-from proxray.serve.errors import RequestError
-from proxray.serve.plan import Plan
+from proxray.serve.deployments.client import ModelError, failure_reason
+from proxray.serve.request.errors import RequestError
+from proxray.serve.request.plan import Plan
 
 
 def has_content(obj: dict) -> bool:

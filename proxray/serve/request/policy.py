@@ -6,12 +6,56 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, replace
 
 from proxray.routing.explain import evidence
-from proxray.serve import plan as planning
-from proxray.serve.conversations import ConversationSpec, keep
+from proxray.serve.request import plan as planning
+from proxray.serve.tenancy.conversations import ConversationSpec, keep
 
 logger = logging.getLogger("ray.serve")
+TRUE = ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    """How one routed request is decided, fixed once (``request_policy``) from the app's defaults, its API key's policy,
+    its own ``proxray`` options and its headers, then read — never changed — by planning, charging and reporting.
+
+    Precedence, field by field: λ — the request's ``proxray.lam``, else its key's λ, else (``lam`` None) the served
+    budget's, else the app's (``lam_from`` says which: request, key, over_budget, app); models — the request's
+    ``proxray.allowed_models`` within its key's (an empty tuple: none left); ``max_cost`` — the request's; the
+    conversation — the body's ``proxray.conversation``, else the ``x-proxray-conversation`` header; evidence — the
+    body's ``proxray.explain`` or the ``x-proxray-explain`` header. Only requests whose λ is the served budget's are
+    counted by the budget controller."""
+    lam: float | None = None
+    lam_from: str = "app"
+    allowed_models: tuple | None = None
+    max_cost: float | None = None
+    conversation: str | None = None
+    explain: bool = False
+
+    def over_budget(self) -> "RequestPolicy":
+        """The same request with cost deciding among the models it may use (its key over budget, ``cheapest``)."""
+        return replace(self, lam=1e9, lam_from="over_budget")
+
+
+def request_policy(opts, key=None, headers=None) -> RequestPolicy:
+    """The ``RequestPolicy`` of a request's ``proxray`` options ``opts``, its API key's ``KeySpec`` (or None) and its
+    HTTP ``headers`` (a mapping, lower-case names)."""
+    headers = headers or {}
+    allowed = opts.allowed_models
+    if key is not None and key.allowed_models is not None:
+        allowed = [m for m in (allowed or key.allowed_models) if m in key.allowed_models]
+    if opts.lam is not None:
+        lam, source = opts.lam, "request"
+    elif key is not None and key.lam is not None:
+        lam, source = key.lam, "key"
+    else:
+        lam, source = None, "app"
+    conversation = opts.conversation if opts.conversation is not None else \
+        (headers.get("x-proxray-conversation") or "")[:256] or None
+    explain = bool(opts.explain) or str(headers.get("x-proxray-explain", "")).lower() in TRUE
+    return RequestPolicy(lam, source, None if allowed is None else tuple(allowed), opts.max_cost, conversation, explain)
 
 
 class RoutingPolicy:
@@ -39,31 +83,34 @@ class RoutingPolicy:
         self.router, self.router_path, self.routable = router, path, routable
         return True
 
-    def lam_for(self, opts) -> tuple[float, bool]:
-        """(λ, whether it is the budget's): the request's own, else the served budget's, else the app's."""
-        if opts.lam is not None:
-            return opts.lam, False
+    def lam_for(self, rp: RequestPolicy) -> tuple[float, bool]:
+        """(λ, whether it is the budget's): the request policy's (the request's own or its key's), else the served
+        budget's, else the app's."""
+        if rp.lam is not None:
+            return rp.lam, False
         if self.budget is not None:
             return self.budget.lam, True
         return self.lam, False
 
-    def decide(self, X, opts, refusals: dict | None = None, previous: str | None = None,
+    def decide(self, X, rp, refusals: dict | None = None, previous: str | None = None,
                visible=None) -> planning.Plan:
-        """The plan for one routed query's embedding ``X`` (1, d) under the request's ``opts`` (``proxray``
-        options); ``refusals``: ``{model: [parameters it cannot honour]}``; ``previous``: the model of the
+        """The plan for one routed query's embedding ``X`` (1, d) under its ``RequestPolicy`` ``rp`` (or bare
+        ``proxray`` options, read as a request without a key or headers); ``refusals``: ``{model: [parameters it cannot honour]}``; ``previous``: the model of the
         request's conversation, kept first unless another beats it by the margin; ``visible``: the models the asker
         may see in the evidence (its API key's; default: all). A budget on estimated cost counts the chosen model's
         estimate now."""
         router, path = self.router, self.router_path
+        rp = rp if isinstance(rp, RequestPolicy) else request_policy(rp)
         acc, cost, outlier = router.estimate_with_outlier_score(X)  # one search for both
-        lam, on_budget = self.lam_for(opts)
-        p = planning.routed(router.models_, self.served, acc[0], cost[0], float(outlier[0]), lam, opts, path,
+        lam, on_budget = self.lam_for(rp)
+        p = planning.routed(router.models_, self.served, acc[0], cost[0], float(outlier[0]), lam, rp, path,
                             refusals)
-        if opts.conversation is not None:
-            p.report["conversation"] = {"id": opts.conversation, **keep(p.candidates, previous, acc[0], cost[0], lam,
+        p.report["lam_from"] = "budget" if on_budget else rp.lam_from
+        if rp.conversation is not None:
+            p.report["conversation"] = {"id": rp.conversation, **keep(p.candidates, previous, acc[0], cost[0], lam,
                                                                           router.models_, self.conversations)}
             p.report["runner_up"] = p.candidates[1] if len(p.candidates) > 1 else None
-        if opts.explain:  # asked for: one more pass over the same neighbourhood, bounded in size
+        if rp.explain:  # asked for: one more pass over the same neighbourhood, bounded in size
             t0 = time.perf_counter()
             p.report["evidence"] = evidence(router, X, lam, p.candidates, visible=visible)
             p.report["evidence"]["explain_ms"] = round(1e3 * (time.perf_counter() - t0), 3)
@@ -87,7 +134,7 @@ def budget_from(args):
     """The served budget of the app args (``budget:``), or None."""
     if args.budget is None:
         return None
-    from proxray.serve.budget import BudgetController
+    from proxray.serve.request.budget import BudgetController
 
     b = args.budget
     return BudgetController(b.cost_per_query, b.lam0, b.window, b.gain, basis=b.basis,

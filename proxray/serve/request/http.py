@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proxray.serve.errors import RequestError
-from proxray.serve.schemas import validation_message
+from proxray.serve.request.errors import RequestError
+from proxray.serve.request.schemas import validation_message
 
 MAX_DEPTH = 32  # JSON nesting a request may have
 PARSE_INLINE_BYTES = 64 * 1024  # bigger bodies are parsed in a worker thread, off the event loop

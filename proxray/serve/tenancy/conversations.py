@@ -19,7 +19,7 @@ from pydantic import Field
 from proxray.common.lru import LRU
 from proxray.common.yamlconfig import StrictModel
 from proxray.routing.objective import objective
-from proxray.serve.shared_actor import SharedActorClient, SharedStateDown, logger
+from proxray.serve.tenancy.shared_actor import SharedActorClient, SharedStateDown, logger
 
 
 class ConversationSpec(StrictModel):

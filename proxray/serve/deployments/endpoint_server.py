@@ -1,5 +1,5 @@
 """Pool models proxray does not host (``engine: openai``): a hosted API, or a vLLM / SGLang / TGI server another team
-runs, behind the gateway's one model interface, ``respond(endpoint, body)`` (see ``proxray.serve.models``).
+runs, behind the gateway's one model interface, ``respond(endpoint, body)`` (see ``proxray.serve.deployments.models``).
 
 An endpoint needs no replica of its own: each router replica relays to it in its own process (``EndpointRelay``; the
 model client calls it as it calls a deployment's handle), which saves a Ray hop and a copy of every chunk through
@@ -34,10 +34,10 @@ import logging
 import time
 
 from proxray.pool.openai_engine import retry_wait
-from proxray.serve.errors import error
-from proxray.serve.models import OpenAIModel
-from proxray.serve.schemas import ServedModel
-from proxray.serve.shared_actor import SharedActorClient, SharedStateDown
+from proxray.serve.request.errors import error
+from proxray.serve.deployments.models import OpenAIModel
+from proxray.serve.request.schemas import ServedModel
+from proxray.serve.tenancy.shared_actor import SharedActorClient, SharedStateDown
 
 NAMES = {"latency": "proxray_endpoint_latency_s", "answers": "proxray_endpoint_answers",
          "limited": "proxray_endpoint_rate_limited"}

@@ -1,6 +1,6 @@
 """The model client: calls a model the same way for every engine (``respond(endpoint, body)``, see
-``proxray.serve.models``) — a deployment through its handle, an endpoint relayed in this process
-(``proxray.serve.endpoint_server.EndpointRelay``) directly — and sorts out which failures another model could fix
+``proxray.serve.deployments.models``) — a deployment through its handle, an endpoint relayed in this process
+(``proxray.serve.deployments.endpoint_server.EndpointRelay``) directly — and sorts out which failures another model could fix
 (fall back) from those that belong to the request (answer the client)."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import asyncio
 import re
 import time
 
-from proxray.serve.errors import error
-from proxray.serve.models import OpenAIModel, refused_parameters
+from proxray.pool.openai_engine import RETRYABLE  # one list: a model's passing trouble, not the request's
+from proxray.serve.deployments.models import OpenAIModel, refused_parameters
+from proxray.serve.request.errors import error
 
-RETRYABLE = {408, 429, 500, 502, 503, 504}  # the model's trouble, not the request's
 _PATH = re.compile(r"(?<![\w.])/(?:[\w.\-]+/)+[\w.\-]*")
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
-from proxray.serve.client import ModelError, failure_reason
-from proxray.serve.errors import error
+from proxray.serve.deployments.client import ModelError, failure_reason
+from proxray.serve.request.errors import error
 
 logger = logging.getLogger("ray.serve")
 DONE = "data: [DONE]\n\n"

@@ -12,7 +12,7 @@ and how the call ended, and closes the engine's stream as soon as the caller goe
   themselves: chat template over the whole conversation, ``n``, ``stop``, ``max_tokens`` /
   ``max_completion_tokens``, ``finish_reason``, usage, ``stream_options.include_usage``. What they cannot
   honour (``tools``, ``response_format``, ``logprobs``, ...) is refused by name.
-* ``proxray.serve.vllm_server.VLLMModelServer``: ray.serve.llm's ``LLMServer`` (vLLM's own OpenAI
+* ``proxray.serve.deployments.vllm_server.VLLMModelServer``: ray.serve.llm's ``LLMServer`` (vLLM's own OpenAI
   serving), the same interface on top.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ from ray import serve
 from proxray.pool.engine import Finish
 from proxray.pool.engines import make_engine
 from proxray.pool.spec import Sampling
-from proxray.serve.errors import error
-from proxray.serve.schemas import ServedModel
+from proxray.serve.request.errors import error
+from proxray.serve.request.schemas import ServedModel
 
 
 class OpenAIModel:
