@@ -171,7 +171,7 @@ class DriftMonitor:
             if o["j"] < self.overlap.threshold and self.decisions.triggered.get(g) != self.publisher.version:
                 self.decisions.triggered[g] = self.publisher.version
                 self.book.event("overlap_trigger", group=g, j=o["j"], queued=self.book.queue_group(g))
-                self.journal.dirty += 1
+                self.journal.touch()
 
     def _maybe_evaluate(self, kind: str, now: float) -> None:
         cfg, book = self.config, self.book

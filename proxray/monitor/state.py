@@ -124,6 +124,10 @@ class Journal:
         self.store, self.parts, self.apply = state_store(folder), parts, apply
         self.dirty = 0  # entries or decisions since the last snapshot
 
+    def touch(self) -> None:
+        """A decision changed outside the journal's entries (a J_z trigger): the next tick snapshots."""
+        self.dirty += 1
+
     def record(self, entry: dict) -> None:
         """Apply a new entry and append it to the journal (under the monitor's lock)."""
         self.apply(entry)

@@ -20,7 +20,7 @@ def outlier_threshold(router, X) -> float | None:
 
 
 class TrainingProvenance:
-    """Mixed into every ProxRouter (``routers.RouterMixin``); needs ``training_outlier_scores``."""
+    """Mixed into every ProxRouter (``prox.RouterMixin``); needs ``training_outlier_scores``."""
 
     def _note_training(self, X, query_ids, tasks) -> None:
         """The training queries' ids and tasks (optional, one each per row), and the outlier threshold: the

@@ -59,7 +59,7 @@ def request_policy(opts, key=None, headers=None) -> RequestPolicy:
 
 
 class RoutingPolicy:
-    """``decide(X, opts, refusals)`` -> the ``Plan``; ``use_router`` switches routers between requests;
+    """``decide(X, rp, refusals)`` -> the ``Plan`` under a request's ``RequestPolicy``; ``use_router`` switches routers between requests;
     ``meter(plan, model)`` counts an answer toward a realised-cost budget."""
 
     def __init__(self, router, router_path: str, served, lam: float = 0.0, budget=None, conversations=None):
