@@ -22,6 +22,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def prompt_of(body: dict) -> str:
+    """The last message's text (a Responses request: its input's, or the last input item's first part's)."""
+    value = body.get("input")
+    if isinstance(value, list) and value:
+        value = value[-1].get("content")
+        value = value[0].get("text") if isinstance(value, list) and value else value
+    if isinstance(value, str):
+        return value
     if body.get("messages"):
         content = body["messages"][-1].get("content")
         return content if isinstance(content, str) else json.dumps(content)
@@ -36,6 +43,7 @@ class FaultProxy:
         self.upstream, self.plan, self.slow_s = upstream.rstrip("/"), plan, slow_s
         self.log: list = []
         self.tries: dict = {}
+        self.paths: dict = {}  # prompt -> the path its last request was sent to
         self.lock = threading.Lock()
         client = httpx.Client(timeout=120)
         outer = self
@@ -77,6 +85,7 @@ class FaultProxy:
                 forwarded = fault in (None, "slow", "cut")
                 with outer.lock:
                     outer.log.append((time.time(), prompt, fault, forwarded))
+                    outer.paths[prompt] = self.path
                 if fault == "429":
                     return self._reply(429, {"error": {"message": "Rate limit reached", "type": "rate_limit"}},
                                        [("Retry-After", "0.2")])

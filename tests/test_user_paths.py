@@ -107,8 +107,9 @@ def test_the_readme_first_routed_answer_on_a_plain_install(clone, user_env):
         done = subprocess.run([str(clone / ".venv/bin/python"), "-c", snippet], cwd=clone, env=user_env,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
-        model, cost = done.stdout.split()
+        (model, cost), (answered, tokens) = (line.split() for line in done.stdout.splitlines())
         assert model in cmds[0] and float(cost) > 0, done.stdout  # one of the four fitted models, at a priced estimate
+        assert answered in cmds[0] and int(tokens) > 0, done.stdout  # a Responses answer, stored and retrieved
     finally:
         _stop(proc)
 

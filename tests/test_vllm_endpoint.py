@@ -216,6 +216,23 @@ def test_the_shipped_mixed_pool_end_to_end(vllm_server, proxy, tmp_path, monkeyp
         routed = ask("proxray", text, extra_body={"proxray": {"allowed_models": [NAME, SIM], "lam": 1e9}})
         assert routed.model == NAME and routed.model_extra["proxray"]["fallback_from"] == []
         assert [f for _, p, f, _ in proxy.log if p == text] == ["500", None]
+        # the Responses API: relayed to vLLM's own /v1/responses for the external model (responses_api: true),
+        # continued by previous_response_id from the gateway's store, streamed; through chat for the co-hosted one
+        first = client.responses.create(model=NAME, input=prompt_of(5, "Name a fruit."), max_output_tokens=12,
+                                        temperature=0)
+        assert first.model == NAME and first.usage.output_tokens >= 1 and first.status in ("completed", "incomplete")
+        assert proxy.paths[prompt_of(5, "Name a fruit.")] == "/v1/responses"
+        then = prompt_of(5, "And another fruit?")
+        second = client.responses.create(model=NAME, input=then, previous_response_id=first.id, max_output_tokens=12)
+        assert second.previous_response_id == first.id and proxy.paths[then] == "/v1/responses"
+        assert client.responses.retrieve(second.id).output_text == second.output_text
+        with client.responses.stream(model=NAME, input=prompt_of(5, "Name a tree."), max_output_tokens=12) as s:
+            kinds = [e.type for e in s]
+            final = s.get_final_response()
+        assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
+        assert final.model == NAME and final.usage.output_tokens >= 1
+        cohosted = client.responses.create(model="tiny-llama-a", input="Count to three.", max_output_tokens=12)
+        assert cohosted.model == "tiny-llama-a" and cohosted.usage.output_tokens >= 1
         got = []
         with pytest.raises(APIError, match="mid-stream"):
             for c in ask(NAME, prompt_of(3, "Count to ten."), stream=True):

@@ -85,6 +85,9 @@ class PoolModel(StrictModel):
     api_key_file: str | None = Field(None, description="openai: a file (on the workers) whose first line is its key")
     rate_limit: RateLimit | None = Field(None, description="openai: what the endpoint allows, kept across all of "
                                          "the model's workers in a job (one limiter)")
+    responses_api: bool = Field(False, description="openai, served: the endpoint serves /v1/responses itself (OpenAI's "
+                                "API, vLLM's server): Responses requests are relayed to it; otherwise the gateway "
+                                "translates them to chat completions")
     timeout_s: float = Field(60.0, gt=0, description="openai: seconds one request may take")
     max_concurrency: int = Field(8, ge=1, description="openai: requests in flight per worker at most")
     max_retries: int = Field(4, ge=0, description="openai: retries of a request after a 429, a 5xx or a dropped "
@@ -139,15 +142,15 @@ class PoolModel(StrictModel):
 
     @model_validator(mode="after")
     def _endpoint(self):
-        endpoint = ("base_url", "api_key_env", "api_key_file", "rate_limit")
+        endpoint = ("base_url", "api_key_env", "api_key_file", "rate_limit", "responses_api")
         if self.engine == "openai":
             if not self.base_url or not self.base_url.startswith(("http://", "https://")):
                 raise ValueError(f"model {self.id!r}: engine openai needs base_url: http(s)://host[:port]/v1 (got "
                                  f"{self.base_url!r})")
             if self.api_key_env and self.api_key_file:
                 raise ValueError(f"model {self.id!r}: give api_key_env or api_key_file, not both")
-        elif any(getattr(self, f) is not None for f in endpoint):
-            given = [f for f in endpoint if getattr(self, f) is not None]
+        elif any(getattr(self, f) not in (None, False) for f in endpoint):
+            given = [f for f in endpoint if getattr(self, f) not in (None, False)]
             raise ValueError(f"model {self.id!r}: {', '.join(given)} belong to engine openai, not {self.engine}")
         return self
 

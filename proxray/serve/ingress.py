@@ -2,13 +2,16 @@
 with one deployment per model; ``proxray.serve.app:build_app`` is the Serve config's import path).
 
     RouterIngress (FastAPI)  --DeploymentHandle.respond-->  ModelServer "<model a>"        (CPU engines)
+      chat, completions, responses (a ChatTurn or a ResponsesTurn per request: its body, routing text, answer)
       composes: HTTP boundary (http), encoder service,      VLLMModelServer "<model b>"   (ray.serve.llm)
       routing policy (policy), model client (client) with   --in process-->  EndpointRelay "<model c>"
       fallback (fallback), stream writer (sse), monitor       (an endpoint it does not host)
       client, metrics                                       ... every one: respond(endpoint, body)
 
 The client's request goes to the chosen model as sent (only ``model`` is rewritten); the model's response
-or chunk stream comes back unchanged, with a ``proxray`` object added (and ``x-proxray-*`` headers).
+or chunk stream comes back unchanged, with a ``proxray`` object added (and ``x-proxray-*`` headers). A Responses
+request reaches a model that does not serve ``/v1/responses`` as chat completions and its answer comes back as a
+response (``proxray.serve.responses``); responses are stored per key in the app's ``ResponseStore``.
 ``args`` follow ``proxray.serve.request.schemas.AppArgs``. Handles are injected through ``.bind()``, so tests compose the same app
 from small real parts. Each ingress replica builds its FastAPI app from its own args (``http.gateway_api``, Serve's
 late-bound ``__serve_build_asgi_app__``, as ray.serve.llm's ``LLMServer`` does), so docs and CORS are per app.
@@ -17,6 +20,7 @@ late-bound ``__serve_build_asgi_app__``, as ray.serve.llm's ``LLMServer`` does),
 import logging
 import time
 import uuid
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -31,8 +35,12 @@ from proxray.serve.tenancy.feedback import FeedbackClient, FeedbackRequest
 from proxray.serve.request.http import error_response, gateway_api, parse_request, response_headers
 from proxray.serve.request.errors import RequestError
 from proxray.serve.request.policy import RoutingPolicy, budget_from, request_policy
-from proxray.serve.request.schemas import ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, load_api_key, routing_text
+from proxray.serve.request.schemas import ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, load_api_key
 from proxray.serve.request.sse import relay
+from proxray.serve.request.turn import ChatTurn
+from proxray.serve.responses.stored import StoredResponses
+from proxray.serve.responses.turn import ResponsesModels
+from proxray.serve.tenancy.responses import ResponseStore
 
 logger = logging.getLogger("ray.serve")
 
@@ -69,6 +77,9 @@ class RouterIngress:
         app_name = serve.get_replica_context().app_name
         self.conversations = ConversationClient(app_name, a.conversations)
         self.answers = FeedbackClient(app_name, a.feedback)  # answers remembered for feedback on them
+        self.store = ResponseStore(app_name, a.responses)  # responses kept for retrieval and previous_response_id
+        self.stored = StoredResponses(self.store)
+        self.responses_models = ResponsesModels(self.client, {m.id for m in a.models if m.responses_api})
         self.gate = KeyGate(a.keys_file, load_api_key(a), app_name, {m.id: m.price for m in a.models if m.price})
         self.kinds = {m.id: m.engine for m in a.models}
         self.requests = 0
@@ -81,18 +92,17 @@ class RouterIngress:
 
             self.monitor = MonitorClient(a.monitor, a.reload_every_s, a.router, self.encoder.id, self.policy.use_router)
 
-    async def _plan(self, req, rp, body: dict, endpoint: str, timings: dict, text: str, key=None,
-                    again: bool = False) -> planning.Plan:
+    async def _plan(self, req, rp, turn, timings: dict, text: str, key=None, again: bool = False) -> planning.Plan:
         if req.model != ROUTER_MODEL:  # nothing router-related on a pass-through request's path
             return planning.pass_through(req.model, self.client.handles)
         t0 = time.perf_counter()
         if len(text) > self.args.max_prompt_chars:
             raise RequestError(413, f"the routing text has {len(text)} characters; the limit is "
-                               f"{self.args.max_prompt_chars}", "messages" if isinstance(req, ChatRequest) else "prompt")
-        refusals = await self.client.refusals(self.policy.routable, body, endpoint)
+                               f"{self.args.max_prompt_chars}", turn.param)
+        refusals = await turn.client.refusals(self.policy.routable, turn.body, turn.endpoint)
         X = (await self.encoder.vector(text, timings))[None, :]
-        previous = None
-        if rp.conversation:  # the model of the conversation's last turn, from the app's shared book
+        previous = turn.previous  # the model of the conversation's last turn: a stored response's
+        if previous is None and rp.conversation:  # or the app's conversations book's
             t1 = time.perf_counter()
             previous = await self.conversations.recall(rp.conversation, key and key.name)
             timings["conversation_ms"] = 1e3 * (time.perf_counter() - t1)
@@ -110,7 +120,7 @@ class RouterIngress:
         logger.warning("proxray: model %s failed (%s); falling back", model, reason)
         self.metrics.fallback(model)
 
-    async def _admit(self, key, req, rp, p, body: dict, endpoint: str, timings: dict, text: str, ticket: str):
+    async def _admit(self, key, req, rp, p, turn, timings: dict, text: str, ticket: str):
         """The key's rate and budget for the planned request, which holds an upper bound of its cost (``KeyGate.hold``)
         until its answer settles it. Over budget with ``cheapest``: a routed request is planned again with cost
         deciding, a request naming a model other than the cheapest the key may use is refused (429 naming it).
@@ -121,11 +131,11 @@ class RouterIngress:
             return None, p, estimate
         if estimate is None and key.budget and model not in self.gate.prices:  # a named model with no price
             estimate = await self._estimate(text, model)
-        report = await self.gate.admit(key, self.gate.hold(model, body, estimate), ticket)
+        report = await self.gate.admit(key, self.gate.hold(model, turn.body, estimate), ticket)
         if not report["over_budget"]:
             return report, p, estimate
         if req.model == ROUTER_MODEL:  # cost decides among the models the key may use
-            p = await self._plan(req, rp.over_budget(), body, endpoint, timings, text, key, again=True)
+            p = await self._plan(req, rp.over_budget(), turn, timings, text, key, again=True)
             return report, p, p.report["estimates"][p.candidates[0]]["cost"]
         cheapest = self.gate.cheapest(key, self.client.handles)
         if cheapest is not None and req.model != cheapest:
@@ -142,6 +152,15 @@ class RouterIngress:
         _, cost, _ = router.estimate_with_outlier_score((await self.encoder.vector(text, {}))[None, :])
         return float(cost[0][router.models_.index(model)])
 
+    async def _turn(self, req, endpoint: str, key):
+        """What the gateway needs of one request of ``endpoint`` (``ChatTurn``, ``ResponsesTurn``)."""
+        if endpoint != "responses":
+            return ChatTurn(req, endpoint, self.client, self.args.default_max_tokens)
+        from proxray.serve.responses.turn import begin
+
+        return await begin(req, self.responses_models, self.store, self.args.responses, self.args.default_max_tokens,
+                           key and key.name)
+
     async def _handle(self, request: Request, model_cls, endpoint: str):
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.args.timeout_s
@@ -152,17 +171,16 @@ class RouterIngress:
             req = await parse_request(request, model_cls, self.args.max_body_bytes, timings)
             rp = request_policy(req.proxray, key, request.headers)  # decided once: app, key, request, headers
             self.gate.check_policy(key, req.model, rp)
-            body = req.forward(req.model, self.args.default_max_tokens)  # what every candidate gets, model aside
-            usage_asked = bool((body.get("stream_options") or {}).get("include_usage"))
-            if req.stream:  # every stream's usage, asked of the model whether or not the client asked for it
-                body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            turn = await self._turn(req, endpoint, key)  # the body every candidate gets, model aside
+            if turn.previous_id is not None:  # a stored response's conversation: its id names it in the report
+                rp = replace(rp, conversation=turn.previous_id)
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
-            text = routing_text(req, self.args.routing_text)
-            p = await self._plan(req, rp, body, endpoint, timings, text, key)
+            text = turn.text(self.args.routing_text)
+            p = await self._plan(req, rp, turn, timings, text, key)
             ticket = uuid.uuid4().hex if key is not None else None
-            key_report, p, estimate = await self._admit(key, req, rp, p, body, endpoint, timings, text, ticket)
+            key_report, p, estimate = await self._admit(key, req, rp, p, turn, timings, text, ticket)
             t_model = time.perf_counter()
-            model, head, gen = await first_answer(self.client, p, body, endpoint, req.stream, deadline,
+            model, head, gen = await first_answer(turn.client, p, turn.body, endpoint, req.stream, deadline,
                                                   self.args.timeout_s, self._failed)
             timings["model_ms"] = 1e3 * (time.perf_counter() - t_model)  # the answer, or a stream's first content
         except RequestError as e:
@@ -172,7 +190,7 @@ class RouterIngress:
             return error_response(e)
         self.requests += 1
         self.metrics.answered(model, p.report["routed"])
-        if p.report.get("conversation"):  # the model that answered (after any fallback) carries the conversation
+        if p.report.get("conversation") and turn.previous_id is None:  # the model that answered carries it on
             self.conversations.remember(p.report["conversation"]["id"], model, key and key.name)
         p.report["latency_s"] = time.perf_counter() - t0
         p.report["timings"] = timings
@@ -184,15 +202,16 @@ class RouterIngress:
         if model != p.candidates[0] or estimate is None:
             estimate = p.report.get("estimates", {}).get(model, {}).get("cost", estimate)
         counts = [f for f in (self.policy.meter(p, model), self.gate.charger(key, model, estimate, ticket),
-                              self.answers.recorder(head[0], text, model, key and key.name, self.gate.prices.get(model),
-                                                    estimate) if len(text) <= self.args.max_prompt_chars else None) if f]
+                              self.answers.recorder(turn.answer_id(head[0]), text, model, key and key.name,
+                                                    self.gate.prices.get(model), estimate)
+                              if len(text) <= self.args.max_prompt_chars else None) if f]
         if req.stream:
-            head[0] = {**head[0], "proxray": p.report}
+            head, gen = await turn.shown(head, gen, p.report)
             usage = {}  # the stream's usage, from its last chunk (asked of every model)
 
             def seen(obj):
-                if obj.get("usage"):
-                    usage["usage"] = obj["usage"]
+                if turn.usage(obj):
+                    usage["usage"] = turn.usage(obj)
 
             def done(ok):
                 if not ok:  # a stream that ended in an error event
@@ -200,11 +219,11 @@ class RouterIngress:
                 for count in counts:
                     count(usage.get("usage"))
 
-            return StreamingResponse(relay(head, gen, done, seen, hide_usage=not usage_asked),
+            return StreamingResponse(relay(head, gen, done, seen, hide_usage=turn.hide_usage, fmt=turn.sse()),
                                      media_type="text/event-stream", headers=response_headers(p.report))
         for count in counts:
-            count(head[0].get("usage"))
-        return JSONResponse({**head[0], "proxray": p.report}, headers=response_headers(p.report))
+            count(turn.usage(head[0]))
+        return JSONResponse(await turn.answer(head[0], p.report), headers=response_headers(p.report))
 
     # ---- routes (http.gateway_api binds them) ---------------------------------------------------
     def __serve_build_asgi_app__(self) -> FastAPI:
@@ -215,6 +234,34 @@ class RouterIngress:
 
     async def completions(self, request: Request):
         return await self._handle(request, CompletionRequest, "completions")
+
+    async def responses(self, request: Request):
+        """``POST /v1/responses`` (proxray.serve.responses)."""
+        from proxray.serve.responses.schemas import ResponsesRequest
+
+        return await self._handle(request, ResponsesRequest, "responses")
+
+    async def _stored(self, request: Request, act):
+        """A stored response's route: the key (its rate counted, as for feedback), then ``act(key name)``."""
+        try:
+            key = self.gate.identify(request)
+            await self.gate.admit(key, 0.0, None, budget=False)
+            return await act(key and key.name)
+        except RequestError as e:
+            self.metrics.error(e.status)
+            return error_response(e)
+
+    async def response(self, response_id: str, request: Request):
+        """``GET /v1/responses/{id}``: a stored response of this key."""
+        return await self._stored(request, lambda key: self.stored.retrieve(response_id, key, request.query_params))
+
+    async def response_input_items(self, response_id: str, request: Request):
+        """``GET /v1/responses/{id}/input_items``: a page of a stored response's own input items."""
+        return await self._stored(request, lambda key: self.stored.input_items(response_id, key, request.query_params))
+
+    async def delete_response(self, response_id: str, request: Request):
+        """``DELETE /v1/responses/{id}``."""
+        return await self._stored(request, lambda key: self.stored.delete(response_id, key))
 
     def _model_objects(self, key=None) -> list:
         """OpenAI model objects: the router first, then every served model — of a key with ``allowed_models``, only

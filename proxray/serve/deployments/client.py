@@ -101,4 +101,5 @@ class ModelClient:
         if missing:
             self.caps.update(await self.capabilities(missing, timeout_s=2.0))
             self.caps_retry.update({m: now + self.ASK_AGAIN_S for m in missing if m not in self.caps})
-        return {m: refused_parameters(body, c[endpoint]) for m, c in self.caps.items()}
+        return {m: refused_parameters(body, self.caps[m][endpoint]) for m in models
+                if endpoint in self.caps.get(m, {})}

@@ -34,7 +34,7 @@ import logging
 import time
 
 from proxray.pool.openai_engine import retry_wait
-from proxray.serve.request.errors import error
+from proxray.serve.request.errors import error, is_error
 from proxray.serve.deployments.models import OpenAIModel
 from proxray.serve.request.schemas import ServedModel
 from proxray.serve.tenancy.shared_actor import SharedActorClient, SharedStateDown
@@ -46,13 +46,21 @@ COOLDOWN_S = 60.0  # a model whose endpoint refuses the gateway's key, or does n
 logger = logging.getLogger("ray.serve")
 
 
-def honoured() -> dict:
-    """The request parameters an OpenAI-compatible endpoint takes, per gateway endpoint: what the openai SDK sends."""
+def honoured(responses: bool = False) -> dict:
+    """The request parameters an OpenAI-compatible endpoint takes, per gateway endpoint: what the openai SDK sends
+    (``responses``: also to ``/v1/responses``, for an endpoint that serves it)."""
     from openai.types import completion_create_params as completions
     from openai.types.chat import completion_create_params as chat
+    from openai.types.responses import response_create_params
 
-    return {"chat": sorted({*chat.CompletionCreateParamsBase.__annotations__, "stream"}),
+    caps = {"chat": sorted({*chat.CompletionCreateParamsBase.__annotations__, "stream"}),
             "completions": sorted({*completions.CompletionCreateParamsBase.__annotations__, "stream"})}
+    if responses:
+        caps["responses"] = sorted({*response_create_params.ResponseCreateParamsBase.__annotations__, "stream"})
+    return caps
+
+
+PATHS = {"chat": "/chat/completions", "completions": "/completions", "responses": "/responses"}
 
 
 DEFAULT_CONCURRENCY = 64  # requests in flight to one endpoint per router replica, unless max_ongoing_requests says
@@ -98,7 +106,7 @@ class EndpointRelay(OpenAIModel):
         self.cooldown_until, self.cooldown_why = 0.0, ""
 
     async def capabilities(self) -> dict:
-        return honoured()
+        return honoured(self.spec.responses_api)
 
     def _scrub(self, text: str) -> str:
         from proxray.pool.openai_engine import scrub
@@ -124,9 +132,9 @@ class EndpointRelay(OpenAIModel):
                              f"more: {self.cooldown_why}", kind="upstream_error")
             return
         deadline = time.monotonic() + self.spec.timeout_s
-        tokens = len(json.dumps(body.get("messages") or body.get("prompt") or "")) // 3 + int(
-            body.get("max_completion_tokens") or body.get("max_tokens") or 256)
-        path = "/chat/completions" if endpoint == "chat" else "/completions"
+        tokens = len(json.dumps(body.get("messages") or body.get("prompt") or body.get("input") or "")) // 3 + int(
+            body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens") or 256)
+        path = PATHS[endpoint]
         sent = {**body, "model": self.spec.source or self.spec.id}
         for attempt in range(self.spec.max_retries + 1):
             if self.limiter is not None:
@@ -177,7 +185,7 @@ class EndpointRelay(OpenAIModel):
                 if not stream:
                     obj = json.loads(await r.aread())
                     self.latency.observe(time.perf_counter() - t0, tag)
-                    yield {**obj, "model": self.spec.id}
+                    yield self._named(obj)
                     return
                 async for line in r.aiter_lines():  # after the first chunk a failure is one mid-stream
                     if not line.startswith("data:"):
@@ -189,7 +197,7 @@ class EndpointRelay(OpenAIModel):
                         self.latency.observe(time.perf_counter() - t0, tag)
                         first = False
                     obj = json.loads(data)
-                    yield self._error(500, json.dumps(obj)) if "error" in obj else {**obj, "model": self.spec.id}
+                    yield self._error(500, json.dumps(obj)) if is_error(obj) else self._named(obj)
         except (httpx.TimeoutException, httpx.TransportError) as e:
             self.answers.inc(1, {**tag, "status": "0"})
             kind = "timeout" if isinstance(e, httpx.TimeoutException) else "connection"
@@ -200,6 +208,13 @@ class EndpointRelay(OpenAIModel):
                 return
             yield Retry(503, error(503, f"model {self.spec.id!r}: its endpoint did not answer ({kind})",
                                    kind="upstream_error"), None)
+
+    def _named(self, obj: dict) -> dict:
+        """An answer, chunk or event with the pool model's id for the endpoint's name of it (a Responses event holds
+        it in its ``response``)."""
+        if isinstance(obj.get("response"), dict):
+            return {**obj, "response": {**obj["response"], "model": self.spec.id}}
+        return {**obj, "model": self.spec.id} if "model" in obj or "choices" in obj else obj
 
     def _cool_down(self, failure: "Retry") -> dict:
         """Take the model out of routing for ``COOLDOWN_S``: its endpoint refused the gateway's key or does not know

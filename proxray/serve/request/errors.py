@@ -9,6 +9,11 @@ def error(status: int, message: str, param: str | None = None, kind: str = "inva
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
+def is_error(obj: dict) -> bool:
+    """An error object (a response object's ``"error": null`` is not one)."""
+    return isinstance(obj.get("error"), dict)
+
+
 class RequestError(Exception):
     """A request the gateway refuses: HTTP status, a message naming the problem, the parameter."""
 

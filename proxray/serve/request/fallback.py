@@ -8,12 +8,19 @@ import asyncio
 import time
 
 from proxray.serve.deployments.client import ModelError, failure_reason
-from proxray.serve.request.errors import RequestError
+from proxray.serve.request.errors import RequestError, is_error
 from proxray.serve.request.plan import Plan
 
 
+RESPONSE_CONTENT = ("response.output_item.done", "response.completed", "response.incomplete")
+
+
 def has_content(obj: dict) -> bool:
-    """A chunk that commits the stream to its model: any text, a tool call, a finish reason, or usage."""
+    """A chunk that commits the stream to its model: any text, a tool call, a finish reason, or usage; of a Responses
+    stream, any delta (text, arguments, reasoning), a finished item or the response's end."""
+    kind = obj.get("type")
+    if isinstance(kind, str) and kind.startswith("response."):
+        return kind.endswith(".delta") or kind in RESPONSE_CONTENT
     if obj.get("usage") and not obj.get("choices"):
         return True
     for c in obj.get("choices") or []:
@@ -39,7 +46,7 @@ async def first_answer(client, p: Plan, body: dict, endpoint: str, stream: bool,
                 if left <= 0:
                     raise asyncio.TimeoutError
                 obj = await asyncio.wait_for(gen.__anext__(), left)
-                if "error" in obj:
+                if is_error(obj):
                     raise ModelError(obj)
                 head.append(obj)
                 if not stream or has_content(obj):

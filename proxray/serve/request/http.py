@@ -123,10 +123,14 @@ def gateway_api(ingress, args) -> FastAPI:
         from fastapi.middleware.cors import CORSMiddleware
 
         # the key travels in the Authorization header, not as a browser credential (cookies): no allow_credentials
-        app.add_middleware(CORSMiddleware, allow_origins=args.cors_origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=args.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["*"], expose_headers=EXPOSED_HEADERS, max_age=600)
     app.post("/v1/chat/completions")(ingress.chat)
     app.post("/v1/completions")(ingress.completions)
+    app.post("/v1/responses")(ingress.responses)
+    app.get("/v1/responses/{response_id}")(ingress.response)
+    app.delete("/v1/responses/{response_id}")(ingress.delete_response)
+    app.get("/v1/responses/{response_id}/input_items")(ingress.response_input_items)
     app.post("/v1/feedback")(ingress.feedback)
     app.get("/v1/models")(ingress.models)
     app.get("/v1/models/{model:path}")(ingress.model)  # :path - ids hold "/" (the openai SDK sends it as %2F)

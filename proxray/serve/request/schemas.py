@@ -13,6 +13,7 @@ from proxray.common.yamlconfig import StrictModel
 from proxray.pool.spec import PoolModel
 from proxray.serve.tenancy.conversations import ConversationSpec
 from proxray.serve.tenancy.feedback import FeedbackSpec
+from proxray.serve.tenancy.responses import ResponsesSpec
 
 ROUTER_MODEL = "proxray"  # the model name that asks for routing
 INT64 = 2**63  # integers in a request must fit a signed 64-bit int (seed, logit_bias, ...)
@@ -171,16 +172,20 @@ def routing_text(req: ChatRequest | CompletionRequest, policy: str = "system+las
     A completion request's router text is its prompt. Nothing the policy excludes reaches the encoder."""
     if isinstance(req, CompletionRequest):
         return req.text()
-    ms = req.messages
-    users = [m.text() for m in ms if m.role == "user" and m.text().strip()]
+    return text_of([(m.role, m.text()) for m in req.messages], policy)
+
+
+def text_of(turns: list, policy: str = "system+last_user") -> str:
+    """``routing_text`` of a conversation as (role, text) pairs (a Responses request's items read as chat messages)."""
+    users = [t for role, t in turns if role == "user" and t.strip()]
     if policy == "last_user":
         parts = users[-1:]
     elif policy == "all_user":
         parts = users
     elif policy == "all":
-        parts = [m.text() for m in ms if m.text()]
+        parts = [t for _, t in turns if t]
     elif policy == "system+last_user":
-        parts = [m.text() for m in ms if m.role in ("system", "developer") and m.text()] + users[-1:]
+        parts = [t for role, t in turns if role in ("system", "developer") and t] + users[-1:]
     else:
         raise ValueError(f"routing_text: unknown policy {policy!r}; one of {ROUTING_TEXT}")
     return "\n".join(parts)
@@ -241,6 +246,9 @@ class AppArgs(StrictModel):
     feedback: FeedbackSpec = Field(default_factory=FeedbackSpec, description=(
         "answers remembered so that POST /v1/feedback can score them; the monitor learns from the scores "
         "(proxray.serve.tenancy.feedback)"))
+    responses: ResponsesSpec = Field(default_factory=ResponsesSpec, description=(
+        "stored responses of POST /v1/responses, shared by every ingress replica: GET /v1/responses/{id}, DELETE, "
+        "input_items and previous_response_id (proxray.serve.tenancy.responses)"))
     docs: bool = Field(False, description="serve /docs and /openapi.json")
     cors_origins: list[str] = Field([], max_length=64, description=(
         "origins whose web pages may call the endpoint from a browser (CORS), e.g. https://app.example.com, "

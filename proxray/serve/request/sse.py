@@ -1,12 +1,13 @@
-"""Server-sent events in OpenAI's stream format: one ``data: {json}`` event per chunk, an error event if
-the model fails mid-stream, ``data: [DONE]`` at the end."""
+"""Server-sent events in OpenAI's stream formats: chat and completions (``ChatEvents``: one ``data: {json}`` event per
+chunk, ``data: [DONE]`` at the end) and the Responses API (``NamedEvents``: ``event: <type>`` before each, no end
+marker); either ends with an error event if the model fails mid-stream."""
 from __future__ import annotations
 
 import json
 import logging
 
 from proxray.serve.deployments.client import ModelError, failure_reason
-from proxray.serve.request.errors import error
+from proxray.serve.request.errors import error, is_error
 
 logger = logging.getLogger("ray.serve")
 DONE = "data: [DONE]\n\n"
@@ -14,6 +15,39 @@ DONE = "data: [DONE]\n\n"
 
 def event(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+class ChatEvents:
+    """Chat and completions streams: ``data: {json}`` per chunk, ``data: [DONE]`` at the end, an error as an error
+    object."""
+
+    end = DONE
+
+    def event(self, obj: dict) -> str:
+        return event(obj)
+
+    def error(self, body: dict) -> str:
+        return event(body)
+
+
+class NamedEvents:
+    """Responses API streams: ``event: <type>`` and ``data: {json}`` per event, nothing at the end; an error is an
+    ``error`` event (its ``code``, ``message``, ``param`` and the next ``sequence_number``) that also holds the error
+    object, so SDKs raise it as they raise a chat stream's."""
+
+    end = ""
+
+    def __init__(self):
+        self.seq = 0
+
+    def event(self, obj: dict) -> str:
+        self.seq = max(self.seq, int(obj.get("sequence_number") or 0) + 1)
+        return f"event: {obj.get('type', 'message')}\n{event(obj)}"
+
+    def error(self, body: dict) -> str:
+        err = body["error"]
+        return self.event({"type": "error", "code": str(err.get("code")), "message": err.get("message"),
+                           "param": err.get("param"), "sequence_number": self.seq, "error": err})
 
 
 def without_usage(obj: dict) -> dict | None:
@@ -25,12 +59,14 @@ def without_usage(obj: dict) -> dict | None:
     return {k: v for k, v in obj.items() if k != "usage"}
 
 
-async def relay(first: list, rest, on_done=None, on_chunk=None, hide_usage: bool = False):
+async def relay(first: list, rest, on_done=None, on_chunk=None, hide_usage: bool = False, fmt=None):
     """The events of a stream whose first chunks (``first``) were already pulled from ``rest``. A failure
     after that ends the stream with an OpenAI-shaped error event (the answer cannot change model any more);
     a client that goes away cancels the model's generation. ``on_done(ok)`` is told how it ended;
     ``on_chunk(obj)`` sees every chunk (e.g. for its usage), also the usage that ``hide_usage`` keeps from the client
-    (the gateway asks every model for it; a client that did not ask does not get it)."""
+    (the gateway asks every model for it; a client that did not ask does not get it). ``fmt``: the stream's format
+    (``ChatEvents`` by default, ``NamedEvents`` for the Responses API)."""
+    fmt = fmt or ChatEvents()
     ok = failed = False
 
     def shown(obj):
@@ -41,20 +77,21 @@ async def relay(first: list, rest, on_done=None, on_chunk=None, hide_usage: bool
     try:
         for obj in first:
             if (obj := shown(obj)) is not None:
-                yield event(obj)
+                yield fmt.event(obj)
         async for obj in rest:
-            if "error" in obj:
+            if is_error(obj):
                 raise ModelError(obj)
             if (obj := shown(obj)) is not None:
-                yield event(obj)
+                yield fmt.event(obj)
         ok = True
-        yield DONE
+        if fmt.end:
+            yield fmt.end
     except Exception as e:  # noqa: BLE001 - reported to the client as an error event
         failed = True
         logger.warning("proxray: stream failed after its first chunk: %s", e)
         body = e.obj if isinstance(e, ModelError) else error(
             502, f"the model failed mid-stream ({failure_reason(e)})", kind="server_error")
-        yield event(body)
+        yield fmt.error(body)
     finally:
         if not ok and hasattr(rest, "cancel"):
             rest.cancel()

@@ -1,5 +1,5 @@
-"""Feedback on answers: ``POST /v1/feedback`` with an answer's ``id`` (the ``id`` of the chat completion or
-completion this endpoint returned) and a ``score`` in [0, 1], optionally a ``comment``.
+"""Feedback on answers: ``POST /v1/feedback`` with an answer's ``id`` (the ``id`` of the chat completion,
+completion or response this endpoint returned) and a ``score`` in [0, 1], optionally a ``comment``.
 
 Every answer the endpoint gives is remembered for ``retention_s`` — its routing text, the model that answered, the
 cost of the answer at that model's price and which key asked — in one actor per app (``AnswerBook``, named,
@@ -140,11 +140,10 @@ class FeedbackClient(SharedActorClient):
     def actor_args(self) -> tuple:
         return self.spec.max_answers, self.spec.retention_s, self.spec.max_bytes, self.spec.key_share
 
-    def recorder(self, answer: dict, text: str, model: str, key: str | None, price, estimate: float | None):
-        """A function of the answer's ``usage`` that remembers the answer (fire and forget) with its cost at the model's
-        price (the router's estimate where there is no price or no usage); None where feedback is off or the answer
-        has no id."""
-        answer_id = answer.get("id")
+    def recorder(self, answer_id: str | None, text: str, model: str, key: str | None, price, estimate: float | None):
+        """A function of the answer's ``usage`` that remembers the answer ``answer_id`` (fire and forget) with its cost
+        at the model's price (the router's estimate where there is no price or no usage); None where feedback is off
+        or the answer has no id."""
         if not self.spec.enabled or not isinstance(answer_id, str) or not answer_id:
             return None
 

@@ -361,14 +361,16 @@ class KeyGate:
 
     def hold(self, model: str, body: dict, estimate: float | None) -> float:
         """An upper bound of what ``model``'s answer to ``body`` costs: its prompt (a token for every 3 characters,
-        more than any tokenizer gives) and its whole ``max_tokens`` at its price, else the router's estimate."""
+        more than any tokenizer gives) and its whole ``max_tokens`` (a Responses request: its input, instructions and
+        ``max_output_tokens``) at its price, else the router's estimate."""
         price = self.prices.get(model)
         if price is None:
             return float(estimate or 0.0)
         import json
 
-        prompt = len(json.dumps(body.get("messages") or body.get("prompt") or "")) // 3
-        limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
+        prompt = len(json.dumps(body.get("messages") or body.get("prompt") or body.get("input") or "")) // 3
+        prompt += len(body.get("instructions") or "") // 3
+        limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens") or 0)
         return float(price.tokens(prompt, limit))
 
     def charger(self, spec: KeySpec | None, model: str, estimate: float | None, ticket: str | None = None):

@@ -1,0 +1,52 @@
+"""The stored-response routes' work once the caller's key is known: ``GET /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items`` and ``DELETE /v1/responses/{id}``, over the app's ``ResponseStore``
+(``proxray.serve.tenancy.responses``)."""
+from __future__ import annotations
+
+from proxray.serve.request.errors import RequestError
+
+
+class StoredResponses:
+    def __init__(self, store):
+        self.store = store
+
+    async def retrieve(self, rid: str, key: str | None, query) -> dict:
+        if query.get("stream", "false").lower() in ("1", "true"):
+            raise RequestError(400, "stream: a stored response is returned whole, not replayed as a stream", "stream")
+        return (await self.store.get(rid, key))["response"]
+
+    async def input_items(self, rid: str, key: str | None, query) -> dict:
+        try:
+            limit = int(query.get("limit", "20"))
+        except ValueError:
+            raise RequestError(400, f"limit: an integer between 1 and 100 (got {query.get('limit')[:20]!r})",
+                               "limit") from None
+        return input_items_page(await self.store.get(rid, key), rid, limit, query.get("order", "desc"),
+                                query.get("after"))
+
+    async def delete(self, rid: str, key: str | None) -> dict:
+        await self.store.delete(rid, key)
+        return {"id": rid, "object": "response", "deleted": True}
+
+
+def input_items_page(record: dict, rid: str, limit: int, order: str, after: str | None) -> dict:
+    """``GET /v1/responses/{id}/input_items``: the response's own input items, a page of them (``limit`` 1–100,
+    ``order`` asc or desc, ``after`` an item id), as OpenAI lists them; an item the client sent without an id is listed
+    under one of the response's (``msg_<response>_<n>``, the same every time)."""
+    if not 1 <= limit <= 100:
+        raise RequestError(400, f"limit: between 1 and 100 (got {limit})", "limit")
+    if order not in ("asc", "desc"):
+        raise RequestError(400, f"order: asc or desc (got {order!r})", "order")
+    base = rid.removeprefix("resp_")
+    items = [x if x.get("id") else {"id": f"{'msg' if x.get('type') == 'message' else 'item'}_{base}_{n}", **x}
+             for n, x in enumerate(record["input"])]
+    items = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [x.get("id") for x in items]
+        if after not in ids:
+            raise RequestError(404, f"after: no input item {after[:80]!r} in this response", "after",
+                               kind="not_found_error")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}

@@ -1,0 +1,137 @@
+"""Stored responses, shared by every ingress replica of an app: one named actor per app (``ResponseBook``, namespace
+``proxray``), so ``GET /v1/responses/{id}``, ``DELETE`` and ``previous_response_id`` work whichever replica a request
+reaches (vLLM keeps its own per engine, which a routed endpoint cannot use).
+
+A response is kept as its JSON (the response object, the request's own input items, the response it continued) under
+its API key: another key's id is unknown to a key, as for feedback. The book is bounded as the answer book is — in
+count and in bytes, each key to its share — and it expires; continuing a conversation touches every response of it,
+so a conversation in use is not the one that goes first. Storing is awaited before the answer (or a stream's last
+event) reaches the client, so its next turn finds it; a book that does not answer is logged and the response is
+answered unstored (it fails open), while reading one (retrieve, ``previous_response_id``) is a 503 naming it."""
+from __future__ import annotations
+
+import json
+import time
+
+from pydantic import Field
+
+from proxray.common.yamlconfig import StrictModel
+from proxray.serve.tenancy.feedback import AnswerBook
+from proxray.serve.tenancy.shared_actor import SharedActorClient, SharedStateDown, logger
+
+
+class ResponsesSpec(StrictModel):
+    """``responses:`` of the app args: the stored responses (``GET /v1/responses/{id}``, ``previous_response_id``)."""
+
+    store: bool = Field(True, description="keep responses whose request did not say store: false, for retrieval and "
+                        "previous_response_id; false: nothing is kept (every response says store: false)")
+    retention_s: float = Field(86400.0, gt=0, description="a stored response is kept this long after it was created "
+                               "or last continued (previous_response_id)")
+    max_responses: int = Field(20_000, ge=1, description="stored responses at most, the least recently used dropped "
+                               "first")
+    max_bytes: int = Field(256 * 2**20, ge=2**20, description="bytes the stored responses hold at most (their JSON as "
+                           "held in memory, plus 1024 each), the least recently used dropped first")
+    key_share: float = Field(0.5, gt=0, le=1, description="the share of max_bytes and max_responses one API key's "
+                             "responses may take: past it, that key's own least recently used responses are dropped")
+
+
+class ResponseBook(AnswerBook):
+    """Response id → its record (``{"text": JSON, "key", "previous"}``), bounded per key and in all, expiring."""
+
+    def _touch(self, rid: str, now: float) -> None:
+        record, _, size = self.answers.pop(rid)
+        self.answers[rid] = (record, now, size)
+        self.by_key[record.get("key")].move_to_end(rid)
+
+    def get(self, rid: str, key: str | None) -> str | None:
+        record = self.find(rid, key)
+        return None if record is None else record["text"]
+
+    def chain(self, rid: str, key: str | None, now: float | None = None) -> dict:
+        """The conversation that ends with response ``rid``: ``{"records": [JSON, ...]}`` oldest first (each touched),
+        or ``{"missing": id}`` naming the first response of it that is not held (unknown, expired, deleted, another
+        key's)."""
+        now = time.time() if now is None else now
+        chain, at, seen = [], rid, set()
+        while at is not None and at not in seen:
+            record = self.find(at, key, now)
+            if record is None:
+                return {"missing": at}
+            seen.add(at)
+            chain.append(at)
+            at = record.get("previous")
+        for at in reversed(chain):
+            self._touch(at, now)
+        return {"records": [self.answers[at][0]["text"] for at in reversed(chain)]}
+
+    def delete(self, rid: str, key: str | None) -> bool:
+        if self.find(rid, key) is None:
+            return False
+        self._drop(rid)
+        self.dropped -= 1  # deleted, not pushed out
+        return True
+
+
+class ResponseStore(SharedActorClient):
+    """The ingress side: the app's ``ResponseBook`` actor (created by the first replica that needs it)."""
+
+    actor_cls, prefix = ResponseBook, "proxray-responses"
+
+    def actor_args(self) -> tuple:
+        return self.spec.max_responses, self.spec.retention_s, self.spec.max_bytes, self.spec.key_share
+
+    def _down(self, e: SharedStateDown):
+        from proxray.serve.request.errors import RequestError
+
+        return RequestError(503, "stored responses cannot be read right now (their book is restarting); retry in a "
+                            "few seconds", kind="service_unavailable", headers={"retry-after": "2"})
+
+    def _unknown(self, rid: str, param: str | None = None, why: str = ""):
+        from proxray.serve.request.errors import RequestError
+
+        return RequestError(404, f"no stored response {rid[:80]!r} for this key{why} (responses are kept "
+                            f"{self.spec.retention_s:.0f} s after their last use)", param, kind="not_found_error")
+
+    async def put(self, rid: str, record: dict, previous: str | None, key: str | None) -> bool:
+        """Keep a response (its record as JSON); False, logged, where the book does not answer."""
+        try:
+            await self.call("remember", rid, {"text": json.dumps(record, separators=(",", ":")), "key": key,
+                                              "previous": previous})
+            return True
+        except SharedStateDown as e:
+            logger.warning("proxray: %s: %s; response %s answered without being stored", self.name, e.why, rid)
+            return False
+
+    async def get(self, rid: str, key: str | None) -> dict:
+        """The stored record of ``rid`` (404 where this key has none)."""
+        try:
+            text = await self.call("get", rid, key)
+        except SharedStateDown as e:
+            raise self._down(e) from None
+        if text is None:
+            raise self._unknown(rid)
+        return json.loads(text)
+
+    async def conversation(self, rid: str, key: str | None) -> list:
+        """The records of the conversation that ends with ``rid``, oldest first (404 naming ``previous_response_id``
+        where one of them is not stored)."""
+        if not self.spec.store:
+            raise self._unknown(rid, "previous_response_id", " (this endpoint stores no responses: responses.store "
+                                "is false)")
+        try:
+            got = await self.call("chain", rid, key)
+        except SharedStateDown as e:
+            raise self._down(e) from None
+        if "missing" in got:
+            why = "" if got["missing"] == rid else f": the earlier response {got['missing'][:80]!r} it continues is " \
+                "no longer stored"
+            raise self._unknown(rid, "previous_response_id", why)
+        return [json.loads(t) for t in got["records"]]
+
+    async def delete(self, rid: str, key: str | None) -> None:
+        try:
+            found = await self.call("delete", rid, key)
+        except SharedStateDown as e:
+            raise self._down(e) from None
+        if not found:
+            raise self._unknown(rid)
