@@ -133,33 +133,32 @@ def test_an_empty_stream_still_has_a_message_and_an_error_event_follows_the_sequ
     assert obj["sequence_number"] == len(events) and obj["code"] == "502" and obj["error"]["message"] == "boom"
 
 
-T = time.time()  # the books' clock, for records given "now"
-
-
 def record(n):
     return {"text": json.dumps({"n": n}), "key": None, "previous": None}
 
 
 def test_the_book_rebuilds_a_conversation_and_keeps_the_one_in_use():
+    T = time.time()  # the book's clock, given to every call
     book = ResponseBook(3, 100, 2**20, 1.0)  # responses, retention_s, bytes, key share
     book.remember("r1", {**record(1), "key": "a"}, now=T + 0)
     book.remember("r2", {**record(2), "key": "a", "previous": "r1"}, now=T + 1)
     book.remember("x", {**record(9), "key": "a"}, now=T + 2)
     assert [json.loads(t)["n"] for t in book.chain("r2", "a", now=T + 3)["records"]] == [1, 2]
     book.remember("r3", {**record(3), "key": "a", "previous": "r2"}, now=T + 4)  # x, least recently used, goes
-    assert book.get("x", "a") is None and book.chain("r3", "a", now=T + 5)["records"]
+    assert book.get("x", "a", now=T + 5) is None and book.chain("r3", "a", now=T + 5)["records"]
     assert book.chain("r3", "b", now=T + 5) == {"missing": "r3"}  # another key's
     assert book.delete("r1", "a") and not book.delete("r1", "a")
     assert book.chain("r3", "a", now=T + 6) == {"missing": "r1"}  # its first turn deleted
-    assert book.get("r3", "a") is not None and book.find("r3", "a", now=T + 6 + 101) is None  # expired
+    assert book.get("r3", "a", now=T + 6) is not None and book.find("r3", "a", now=T + 6 + 101) is None  # expired
 
 
 def test_one_keys_responses_cannot_push_out_anothers():
+    T = time.time()
     book = ResponseBook(10, 100, 2**20, 0.5)
     book.remember("b1", {**record(0), "key": "b"}, now=T + 0)
     for i in range(20):
         book.remember(f"a{i}", {**record(i), "key": "a"}, now=T + i)
-    assert book.get("b1", "b") is not None and len(book.by_key["a"]) == 5
+    assert book.get("b1", "b", now=T + 20) is not None and len(book.by_key["a"]) == 5
 
 
 def test_input_item_pages():

@@ -43,8 +43,8 @@ class ResponseBook(AnswerBook):
         self.answers[rid] = (record, now, size)
         self.by_key[record.get("key")].move_to_end(rid)
 
-    def get(self, rid: str, key: str | None) -> str | None:
-        record = self.find(rid, key)
+    def get(self, rid: str, key: str | None, now: float | None = None) -> str | None:
+        record = self.find(rid, key, now)
         return None if record is None else record["text"]
 
     def chain(self, rid: str, key: str | None, now: float | None = None) -> dict:
