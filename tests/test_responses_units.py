@@ -11,7 +11,7 @@ from proxray.serve.request.errors import RequestError
 from proxray.serve.request.fallback import has_content
 from proxray.serve.request.sse import NamedEvents
 from proxray.serve.responses.schemas import ResponsesRequest
-from proxray.serve.responses.translate import ChatEvents, chat_usage, from_chat, shell, to_chat
+from proxray.serve.responses.translate import EventsFromChat, chat_usage, from_chat, shell, to_chat
 from proxray.serve.responses.stored import input_items_page
 from proxray.serve.tenancy.responses import ResponseBook
 
@@ -99,7 +99,7 @@ def test_a_chat_stream_as_events_the_openai_sdk_accumulates():
                   {"index": 0, "function": {"arguments": ":2}"}}]}}]},
               {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
               {**head, "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 6}}]
-    ev = ChatEvents(shell({"tools": [TOOL]}, "resp_1", "m", None, True))
+    ev = EventsFromChat(shell({"tools": [TOOL]}, "resp_1", "m", None, True))
     events = [e for c in chunks for e in ev.chunk(c)] + ev.end()
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert [e["type"] for e in events] == [
@@ -120,7 +120,7 @@ def test_a_chat_stream_as_events_the_openai_sdk_accumulates():
 
 
 def test_an_empty_stream_still_has_a_message_and_an_error_event_follows_the_sequence():
-    ev = ChatEvents(shell({}, "resp_1", "m", None, False))
+    ev = EventsFromChat(shell({}, "resp_1", "m", None, False))
     events = ev.end()
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == ""
     fmt = NamedEvents()

@@ -39,7 +39,7 @@ from proxray.serve.request.schemas import ROUTER_MODEL, AppArgs, ChatRequest, Co
 from proxray.serve.request.sse import relay
 from proxray.serve.request.turn import ChatTurn
 from proxray.serve.responses.stored import StoredResponses
-from proxray.serve.responses.turn import ResponsesModels
+from proxray.serve.responses.turn import begin
 from proxray.serve.tenancy.responses import ResponseStore
 
 logger = logging.getLogger("ray.serve")
@@ -79,7 +79,7 @@ class RouterIngress:
         self.answers = FeedbackClient(app_name, a.feedback)  # answers remembered for feedback on them
         self.store = ResponseStore(app_name, a.responses)  # responses kept for retrieval and previous_response_id
         self.stored = StoredResponses(self.store)
-        self.responses_models = ResponsesModels(self.client, {m.id for m in a.models if m.responses_api})
+        self.native_responses = {m.id for m in a.models if m.responses_api}  # relayed; the rest through chat
         self.gate = KeyGate(a.keys_file, load_api_key(a), app_name, {m.id: m.price for m in a.models if m.price})
         self.kinds = {m.id: m.engine for m in a.models}
         self.requests = 0
@@ -156,10 +156,8 @@ class RouterIngress:
         """What the gateway needs of one request of ``endpoint`` (``ChatTurn``, ``ResponsesTurn``)."""
         if endpoint != "responses":
             return ChatTurn(req, endpoint, self.client, self.args.default_max_tokens)
-        from proxray.serve.responses.turn import begin
-
-        return await begin(req, self.responses_models, self.store, self.args.responses, self.args.default_max_tokens,
-                           key and key.name)
+        return await begin(req, self.client, self.native_responses, self.store, self.args.responses,
+                           self.args.default_max_tokens, key and key.name)
 
     async def _handle(self, request: Request, model_cls, endpoint: str):
         t0 = time.perf_counter()
@@ -210,8 +208,8 @@ class RouterIngress:
             usage = {}  # the stream's usage, from its last chunk (asked of every model)
 
             def seen(obj):
-                if turn.usage(obj):
-                    usage["usage"] = turn.usage(obj)
+                if found := turn.usage(obj):
+                    usage["usage"] = found
 
             def done(ok):
                 if not ok:  # a stream that ended in an error event

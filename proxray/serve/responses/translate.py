@@ -196,8 +196,8 @@ def shell(request: dict, rid: str, model: str, previous: str | None, store: bool
     return r
 
 
-def _message(text: str, status: str = "completed", mid: str | None = None) -> dict:
-    return {"id": mid or new_id("msg"), "type": "message", "status": status, "role": "assistant",
+def _message(text: str, status: str = "completed") -> dict:
+    return {"id": new_id("msg"), "type": "message", "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
 
 
@@ -223,7 +223,7 @@ def from_chat(obj: dict, base: dict) -> dict:
             "usage": response_usage(obj.get("usage"))}
 
 
-class ChatEvents:
+class EventsFromChat:
     """A chat chunk stream as the Responses API's event stream: ``response.created``, ``response.in_progress``, per
     output item ``response.output_item.added`` … ``.done`` (text: ``content_part.added``, ``output_text.delta``,
     ``output_text.done``, ``content_part.done``; a function call: ``function_call_arguments.delta`` and ``.done``),

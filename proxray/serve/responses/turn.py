@@ -12,9 +12,9 @@ from __future__ import annotations
 from proxray.serve.request.errors import RequestError, error, is_error
 from proxray.serve.request.schemas import ROUTER_MODEL, text_of
 from proxray.serve.request.sse import NamedEvents
-from proxray.serve.responses.translate import (CHAT_TO_RESPONSES, TERMINAL, ChatEvents, as_error, chat_usage,
-                                               final_response, from_chat, in_responses_words, input_items, messages,
-                                               new_id, shell, to_chat)
+from proxray.serve.responses.translate import (CHAT_TO_RESPONSES, TERMINAL, EventsFromChat, as_error, chat_usage,
+                                               final_response, from_chat, in_responses_words, input_items, new_id,
+                                               shell, to_chat)
 
 
 class Stream:
@@ -50,7 +50,7 @@ async def _via_chat(inner, model: str, body: dict):
         async for obj in inner:
             yield in_responses_words(obj) if is_error(obj) else from_chat(obj, base)
         return
-    events = ChatEvents(base)
+    events = EventsFromChat(base)
     async for obj in inner:
         if is_error(obj):
             yield in_responses_words(obj)
@@ -62,33 +62,31 @@ async def _via_chat(inner, model: str, body: dict):
 
 
 class ResponsesModels:
-    """The model client (``stream``, ``refusals``) for Responses requests: relayed to the models in ``native``,
-    translated to chat completions for the rest."""
+    """The model client (``stream``, ``refusals``) for one Responses request ``body``: relayed to the models in
+    ``native``, translated to chat completions (once, here) for the rest."""
 
-    def __init__(self, client, native: set):
+    def __init__(self, client, native: set, body: dict):
         self.client, self.native = client, native
-        self.handles = client.handles
+        self.chat, self.problems = to_chat(body)
 
     def stream(self, model: str, endpoint: str, body: dict):
         if model in self.native:
             inner = self.client.stream(model, "responses", body)
             return Stream(_native(inner), inner)
-        chat, problems = to_chat(body)
-        if problems:
-            name = sorted(problems)[0]
-            return Stream(_one(error(400, f"model {model!r} answers through chat completions; {problems[name]}",
-                                     name)), None)
-        inner = self.client.stream(model, "chat", chat)
+        if self.problems:
+            name = sorted(self.problems)[0]
+            return Stream(_one(error(400, f"model {model!r} answers through chat completions; "
+                                          f"{self.problems[name]}", name)), None)
+        inner = self.client.stream(model, "chat", {**self.chat, "model": model})
         return Stream(_via_chat(inner, model, body), inner)
 
     async def refusals(self, models, body: dict, endpoint: str) -> dict:
         """``{model: [parameters of the request it cannot honour]}``: a relayed model's from its capabilities, a
         translated one's those without a chat form and those its chat capabilities lack (in the request's words)."""
-        chat, problems = to_chat(body)
         out = await self.client.refusals([m for m in models if m in self.native], body, "responses")
-        translated = await self.client.refusals([m for m in models if m not in self.native], chat, "chat")
+        translated = await self.client.refusals([m for m in models if m not in self.native], self.chat, "chat")
         for m, refused in translated.items():
-            out[m] = sorted(set(problems) | {CHAT_TO_RESPONSES.get(p, p) for p in refused})
+            out[m] = sorted(set(self.problems) | {CHAT_TO_RESPONSES.get(p, p) for p in refused})
         return out
 
 
@@ -102,9 +100,9 @@ class ResponsesTurn:
 
     endpoint, param, hide_usage = "responses", "input", False
 
-    def __init__(self, req, records: list, default_max_tokens: int, client: ResponsesModels, store, keep: bool,
+    def __init__(self, req, records: list, default_max_tokens: int, client, native: set, store, keep: bool,
                  key: str | None):
-        self.req, self.client, self.store, self.key = req, client, store, key
+        self.req, self.store, self.key = req, store, key
         self.rid = new_id("resp")
         self.keep = keep and req.store is not False  # the app stores responses and the request did not say no
         self.items = input_items(req.input)  # this request's own input items (input_items lists them)
@@ -113,10 +111,10 @@ class ResponsesTurn:
         self.previous_id = req.previous_response_id
         self.body = req.forward(default_max_tokens)
         self.body.update(input=history + self.items, store=False)
-        chat, _ = messages(history + self.items, req.instructions)
+        self.client = ResponsesModels(client, native, self.body)  # the request as chat: translated once
         self.turns = [(m["role"], m["content"] if isinstance(m["content"], str) else
                        "\n".join(p.get("text") or "" for p in m["content"] or [] if p.get("type") == "text"))
-                      for m in chat]
+                      for m in self.client.chat["messages"]]
 
     def text(self, policy: str) -> str:
         text = text_of(self.turns, policy)
@@ -173,8 +171,9 @@ class ResponsesTurn:
         return head, Stream(watched(), rest)
 
 
-async def begin(req, client: ResponsesModels, store, spec, default_max_tokens: int, key: str | None) -> ResponsesTurn:
-    """The turn of a parsed ``ResponsesRequest``: the conversation ``previous_response_id`` continues read from the
-    store (404 naming it where it is not held for this key)."""
+async def begin(req, client, native: set, store, spec, default_max_tokens: int, key: str | None) -> ResponsesTurn:
+    """The turn of a parsed ``ResponsesRequest`` (``client``: the model client; ``native``: the models that serve
+    ``/v1/responses`` themselves): the conversation ``previous_response_id`` continues read from the store (404 naming
+    it where it is not held for this key)."""
     records = await store.conversation(req.previous_response_id, key) if req.previous_response_id else []
-    return ResponsesTurn(req, records, default_max_tokens, client, store, spec.store, key)
+    return ResponsesTurn(req, records, default_max_tokens, client, native, store, spec.store, key)
