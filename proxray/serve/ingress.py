@@ -77,8 +77,6 @@ class RouterIngress:
         app_name = serve.get_replica_context().app_name
         self.conversations = ConversationClient(app_name, a.conversations)
         self.answers = FeedbackClient(app_name, a.feedback)  # answers remembered for feedback on them
-        self.store = ResponseStore(app_name, a.responses)  # responses kept for retrieval and previous_response_id
-        self.stored = StoredResponses(self.store)
         self.native_responses = {m.id for m in a.models if m.responses_api}  # relayed; the rest through chat
         self.gate = KeyGate(a.keys_file, load_api_key(a), app_name, {m.id: m.price for m in a.models if m.price})
         self.kinds = {m.id: m.engine for m in a.models}
@@ -86,6 +84,8 @@ class RouterIngress:
         self.created = int(time.time())  # the model objects' "created"
         self.replica = serve.get_replica_context().replica_id.unique_id  # which ingress replica answered
         self.metrics = GatewayMetrics()
+        self.store = ResponseStore(app_name, a.responses)  # responses kept for retrieval and previous_response_id
+        self.stored = StoredResponses(self.store, self.gate, self.metrics)  # its routes: retrieve, items, delete
         self.monitor = None
         if a.monitor:
             from proxray.serve.monitor_client import MonitorClient
@@ -238,28 +238,6 @@ class RouterIngress:
         from proxray.serve.responses.schemas import ResponsesRequest
 
         return await self._handle(request, ResponsesRequest, "responses")
-
-    async def _stored(self, request: Request, act):
-        """A stored response's route: the key (its rate counted, as for feedback), then ``act(key name)``."""
-        try:
-            key = self.gate.identify(request)
-            await self.gate.admit(key, 0.0, None, budget=False)
-            return await act(key and key.name)
-        except RequestError as e:
-            self.metrics.error(e.status)
-            return error_response(e)
-
-    async def response(self, response_id: str, request: Request):
-        """``GET /v1/responses/{id}``: a stored response of this key."""
-        return await self._stored(request, lambda key: self.stored.retrieve(response_id, key, request.query_params))
-
-    async def response_input_items(self, response_id: str, request: Request):
-        """``GET /v1/responses/{id}/input_items``: a page of a stored response's own input items."""
-        return await self._stored(request, lambda key: self.stored.input_items(response_id, key, request.query_params))
-
-    async def delete_response(self, response_id: str, request: Request):
-        """``DELETE /v1/responses/{id}``."""
-        return await self._stored(request, lambda key: self.stored.delete(response_id, key))
 
     def _model_objects(self, key=None) -> list:
         """OpenAI model objects: the router first, then every served model — of a key with ``allowed_models``, only

@@ -1,14 +1,41 @@
-"""The stored-response routes' work once the caller's key is known: ``GET /v1/responses/{id}``,
-``GET /v1/responses/{id}/input_items`` and ``DELETE /v1/responses/{id}``, over the app's ``ResponseStore``
-(``proxray.serve.tenancy.responses``)."""
+"""The stored-response routes: ``GET /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items`` and
+``DELETE /v1/responses/{id}``, over the app's ``ResponseStore`` (``proxray.serve.tenancy.responses``); the ingress's
+HTTP app binds them (``http.gateway_api``)."""
 from __future__ import annotations
+
+from fastapi import Request
 
 from proxray.serve.request.errors import RequestError
 
 
 class StoredResponses:
-    def __init__(self, store):
-        self.store = store
+    """Each route: the caller's key (its rate counted, as for feedback), then the store; errors in OpenAI's shape."""
+
+    def __init__(self, store, gate, metrics):
+        self.store, self.gate, self.metrics = store, gate, metrics
+
+    async def _route(self, request, act):
+        from proxray.serve.request.http import error_response
+
+        try:
+            key = self.gate.identify(request)
+            await self.gate.admit(key, 0.0, None, budget=False)
+            return await act(key and key.name)
+        except RequestError as e:
+            self.metrics.error(e.status)
+            return error_response(e)
+
+    async def get(self, response_id: str, request: Request):
+        """``GET /v1/responses/{id}``: a stored response of this key."""
+        return await self._route(request, lambda key: self.retrieve(response_id, key, request.query_params))
+
+    async def items(self, response_id: str, request: Request):
+        """``GET /v1/responses/{id}/input_items``: a page of a stored response's own input items."""
+        return await self._route(request, lambda key: self.input_items(response_id, key, request.query_params))
+
+    async def remove(self, response_id: str, request: Request):
+        """``DELETE /v1/responses/{id}``."""
+        return await self._route(request, lambda key: self.delete(response_id, key))
 
     async def retrieve(self, rid: str, key: str | None, query) -> dict:
         if query.get("stream", "false").lower() in ("1", "true"):
