@@ -53,6 +53,19 @@ class TwoHosts:
         r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
         return [int(p) for p in r.stdout.split()]
 
+    def kill(self, ns: str) -> int:
+        """SIGKILL every process in ``ns`` (a machine lost without a drain); how many there were."""
+        pids = self.pids(ns)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 15
+        while time.time() < deadline and self.pids(ns):
+            time.sleep(0.2)
+        return len(pids)
+
     def close(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for ns in (self.head, self.worker):

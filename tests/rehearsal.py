@@ -73,7 +73,7 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     dash, http_port = free_port(), free_port()
-    h100 = {"num_cpus": 8, "num_gpus": 16, "resources": {"accelerator_type:H100": 16}}
+    h100 = {"num_cpus": 8, "num_gpus": 16, "resources": {"accelerator_type:H100": 16, "proxray_ingress": 1}}
     cluster = Cluster(initialize_head=True, head_node_args={
         **h100, "include_dashboard": True, "dashboard_port": dash,
         "env_vars": {"PROXRAY_CACHE": str(work / "cache-head")}})

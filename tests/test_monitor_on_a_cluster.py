@@ -6,7 +6,9 @@ environment: a task on the worker sees its variable). The monitor is started the
 -- proxray monitor start``, through the address the `ray dashboard` tunnel gives), drifted queries reach it, it
 evaluates them through the Jobs API (the job's tasks on the worker) and grows the router; ``proxray monitor status``
 answers in the shell ``ray exec cluster.yaml`` opens on the head (``~/.bashrc`` as cluster.yaml's setup writes it,
-nothing else set)."""
+nothing else set). While the evaluation runs, the worker is lost — every process in its namespace gets SIGKILL, no
+drain — and a new worker starts there, as the autoscaler would launch one: the monitor carries on and the evaluation
+finishes (resumed by the job, or submitted again by the monitor), its rows exactly once."""
 import json
 import os
 import secrets
@@ -104,6 +106,8 @@ def _journey(hosts, work):
                   cwd=str(ROOT))
     assert r.returncode == 0, r.stderr[-3000:]
     cfg.update(router=str(work / "router"), state_dir=str(work / "monitor"), min_batch=8, shadow_rate=0.0, tick_s=1)
+    for m in cfg["job"]["models"]:  # slow models, small batches: the evaluation runs long enough to lose its worker
+        m.update(batch_size=2, engine_kwargs={"latency_s": 1.0})
     conf = work / "conf"
     conf.mkdir()
     (conf / "monitor.yaml").write_text(yaml.safe_dump(cfg))
@@ -154,8 +158,8 @@ def _journey(hosts, work):
         assert r.returncode == 0, r.stderr
     plain = {k: v for k, v in base.items() if k not in ("VIRTUAL_ENV",)}
 
-    status = {}
-    deadline = time.time() + 360
+    status, lost = {}, None
+    deadline = time.time() + 420
     while time.time() < deadline:
         r = hosts.run(hosts.head, ["bash", "-c", "source ~/.bashrc; (proxray monitor status)"], plain, timeout_s=120)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -163,7 +167,25 @@ def _journey(hosts, work):
         drift = [j for j in status["jobs"] if j["kind"] == "drift"]
         if drift and (drift[0]["status"] == "FAILED" or drift[0]["status"] == "DONE" and status["router_version"]):
             break
+        if lost is None and drift and drift[0]["status"] == "RUNNING" and _engines_started(work):
+            lost = hosts.kill(hosts.worker)  # the worker lost mid-evaluation, without a drain
+            for cmd in _start_commands("worker"):  # a new worker in its place, as the autoscaler would launch
+                if "ray start" in cmd:
+                    cmd += f" --node-ip-address={hosts.worker_ip} --num-cpus=4 --disable-usage-stats"
+                r = hosts.run(hosts.worker, ["bash", "-c", cmd], {**venv, "RAY_HEAD_IP": hosts.head_ip})
+                assert r.returncode == 0, (cmd, r.stdout[-2000:] + r.stderr[-2000:])
         time.sleep(3)
     drift = [j for j in status["jobs"] if j["kind"] == "drift"]
+    assert lost, "the evaluation ended before the worker could be lost under it"
     assert drift and drift[0]["status"] == "DONE", json.dumps(status)[-3000:]
     assert status["router_version"] >= 1 and drift[0]["charged"] > 0
+    print(f"worker lost mid-evaluation ({lost} processes killed); evaluation {drift[0]['job'] or drift[0]['id']} DONE")
+    from proxray.evaljob import graded_parts
+
+    rows = graded_parts(str(work / "monitor" / "evaluations" / drift[0]["id"] / "out"))
+    assert rows.duplicated(["model", "query_id"]).sum() == 0 and len(rows) > 0  # every row exactly once
+
+
+def _engines_started(work: Path) -> bool:
+    """Whether the drift evaluation has written its first rows (so the worker is lost mid-job, not before it)."""
+    return any((work / "monitor").rglob("part-*.parquet"))

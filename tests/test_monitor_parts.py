@@ -68,10 +68,11 @@ def test_j_z_is_the_mean_jaccard_of_a_groups_observed_top_z_with_each_training_t
 
 class Jobs:
     def __init__(self):
-        self.states, self.stopped = {}, []
+        self.states, self.stopped, self.submitted = {}, [], []
 
     def submit(self, sid, config_path, out, models=None):
         self.states.setdefault(sid, "RUNNING")
+        self.submitted.append((sid, config_path, out))
 
     def status(self, sid):
         return self.states.get(sid, "MISSING")
@@ -96,7 +97,10 @@ def test_evaluations_are_recorded_before_submitting_and_charged_what_they_cost(t
     ev.charge(e, pd.DataFrame({"cost": [0.001, 0.002, None], "judge_cost": [0.001, 0.0, 0.0]}))
     assert e["charged"] == pytest.approx(0.004) and ev.spent == pytest.approx(0.004)
     assert ev.est_cost == pytest.approx(0.5 * 0.01 + 0.5 * 0.004 / 3)  # learnt from what jobs really cost
-    jobs.states[e["id"]] = "FAILED"
+    jobs.states[e["id"]] = "FAILED"  # a node lost under it, its driver gone: submitted again once, to resume
+    assert list(ev.outcomes(20.0, 100.0)) == [] and e["job"] == f"{e['id']}-retry1" and e["status"] == "RUNNING"
+    assert e["config"] and jobs.submitted[-1] == (e["job"], e["config"], e["out"])  # same config, same output
+    jobs.states[e["job"]] = "FAILED"
     assert list(ev.outcomes(20.0, 100.0)) == [(e, "job failed")]
     late = ev.record("shadow", rows[:1], {"q0": {"group": "c0", "outlier": False}}, 0.01, 10.0, template)
     assert list(ev.outcomes(111.0, 100.0))[-1] == (late, "timed out after 100 s") and jobs.stopped == [late["id"]]

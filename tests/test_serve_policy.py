@@ -73,10 +73,11 @@ class Scripted:
     """A model client whose models answer as told: a list of objects, an exception, or a delay first."""
 
     def __init__(self, script: dict):
-        self.script, self.asked, self.cancelled = script, [], []
+        self.script, self.asked, self.cancelled, self.patient = script, [], [], []
 
-    def stream(self, model, endpoint, body):
+    def stream(self, model, endpoint, body, patient=True):
         self.asked.append((model, body["model"]))
+        self.patient.append(patient)
         plan, client = self.script[model], self
 
         class Gen:

@@ -3,7 +3,9 @@
 Each is recorded (its queries, its job config and its submission id, derived from its content) and checkpointed
 *before* it is submitted: a restarted monitor submits the same id again and the Jobs API refuses a duplicate.
 An estimate is reserved against the USD budget at submission; the job's real generation + judge cost is charged
-when it ends (done, failed or timed out)."""
+when it ends (done, failed or timed out). A job that failed or that the Jobs API lost (its driver gone with a node, a
+head restarted) is submitted again once, as ``<id>-retry1`` with the same config and output: the evaluation job
+resumes from the rows the first run wrote (keyed on their content), so nothing is evaluated or paid for twice."""
 from __future__ import annotations
 
 import hashlib
@@ -13,6 +15,7 @@ import logging
 from proxray.common.storage import join, read_file, split_location, write_file
 
 logger = logging.getLogger("proxray.monitor")
+RETRIES = 1  # a failed or lost job is submitted again this many times (it resumes; a timed-out one is not)
 
 
 class Evaluations:
@@ -68,11 +71,16 @@ class Evaluations:
         self.submit(e, now)
         return e
 
+    @staticmethod
+    def job(e: dict) -> str:
+        """The submission id of the evaluation's current job: its id, or ``<id>-retryN`` once resubmitted."""
+        return e.get("job", e["id"])
+
     def submit(self, e: dict, now: float) -> None:
         try:
-            self.runner.submit(e["id"], e["config"], e["out"], e.get("models"))
+            self.runner.submit(self.job(e), e["config"], e["out"], e.get("models"))
         except Exception as err:  # noqa: BLE001 - the Jobs API is down: try again next tick
-            logger.warning("proxray monitor: submitting %s failed: %s", e["id"], err)
+            logger.warning("proxray monitor: submitting %s failed: %s", self.job(e), err)
             return
         e["status"], e["submitted"] = "RUNNING", now
         self.checkpoint()
@@ -84,13 +92,21 @@ class Evaluations:
     def outcomes(self, now: float, timeout_s: float):
         """(evaluation, "SUCCEEDED" or why it failed) for each running one that ended or ran past ``timeout_s``."""
         for e in [e for e in self.items if e["status"] == "RUNNING"]:
-            status = self.runner.status(e["id"])
+            status = self.runner.status(self.job(e))
             if status == "SUCCEEDED":
                 yield e, status
+            elif status in ("FAILED", "MISSING") and e.get("retries", 0) < RETRIES:
+                e["retries"] = e.get("retries", 0) + 1
+                e["job"] = f"{e['id']}-retry{e['retries']}"
+                logger.warning("proxray monitor: evaluation %s: job %s; submitted again as %s (it resumes)", e["id"],
+                               status.lower(), e["job"])
+                e["status"] = "SUBMITTING"
+                self.checkpoint()  # recorded before submitting, as the first
+                self.submit(e, now)
             elif status in ("FAILED", "STOPPED", "MISSING"):
                 yield e, f"job {status.lower()}"
             elif now - (e["submitted"] or e["time"]) > timeout_s:
-                self.runner.stop(e["id"])
+                self.runner.stop(self.job(e))
                 yield e, f"timed out after {timeout_s:.0f} s"
 
     def charge(self, e: dict, rows) -> None:

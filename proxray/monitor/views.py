@@ -18,7 +18,7 @@ def status_of(m) -> dict:
         "repeats": book.stats["repeats"], "spent_usd": round(ev.spent, 8), "budget_usd": m.config.cost_budget,
         "est_cost_per_query": ev.est_cost, "blocked": m.blocked,
         "evaluations": len([e for e in ev.items if e["kind"] == "drift"]),
-        "jobs": [{k: e.get(k) for k in ("id", "kind", "n", "status", "charged", "error")} for e in ev.items[-8:]],
+        "jobs": [{k: e.get(k) for k in ("id", "job", "kind", "n", "status", "charged", "error")} for e in ev.items[-8:]],
         "router_version": m.publisher.version, "router_path": m.publisher.path,
         "models": m.publisher.models, "judge": m.config.job.grader.model,
         "feedback": m.feedback_book.status(), "scheduler": m.scheduler.alive, "events": book.events[-10:],

@@ -101,6 +101,7 @@ def build_app(args: dict):
                 **({"max_replicas_per_node": m.max_replicas_per_node} if m.max_replicas_per_node else {}),
             ).bind({**m.model_dump(), "source": sources[m.id] if m.engine == "transformers" else m.source})
     spread = {"max_replicas_per_node": a.router_max_replicas_per_node} if a.router_max_replicas_per_node else {}
-    return RouterIngress.options(num_replicas=a.router_replicas, ray_actor_options={"num_cpus": a.router_num_cpus}, **spread,
+    placed = {"num_cpus": a.router_num_cpus, **({"resources": a.router_resources} if a.router_resources else {})}
+    return RouterIngress.options(num_replicas=a.router_replicas, ray_actor_options=placed, **spread,
                                  max_ongoing_requests=a.router_max_ongoing_requests,
                                  max_queued_requests=a.router_max_queued_requests).bind(a.model_dump(), handles)

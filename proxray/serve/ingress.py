@@ -29,6 +29,8 @@ from ray import serve
 from proxray.routing.index import single_thread
 from proxray.serve.request import plan as planning
 from proxray.serve.deployments.client import ModelClient
+from proxray.serve.deployments.liveness import Liveness
+from proxray.serve.deployments.models import OpenAIModel
 from proxray.serve.tenancy.conversations import ConversationClient
 from proxray.serve.request.fallback import first_answer
 from proxray.serve.tenancy.feedback import FeedbackClient, FeedbackRequest
@@ -72,9 +74,10 @@ class RouterIngress:
             raise ValueError(f"{a.router}: serving needs a KNNRouter or KMeansRouter artifact "
                              f"(it reports outlier scores), not a {type(router).__name__}")
         handles = relays(handles)  # an endpoint proxray does not host is relayed from this process
-        self.client = ModelClient(handles)
-        self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a), a.conversations)
         app_name = serve.get_replica_context().app_name
+        deployments = {m: deployment_name(m) for m, h in handles.items() if not isinstance(h, OpenAIModel)}
+        self.client = ModelClient(handles, Liveness(app_name, deployments, a.failover_s))
+        self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a), a.conversations)
         self.conversations = ConversationClient(app_name, a.conversations)
         self.answers = FeedbackClient(app_name, a.feedback)  # answers remembered for feedback on them
         self.native_responses = {m.id for m in a.models if m.responses_api}  # relayed; the rest through chat
@@ -109,6 +112,7 @@ class RouterIngress:
         t1 = time.perf_counter()
         single_thread()  # one query, one faiss thread (more threads cost more than they give on one query)
         p = self.policy.decide(X, rp, refusals, previous, key and key.allowed_models)
+        p.candidates = self.client.liveness.order(p.candidates)  # those lost or slow to take requests tried last
         timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
         self.metrics.routed(p.report["route_ms"], p.report["outlier_score"])

@@ -9,6 +9,7 @@ import re
 import time
 
 from proxray.pool.openai_engine import RETRYABLE  # one list: a model's passing trouble, not the request's
+from proxray.serve.deployments.liveness import HEARTBEAT_S, Liveness, Unavailable, WatchedStream
 from proxray.serve.deployments.models import OpenAIModel, refused_parameters
 from proxray.serve.request.errors import error
 
@@ -66,18 +67,23 @@ class LocalStream:
 class ModelClient:
     ASK_AGAIN_S = 30.0  # a model that did not say its capabilities (not up yet) is asked again after this
 
-    def __init__(self, handles: dict):
+    def __init__(self, handles: dict, liveness: Liveness | None = None):
         self.handles = handles  # model id -> DeploymentHandle or in-process OpenAIModel (every one with ``respond``)
+        self.liveness = liveness or Liveness(None, {}, 1.0)  # which deployments have a live replica
         self.caps: dict = {}  # model id -> {endpoint: frozenset of parameters it honours}, asked lazily
         self.caps_retry: dict = {}  # model id -> when to ask again a model that did not answer
 
-    def stream(self, model: str, endpoint: str, body: dict):
-        """The model's stream of OpenAI objects (a DeploymentResponseGenerator, or a ``LocalStream`` for an in-process
-        model: ``cancel()`` stops either)."""
+    def stream(self, model: str, endpoint: str, body: dict, patient: bool = True):
+        """The model's stream of OpenAI objects (a deployment's, watched: ``liveness.WatchedStream``; a ``LocalStream``
+        for an in-process model: ``cancel()`` stops either). ``patient``: the request's last candidate, waited for while
+        the model has a live replica; otherwise a model that does not take the request in time is given up."""
         callee = self.handles[model]
         if isinstance(callee, OpenAIModel):
             return LocalStream(callee.respond(endpoint, body))
-        return callee.options(stream=True).respond.remote(endpoint, body)
+        if (down := self.liveness.unavailable(model)) is not None:
+            return Unavailable(down)
+        gen = callee.options(stream=True).respond.remote(endpoint, body, HEARTBEAT_S)
+        return WatchedStream(gen, model, self.liveness, patient)
 
     async def capabilities(self, models, timeout_s: float = 10.0) -> dict:
         """``{model: {endpoint: [parameters it honours]}}`` for those of ``models`` that answer in time (a

@@ -36,7 +36,15 @@ class OpenAIModel:
     requests received (what the gateway passed through) and how each ended (a caller that went away stops the
     generation), so a test or an operator can see both."""
 
-    async def respond(self, endpoint: str, body: dict):
+    async def respond(self, endpoint: str, body: dict, heartbeat_s: float | None = None):
+        """``heartbeat_s`` (a call through a deployment handle): ``liveness.BEAT`` whenever the engine has been quiet
+        that long, so the caller tells a lost replica from a slow one."""
+        if heartbeat_s:
+            from proxray.serve.deployments.liveness import heartbeats
+
+            async for obj in heartbeats(self.respond(endpoint, body), heartbeat_s):
+                yield obj
+            return
         if not hasattr(self, "_seen"):
             self._seen, self._ends = deque(maxlen=32), deque(maxlen=32)
         self._seen.append({"endpoint": endpoint, "body": body})

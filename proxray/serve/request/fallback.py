@@ -1,13 +1,16 @@
 """Asking the plan's candidates in order until one answers: the whole response, or a stream up to its first
 content. Another model is tried after what another model can fix (errors, overload, a dead replica, a timeout);
 a model's 4xx about the request itself goes back to the client. No HTTP and no Ray: the client is any object
-with ``stream(model, endpoint, body)`` giving an async iterator of OpenAI objects with ``cancel()``."""
+with ``stream(model, endpoint, body, patient)`` giving an async iterator of OpenAI objects with ``cancel()``
+(``patient``: the request's last candidate, waited for while it has a live replica, see
+``proxray.serve.deployments.liveness``)."""
 from __future__ import annotations
 
 import asyncio
 import time
 
 from proxray.serve.deployments.client import ModelError, failure_reason
+from proxray.serve.deployments.liveness import REPROBE_S, ModelUnavailable, ReplicaLost
 from proxray.serve.request.errors import RequestError, is_error
 from proxray.serve.request.plan import Plan
 
@@ -35,10 +38,11 @@ async def first_answer(client, p: Plan, body: dict, endpoint: str, stream: bool,
     """(model, the objects read so far, the rest of its stream). ``on_failure(model, reason)`` is told of each
     model that failed (the report's ``failures`` list is kept here). Raises ``RequestError``: the model's own 4xx,
     504 when time ran out, the model's own error where a request that named one model failed with one (a 502, a
-    429), 503 when every candidate failed."""
+    429), 503 when every candidate failed — with Retry-After, naming the model, where the last had no live replica."""
     last = None  # the error object of the last model that answered with one
+    unavailable = None  # the last candidate's ModelUnavailable or ReplicaLost: no replica of it answered
     for model in p.candidates:
-        gen = client.stream(model, endpoint, {**body, "model": model})
+        gen = client.stream(model, endpoint, {**body, "model": model}, model == p.candidates[-1])
         head = []
         try:
             while True:
@@ -62,6 +66,7 @@ async def first_answer(client, p: Plan, body: dict, endpoint: str, stream: bool,
             continue
         except Exception as e:  # noqa: BLE001 - replica died, overloaded, timed out: try the next
             gen.cancel()
+            unavailable = e if isinstance(e, (ModelUnavailable, ReplicaLost)) else None
             _failed(p, model, failure_reason(e), on_failure)
             if time.monotonic() >= deadline:
                 break
@@ -79,9 +84,13 @@ async def first_answer(client, p: Plan, body: dict, endpoint: str, stream: bool,
     if failures and all(f["error"] == "timeout" for f in failures) or time.monotonic() >= deadline:
         raise RequestError(504, f"no answer within timeout_s={timeout_s} s (tried "
                            f"{', '.join(f['model'] for f in failures)})", kind="timeout")
+    retry = {"retry-after": str(max(1, round(REPROBE_S)))} if unavailable else None
+    if len(p.candidates) == 1 and unavailable is not None:  # a named model none of whose replicas answers
+        raise RequestError(503, f"{unavailable}; retry after {retry['retry-after']} s", "model",
+                           "service_unavailable", headers=retry)
     if len(p.candidates) == 1 and last is not None:  # a named model's own answer says more than "every one failed"
         raise _as_request_error(last)
-    raise RequestError(503, f"every candidate model failed: {failures}", kind="service_unavailable")
+    raise RequestError(503, f"every candidate model failed: {failures}", kind="service_unavailable", headers=retry)
 
 
 def _as_request_error(e: ModelError) -> RequestError:

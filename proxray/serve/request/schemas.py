@@ -236,6 +236,11 @@ class AppArgs(StrictModel):
         "api_key_file / api_key_env, whose key stays unrestricted"))
     timeout_s: float = Field(30.0, gt=0, description=(
         "one deadline per request across fallbacks: for the whole answer, or a stream's first chunk"))
+    failover_s: float = Field(1.0, gt=0, le=60, description=(
+        "a model deployment that has not taken a request, or has said nothing (not even its heartbeat, sent every "
+        "0.25 s while it works) for this long, is passed over for the next candidate: its replica is lost, starting "
+        "or full. A slow model is never cut off (it took the request and its heartbeat goes on); a request's last "
+        "candidate is waited for while it has a live replica, else 503 with Retry-After (docs/operations/reliability.md)"))
     max_prompt_chars: int = Field(32000, ge=1, description="limit on the routing text (413 past it)")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="request body limit, checked before parsing (413)")
     default_max_tokens: int = Field(256, ge=1, description="added when a request sets no token limit")
@@ -256,6 +261,9 @@ class AppArgs(StrictModel):
     monitor: str | None = Field(None, description="name of a detached proxray.monitor actor (namespace proxray) to report to")
     reload_every_s: float = Field(2.0, gt=0, description="how often to ask the monitor for a newer router artifact")
     router_num_cpus: float = Field(0.5, gt=0, description="CPUs each ingress replica reserves")
+    router_resources: dict[str, float] = Field({}, description=(
+        "custom Ray resources each ingress replica asks for, e.g. {proxray_ingress: 0.01} to keep the ingress on the "
+        "CPU nodes that declare it (cluster.yaml's cpu_worker), so that losing a GPU node loses no ingress replica"))
     router_replicas: int = Field(1, ge=1, description="ingress replicas (each encodes and routes on its own)")
     router_max_replicas_per_node: int | None = Field(None, ge=1, description=(
         "at most this many ingress replicas on one node (1: spread them over nodes, so losing a node loses one)"))

@@ -69,15 +69,15 @@ class ResponsesModels:
         self.client, self.native = client, native
         self.chat, self.problems = to_chat(body)
 
-    def stream(self, model: str, endpoint: str, body: dict):
+    def stream(self, model: str, endpoint: str, body: dict, patient: bool = True):
         if model in self.native:
-            inner = self.client.stream(model, "responses", body)
+            inner = self.client.stream(model, "responses", body, patient)
             return Stream(_native(inner), inner)
         if self.problems:
             name = sorted(self.problems)[0]
             return Stream(_one(error(400, f"model {model!r} answers through chat completions; "
                                           f"{self.problems[name]}", name)), None)
-        inner = self.client.stream(model, "chat", {**self.chat, "model": model})
+        inner = self.client.stream(model, "chat", {**self.chat, "model": model}, patient)
         return Stream(_via_chat(inner, model, body), inner)
 
     async def refusals(self, models, body: dict, endpoint: str) -> dict:

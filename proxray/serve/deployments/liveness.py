@@ -1,0 +1,227 @@
+"""Whether a model deployment can answer now, told in well under a second — not when a request's deadline runs out.
+
+A replica whose node is lost (a spot reclaim, a kernel panic, a GPU off the bus) does not answer, and nothing tells its
+callers soon: Ray marks the node dead only after its missed heartbeats, and until then Serve's handle keeps a request
+queued for a deployment whose only replica is gone. So every model deployment says something at least every
+``HEARTBEAT_S`` while it works on a request (``OpenAIModel.respond`` with ``heartbeat_s``: ``BEAT`` whenever the engine
+has been quiet that long; an answer that comes sooner travels alone), and the ingress reads the stream through a
+``WatchedStream``:
+
+* **taken** — a model that has not taken the request within ``failover_s`` (its replica dead, still starting, or every
+  slot busy) is passed over when another candidate remains; as the request's last candidate it is waited for only
+  while one of its replicas is alive (``Liveness.live``), else the request gets a 503 naming it, with Retry-After.
+* **silent** — a model that took the request and then said nothing, not even its heartbeat, for ``failover_s`` lost
+  the replica that had it: the next candidate answers (a stream that had begun ends with its error event).
+* **down** — a model none of whose replicas answers a probe is left out (routed requests try it last; a request naming
+  it gets a 503 with Retry-After at once) until a probe finds a live replica again (every ``REPROBE_S``).
+
+A live model that is merely slow (a 70B model on a long prompt) is never cut off: it took the request and its
+heartbeat keeps coming. The probe asks each of the deployment's replica actors for its number of ongoing requests —
+the call Serve's own router uses, answered on a thread of its own, so a busy replica answers it at once.
+An in-process model (an endpoint relayed from the ingress) has no replica to lose: its stream is not watched.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+BEAT = {"object": "proxray.heartbeat"}  # what a deployment yields while it works on a request and its engine is quiet
+HEARTBEAT_S = 0.25  # how often a quiet deployment says it is still working on a request
+PROBE_S = 0.5  # how long a replica may take to answer a liveness probe
+REPROBE_S = 1.0  # how often a model that is down (or was slow to take a request) is probed again
+SLOW_S = 5.0  # a model that was slow to take a request is tried last this long (unless a probe finds it down)
+logger = logging.getLogger("ray.serve")
+
+
+def is_beat(obj) -> bool:
+    return isinstance(obj, dict) and obj.get("object") == BEAT["object"]
+
+
+async def heartbeats(gen, every_s: float):
+    """``gen``'s objects, with ``BEAT`` whenever ``gen`` was quiet for ``every_s`` (the deployment side). Nothing is
+    added to an answer that comes sooner: a request is taken when its first object, answer or beat, arrives."""
+    it = gen.__aiter__()
+    pending = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=every_s)
+            if not done:
+                yield BEAT
+                continue
+            task, pending = pending, None
+            try:
+                obj = task.result()
+            except StopAsyncIteration:
+                return
+            yield obj
+    finally:
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        if hasattr(it, "aclose"):
+            await it.aclose()  # now, not when the collector finds it (the engine's generation stops with it)
+
+
+class ModelUnavailable(Exception):
+    """No replica of the model answers: a request naming it gets a 503 with Retry-After (``REPROBE_S``)."""
+
+    def __init__(self, model: str, why: str):
+        self.model = model
+        super().__init__(f"model {model!r} has no live replica ({why})")
+
+
+class ReplicaLost(Exception):
+    """The model took the request (or not) and then said nothing within ``failover_s``."""
+
+
+class Liveness:
+    """This ingress replica's view of which model deployments have a live replica (``app``: the Serve app's name;
+    ``deployments``: model id -> deployment name, for the models reached through a handle)."""
+
+    def __init__(self, app: str | None, deployments: dict, failover_s: float):
+        self.app, self.deployments, self.failover_s = app, deployments, failover_s
+        self.down: dict = {}  # model -> when a probe found no live replica
+        self.slow: dict = {}  # model -> until when it is tried last
+        self.asked: dict = {}  # model -> (when, the probe's future): one probe at a time per model
+        self.watcher = None  # the task that probes down and slow models again
+
+    def watched(self, model: str) -> bool:
+        return self.app is not None and model in self.deployments
+
+    def order(self, candidates: list) -> list:
+        """``candidates`` with the models known down, then those slow to take requests, moved last (order kept)."""
+        now = time.monotonic()
+        rank = {m: 2 if m in self.down else 1 if self.slow.get(m, 0) > now else 0 for m in candidates}
+        return sorted(candidates, key=lambda m: rank[m])
+
+    def unavailable(self, model: str) -> ModelUnavailable | None:
+        if model in self.down:
+            return ModelUnavailable(model, f"none answered for {time.monotonic() - self.down[model]:.1f} s")
+        return None
+
+    def suspect(self, model: str, why: str) -> None:
+        """A request found ``model`` slow to take it or silent: try it last, and probe it now."""
+        if not self.watched(model):
+            return
+        logger.warning("proxray: model %s %s; probing its replicas", model, why)
+        self.slow[model] = time.monotonic() + SLOW_S
+        asyncio.get_running_loop().create_task(self.live(model))
+        self._watch()
+
+    async def live(self, model: str) -> bool:
+        """Whether any replica of ``model`` answers a probe within ``PROBE_S`` (asked at most once per ``PROBE_S``)."""
+        if not self.watched(model):
+            return True
+        now = time.monotonic()
+        when, fut = self.asked.get(model, (0.0, None))
+        if fut is None or (fut.done() and now - when > PROBE_S):
+            fut = asyncio.ensure_future(self._probe(model))
+            self.asked[model] = (now, fut)
+        alive = await asyncio.shield(fut)
+        if alive:
+            if self.down.pop(model, None) is not None:
+                logger.warning("proxray: model %s has a live replica again", model)
+        elif model not in self.down:
+            logger.warning("proxray: model %s has no live replica: requests naming it get 503 until one answers", model)
+            self.down[model] = time.monotonic()
+            self._watch()
+        return alive
+
+    async def _probe(self, model: str) -> bool:
+        import ray
+
+        prefix = f"SERVE_REPLICA::{self.app}#{self.deployments[model]}#"
+        try:
+            names = await asyncio.to_thread(ray.util.list_named_actors, True)
+        except Exception:  # noqa: BLE001 - the GCS unreachable: nothing learnt, assume it lives
+            return True
+        replicas = [n["name"] for n in names if n["namespace"] == "serve" and n["name"].startswith(prefix)]
+
+        async def one(name):
+            try:
+                actor = await asyncio.to_thread(ray.get_actor, name, "serve")
+                await asyncio.wait_for(actor.get_num_ongoing_requests.remote(), PROBE_S)
+                return True
+            except Exception:  # noqa: BLE001 - dead, unreachable or too slow: not live
+                return False
+
+        return any(await asyncio.gather(*(one(n) for n in replicas)))
+
+    def _watch(self) -> None:
+        if self.watcher is None or self.watcher.done():
+            self.watcher = asyncio.get_running_loop().create_task(self._reprobe())
+
+    async def _reprobe(self) -> None:
+        while self.down or any(t > time.monotonic() for t in self.slow.values()):
+            await asyncio.sleep(REPROBE_S)
+            now = time.monotonic()
+            self.slow = {m: t for m, t in self.slow.items() if t > now}
+            for m in {*self.down, *self.slow}:
+                if not await self.live(m):
+                    self.slow.pop(m, None)  # down says more
+
+
+class WatchedStream:
+    """A deployment's stream (``DeploymentResponseGenerator``) without its heartbeats, that gives up on a model that
+    does not take the request or goes silent (see the module's docstring); ``cancel()`` as the stream has it."""
+
+    def __init__(self, gen, model: str, liveness: Liveness, patient: bool):
+        self.gen, self.model, self.liveness, self.patient = gen, model, liveness, patient
+        self.taken = False
+        self.pending = None
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+        failover_s = self.liveness.failover_s
+        while True:
+            if self.pending is None:
+                self.pending = asyncio.ensure_future(self.gen.__anext__())
+            done, _ = await asyncio.wait({self.pending}, timeout=failover_s)
+            if not done:
+                if self.taken:
+                    self.liveness.suspect(self.model, f"went silent for {failover_s} s")
+                    raise ReplicaLost(f"model {self.model!r} went silent for {failover_s} s (its replica lost)")
+                if not self.patient:
+                    self.liveness.suspect(self.model, f"did not take a request within {failover_s} s")
+                    raise ReplicaLost(f"model {self.model!r} did not take the request within {failover_s} s")
+                if not await self.liveness.live(self.model):
+                    raise self.liveness.unavailable(self.model)
+                continue  # a live replica that is busy or starting: the request waits for it
+            task, self.pending = self.pending, None
+            try:
+                obj = task.result()
+            except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
+                self.liveness.suspect(self.model, f"lost a replica ({type(e).__name__})")
+                raise
+            self.taken = True  # its first object, answer or beat: a replica has the request
+            if is_beat(obj):
+                continue
+            return obj
+
+    def cancel(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
+        self.gen.cancel()
+
+
+class Unavailable:
+    """The stream of a model known down: raises its ``ModelUnavailable`` at once."""
+
+    def __init__(self, e: ModelUnavailable):
+        self.e = e
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        raise self.e
+
+    def cancel(self) -> None:
+        pass
