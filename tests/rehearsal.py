@@ -1,5 +1,6 @@
 """The cluster guide (docs/guides/deploy-on-a-cluster.md) in its local form, on the shipped GPU configs as they are:
-a two-node Ray cluster on this machine that declares 16 H100s a node, Ray's token auth on, the bucket
+cluster.yaml's node types under Ray's own autoscaler on this machine (tests/fake_cluster.py: the head with 0 CPUs,
+its two cpu_worker nodes, GPU workers launched from zero as the job and the app ask for them), Ray's token auth on, the bucket
 `my-proxray-bucket` on moto's S3 API (AWS_ENDPOINT_URL), HEAD = 127.0.0.1, every engine simulated (--simulate):
 
   proxray check on the H100 job config  ->  the evaluation job through the Jobs API (jobs/build_table.py, --simulate
@@ -70,20 +71,22 @@ def main() -> None:
     boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1").create_bucket(
         Bucket="my-proxray-bucket")
 
-    from ray.cluster_utils import Cluster
+    from fake_cluster import ClusterYamlAutoscaler
 
     dash, http_port = free_port(), free_port()
-    h100 = {"num_cpus": 8, "num_gpus": 16, "resources": {"accelerator_type:H100": 16, "proxray_ingress": 1}}
-    cluster = Cluster(initialize_head=True, head_node_args={
-        **h100, "include_dashboard": True, "dashboard_port": dash,
-        "env_vars": {"PROXRAY_CACHE": str(work / "cache-head")}})
-    cluster.add_node(**h100, env_vars={"PROXRAY_CACHE": str(work / "cache-worker")})
-    cluster.wait_for_nodes()
+    cluster = ClusterYamlAutoscaler(work, free_port(), dash)  # cluster.yaml's node types, Ray's own autoscaler
+    step("ray start: the head of cluster.yaml, its autoscaler on the fake multi-node provider")
+    cluster.start({**os.environ, "PROXRAY_CACHE": str(work / "cache")})
     os.environ["RAY_ADDRESS"] = cluster.address
     dashboard = f"http://127.0.0.1:{dash}"
     seen = {}
     serving = None
+    import ray
+
     try:
+        ray.init(address=cluster.address, log_to_driver=False)
+        until("cluster.yaml's min_workers", lambda: cluster.workers().get("cpu_worker") == 2, 120)
+        seen["workers_at_start"] = cluster.workers()  # only min_workers: no GPU node before a job asks for one
         # 5. check the job config against the cluster, then 6. evaluate the pool through the Jobs API
         step("check and submit the H100 evaluation job")
         out = run(["check", "--config", "jobs/configs/paper_pool_h100.yaml", "--simulate",
@@ -99,6 +102,7 @@ def main() -> None:
         status = until("the evaluation job", lambda: (s := jobs.get_job_status(sid)).is_terminal() and s, 400)
         assert str(status) == "SUCCEEDED", jobs.get_job_logs(sid)[-4000:]
         seen["job"] = str(status)
+        seen["workers_for_the_job"] = cluster.workers()  # launched from zero by the job's accelerator_type
 
         # Kubernetes: the RayJob's entrypoint as KubeRay submits it (the evaluation resumes from the table above, then
         # the router is fitted on it)
@@ -175,12 +179,12 @@ def main() -> None:
             seen["wrong_key"] = 401
         from ray.util.state import list_actors
 
-        import ray
-
-        ray.init(address=cluster.address, log_to_driver=False)
         replicas = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
                     if a.class_name.startswith("ServeReplica:proxray:")]
         seen["replicas"] = len(replicas)
+        ingress_nodes = {a.node_id for a in replicas if a.class_name.endswith(":RouterIngress")}
+        seen["ingress_on"] = sorted(cluster.workers_of(ingress_nodes))
+        seen["workers_for_the_app"] = cluster.workers()
         used = ray.cluster_resources().get("GPU", 0) - ray.available_resources().get("GPU", 0)
         seen["gpus_in_use"] = round(used, 1)
 
@@ -223,11 +227,9 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(serving.pid, signal.SIGKILL)
         try:
-            import ray
-
             ray.shutdown()
         finally:
-            cluster.shutdown()
+            cluster.stop()
             moto.stop()
     print(json.dumps(seen))
 

@@ -48,14 +48,14 @@ def test_the_quota_is_serving_plus_an_evaluation_on_cluster_yamls_node_types():
 
 def test_the_kubernetes_steps_fit_the_router_before_the_service_starts():
     k8s = GUIDE[GUIDE.index("## On Kubernetes (KubeRay)"):]
-    order = [k8s.index(s) for s in ("docker build -f deploy/kuberay/Dockerfile", "kubectl create secret generic "
+    order = [k8s.index(s) for s in ("docker build -f deploy/Dockerfile", "kubectl create secret generic "
                                     "proxray-api-key", "kubectl apply -f deploy/kuberay/rayjob.yaml",
                                     "kubectl wait --for=jsonpath='{.status.jobStatus}'=SUCCEEDED rayjob/proxray-tables",
                                     "kubectl apply -f deploy/kuberay/rayservice.yaml")]
     assert order == sorted(order)
     job = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayjob.yaml").read_text())
     assert job["metadata"]["name"] == "proxray-tables"
-    docker = (ROOT / "deploy" / "kuberay" / "Dockerfile").read_text()
+    docker = (ROOT / "deploy" / "Dockerfile").read_text()
     build = re.search(r"docker build .*", k8s).group(0)
     assert build in docker  # the guide's build command is the Dockerfile's
     # the secrets the guide creates are the ones the manifests mount, with the keys they read

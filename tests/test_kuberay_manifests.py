@@ -60,14 +60,20 @@ def test_pods_read_their_secrets_and_keep_the_token_out_of_the_cache(name):
         assert pod["serviceAccountName"] == "proxray"
         volumes = {v["name"]: v for v in pod["volumes"]}
         for v in volumes.values():
-            assert key_file_mode_ok(v["secret"]["defaultMode"]), (group, oct(v["secret"]["defaultMode"]))
+            if "secret" in v:
+                assert key_file_mode_ok(v["secret"]["defaultMode"]), (group, oct(v["secret"]["defaultMode"]))
         (container,) = pod["containers"]
         env = {e["name"]: e["value"] for e in container["env"]}
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        assert all(m["readOnly"] for m in container["volumeMounts"])
+        assert all(m.get("readOnly") for m in container["volumeMounts"] if "secret" in volumes[m["name"]])
         assert env["HF_TOKEN_PATH"] == mounts["hf-token"] + "/token"
         assert not env["HF_HOME"].startswith(mounts["hf-token"]) and not mounts["hf-token"].startswith(env["HF_HOME"])
-        assert env["HF_HOME"].startswith("/home/ray/")  # the image's user's home: writable, weights download there
+        # weights on the shared claim (deploy/kuberay/weights.yaml), not in the container's writable layer
+        assert env["HF_HOME"] == mounts["weights"] and not any(m.get("readOnly") for m in container["volumeMounts"]
+                                                               if m["name"] == "weights")
+        assert volumes["weights"]["persistentVolumeClaim"]["claimName"] == manifest("weights.yaml")["metadata"]["name"]
+        # hosted-API keys (api_key_env) from a Secret into every pod's environment
+        assert container["envFrom"] == [{"secretRef": {"name": "proxray-env", "optional": True}}]
         assert mounts["api-key"] + "/api_key" == "/home/ray/.proxray/api_key"  # api_key_file: ~/.proxray/api_key
         assert container["image"] == "REGISTRY/proxray:gpu"
         if "nvidia.com/gpu" in container["resources"]["limits"]:
@@ -96,7 +102,7 @@ def test_the_service_embeds_the_shipped_serve_config_and_the_monitor_the_image_h
     assert apps[0] == yaml.safe_load(shipped)["applications"][0] and len(apps) == 2
     mon = apps[1]
     assert mon["import_path"] == "proxray.monitor.app:build_app" and mon["route_prefix"] is None
-    workdir = re.search(r"^WORKDIR (\S+)$", (KUBERAY / "Dockerfile").read_text(), re.M).group(1)
+    workdir = re.search(r"^WORKDIR (\S+)$", (ROOT / "deploy" / "Dockerfile").read_text(), re.M).group(1)
     path = mon["args"]["config"]
     assert path.startswith(workdir + "/") and (ROOT / path[len(workdir) + 1:]).is_file()
     from ray.serve.schema import ServeDeploySchema
@@ -107,6 +113,17 @@ def test_the_service_embeds_the_shipped_serve_config_and_the_monitor_the_image_h
 def test_the_image_build_leaves_the_local_environment_out():
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "out", ".git"} <= set(ignored)
-    docker = (KUBERAY / "Dockerfile").read_text()
-    assert "docker build -f deploy/kuberay/Dockerfile -t $REGISTRY/proxray:gpu ." in docker
+    docker = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert "docker build -f deploy/Dockerfile -t $REGISTRY/proxray:gpu ." in docker
     assert "docker push $REGISTRY/proxray:gpu" in docker and "bash install.sh gpu" in docker
+
+
+def test_the_weights_claim_is_shared_and_holds_the_pool():
+    claim = manifest("weights.yaml")
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "1Ti"  # the H100 pool's weights, ~370 GB, twice over
+
+
+def test_the_job_has_headroom_for_a_lost_node():
+    (h100,) = manifest("rayjob.yaml")["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert h100["maxReplicas"] > h100["replicas"] == 2

@@ -92,7 +92,7 @@ def _journey(hosts, work):
     old = os.umask(0o077)
     (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))  # `ray get-auth-token --generate`'s file
     os.umask(old)
-    (home / "proxray").symlink_to(ROOT)  # the repository where cluster.yaml's file_mounts put it
+    (home / "proxray").symlink_to(ROOT)  # the repository where the image holds it (deploy/Dockerfile's WORKDIR)
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     base.update(HOME=str(home), RAY_TMPDIR=str(work / "t"), PROXRAY_CACHE=str(work / "cache"))
     (work / "t").mkdir()
@@ -157,6 +157,7 @@ def _journey(hosts, work):
         r = hosts.run(hosts.head, ["bash", "-c", line], base)
         assert r.returncode == 0, r.stderr
     plain = {k: v for k, v in base.items() if k not in ("VIRTUAL_ENV",)}
+    plain["PATH"] = f"{VENV_BIN}:{plain['PATH']}"  # the image's ENV PATH: its environment first, nothing else set
 
     status, lost = {}, None
     deadline = time.time() + 420

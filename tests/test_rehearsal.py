@@ -2,8 +2,9 @@
 that its Ray keeps token auth on): the H100 job config evaluated through the Jobs API with --simulate, the router
 fitted as the guide says, the shipped H100 / A100 Serve configs, the cluster monitor config and the KubeRay manifests'
 configs passing proxray check (an encoder mismatch and an unknown model named), the H100 config answering routed
-requests with --simulate on a local cluster that declares 16 H100s a node, and the cluster monitor config submitting
-an evaluation of drifted traffic."""
+requests with --simulate, and the cluster monitor config submitting an evaluation of drifted traffic — on cluster.yaml's
+node types under Ray's own autoscaler (the fake multi-node provider), whose GPU workers start from zero as the job and
+the app ask for them."""
 import json
 import os
 import subprocess
@@ -31,3 +32,8 @@ def test_the_shipped_gpu_configs_rehearsed_on_a_cpu():
     assert seen["replicas"] == 14 + 2  # every model of the config and two ingress replicas
     assert seen["gpus_in_use"] >= 16  # the models' GPUs at minimum scale: 4 x 0.5 + 8 + 2 + 4, on declared H100s
     assert seen["monitor_submitted"] and seen["jobs_api"] == [seen["monitor_submitted"]]
+    # Ray's autoscaler on cluster.yaml's node types: GPU workers from zero, by accelerator type, as many as each needs
+    assert seen["workers_at_start"] == {"cpu_worker": 2}  # min_workers; no GPU node before a job asks for one
+    assert seen["workers_for_the_job"] == {"cpu_worker": 2, "h100_worker": 2}  # 15.5 H100s: two p5 nodes of 8
+    assert seen["workers_for_the_app"] == {"cpu_worker": 2, "h100_worker": 2}  # 16 H100s at minimum scale: the same two
+    assert seen["ingress_on"] == ["cpu_worker", "cpu_worker"]  # router_resources: off the GPU nodes

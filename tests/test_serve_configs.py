@@ -49,9 +49,10 @@ def test_cluster_yaml_has_cpu_head_and_gpu_workers():
     assert types[c["head_node_type"]]["resources"] == {"CPU": 0}
     assert {"a100_worker", "h100_worker", "v100_worker"} <= set(types)
     assert types["v100_worker"]["resources"] == {"accelerator_type:V100": 8}  # the transformers engine's node type
-    # proxray, Ray and vLLM from install.sh gpu in one environment; the local .venv and outputs are not uploaded
-    assert any("bash install.sh gpu" in cmd for cmd in c["setup_commands"])
-    assert {".venv", "out"} <= set(c["rsync_exclude"])
+    # every node runs the one image (proxray, Ray and vLLM from install.sh gpu in one environment): nothing installed
+    # on the nodes, no repository copied to them
+    assert c["docker"]["image"] == "REGISTRY/proxray:gpu" and not any("install.sh" in cmd for cmd in c["setup_commands"])
+    assert "rsync_exclude" not in c and not any(local in (".", "./") for local in c["file_mounts"].values())
     # a missing Hugging Face token (no gated model) does not stop Ray from starting
     starts = c["head_start_ray_commands"] + c["worker_start_ray_commands"]
     assert not any("huggingface/token" in cmd and "ray start" in cmd for cmd in starts)
@@ -66,7 +67,7 @@ def test_cluster_yaml_keeps_ray_auth_on_and_the_dashboard_private():
     assert "disabled" not in text and "0.0.0.0" not in text
     assert all("RAY_AUTH_MODE=token" in cmd for cmd in starts if "ray start" in cmd)
     assert any("--dashboard-host=127.0.0.1" in cmd for cmd in c["head_start_ray_commands"])
-    assert c["file_mounts"]["/home/ubuntu/.ray/auth_token"] == "~/.ray/auth_token"  # the same token on every node
+    assert c["file_mounts"]["/home/ray/.ray/auth_token"] == "~/.ray/auth_token"  # the same token on every node
 
 
 def test_nothing_shipped_switches_ray_auth_off_or_opens_the_dashboard():
@@ -85,7 +86,7 @@ def test_nothing_shipped_switches_ray_auth_off_or_opens_the_dashboard():
     c = yaml.safe_load((ROOT / "cluster.yaml").read_text())
     for name in ("paper_pool_h100.yaml", "paper_pool_a100.yaml"):
         args = yaml.safe_load((ROOT / "serve_configs" / name).read_text())["applications"][0]["args"]
-        node_path = args["api_key_file"].replace("~", "/home/" + c["auth"]["ssh_user"], 1)
+        node_path = args["api_key_file"].replace("~", "/home/ray", 1)  # the image's user, in the container
         assert any(node_path == m or node_path.startswith(m + "/") for m in c["file_mounts"]), node_path
         assert "api_key_env" not in args
         assert "runtime_env" not in args and "PROXRAY_API_KEY" not in (ROOT / "serve_configs" / name).read_text()
@@ -108,11 +109,11 @@ def test_cluster_yaml_names_the_bucket_and_the_role_and_keeps_secrets_in_files()
     c = yaml.safe_load(text)
     assert all("IamInstanceProfile" in t["node_config"] for t in c["available_node_types"].values())
     assert "--out s3://my-proxray-bucket/proxray/tables" in text and "--out s3://my-proxray-bucket/proxray/routers/" in text
-    assert c["file_mounts"]["/home/ubuntu/.cache/huggingface/token"] == "~/.cache/huggingface/token"
+    assert c["file_mounts"]["/home/ray/.cache/huggingface/token"] == "~/.cache/huggingface/token"
     assert "HF_TOKEN" not in text and "runtime_env" not in text.split("cluster_name:")[1]
     # ~/.proxray (the endpoint's key, external endpoints' key files, env for api_key_env) on every node, owner-only,
     # its env loaded into `ray start`'s environment (the raylets', so every worker's and replica's)
-    assert c["file_mounts"]["/home/ubuntu/.proxray"] == "~/.proxray"
+    assert c["file_mounts"]["/home/ray/.proxray"] == "~/.proxray"
     for cmds in (c["head_start_ray_commands"], c["worker_start_ray_commands"]):
         assert any("chmod 700 ~/.proxray" in cmd and "-exec chmod 600" in cmd for cmd in cmds)
         start = [cmd for cmd in cmds if "ray start" in cmd]
