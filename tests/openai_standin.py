@@ -92,6 +92,10 @@ class StandIn:
                 status = 200
                 if body.get("model") != MODEL:
                     status = 404
+                elif "[missing-item]" in prompt:  # what OpenAI answers for an item the request names that it lacks
+                    status = 4040
+                elif "[break]" in prompt:  # answers 200, then the connection breaks in the body
+                    status = -2
                 elif "[refuse]" in prompt:
                     status = 400
                 elif "[down]" in prompt:
@@ -107,6 +111,20 @@ class StandIn:
                 if status == -1:
                     self.close_connection = True
                     self.connection.shutdown(2)
+                    return
+                if status == -2:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", "4096")
+                    self.end_headers()
+                    self.wfile.write(b'{"id": "c1", "object": "chat.comp')
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                if status == 4040:
+                    self._send(404, {"error": {"message": "Item with id 'rs_0123' not found.", "code": None,
+                                               "type": "invalid_request_error", "param": "input"}})
                     return
                 if status == 429:
                     self._send(429, {"error": {"message": "Rate limit reached", "type": "rate_limit"}},

@@ -121,6 +121,28 @@ def test_the_key_is_in_no_log(app, client):
     assert leaked == []
 
 
+def test_what_the_request_provokes_goes_to_its_client_once_and_takes_no_model_out(client, app):
+    """A body that provokes the endpoint's 404 about an item it refers to, or its 400, is the client's: answered at
+    once, the endpoint asked once (never retried), and the next key's plain request to the model is answered — the
+    model stays in routing. An answer whose connection breaks after its 200 is a 502, not generated a second time."""
+    import openai
+
+    _, standin, _ = app
+    for marker, error in (("[missing-item]", openai.NotFoundError), ("[refuse]", openai.BadRequestError)):
+        text = f"Which planet is known as the Red Planet? {marker}"
+        with pytest.raises(error) as e:
+            client.chat.completions.create(model=EXTERNAL, messages=[{"role": "user", "content": text}])
+        assert f"model '{EXTERNAL}': its endpoint answered" in str(e.value.body)
+        assert sum(p == text for _, p, _ in standin.log) == 1  # asked once
+        r = client.chat.completions.create(model=EXTERNAL, messages=[{"role": "user", "content": "What is 2+2?"}])
+        assert r.model == EXTERNAL and r.choices[0].message.content == "The answer is 42."  # still in routing
+    text = "Which planet is known as the Red Planet? [break]"
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model=EXTERNAL, messages=[{"role": "user", "content": text}])
+    assert e.value.status_code == 502 and "broke off" in str(e.value.body)
+    assert sum(p == text for _, p, _ in standin.log) == 1  # generated once: the operator pays once
+
+
 def test_an_endpoint_that_refuses_the_gateways_key_is_taken_out_and_named(client, app):
     """The endpoint revokes the gateway's key: a named request gets a 502 naming the model (not the endpoint's 401,
     which would tell the client its own key is wrong), routed requests fall back at once while the model is out, and

@@ -103,8 +103,8 @@ def test_what_a_client_sees_of_a_failure():
         "FileNotFoundError: <path> missing"
     assert scrub("model meta-llama/Llama-3.2-1B failed") == "model meta-llama/Llama-3.2-1B failed"
     e = ModelError({"error": {"message": "too long", "type": "BadRequestError", "code": 400}})
-    assert e.status == 400 and not e.retryable
-    assert ModelError({"error": {"message": "busy", "code": 503}}).retryable
+    assert e.status == 400 and not e.falls_back
+    assert ModelError({"error": {"message": "busy", "code": 503}}).falls_back
 
 
 def test_the_plan_leaves_out_models_that_cannot_honour_the_request():
@@ -266,10 +266,19 @@ def test_the_answer_book_is_bounded_expires_and_answers_only_the_key_that_asked(
     book = AnswerBook(max_answers=3, retention_s=100.0, key_share=1.0)
     for i in range(4):
         book.remember(f"a{i}", {"text": f"q{i}", "model": "m", "key": "team" if i else None, "cost": 0.0}, now=10.0 * i)
-    assert book.find("a0", None, now=35.0) is None and book.stats() == {"answers": 3, "dropped": 1}  # the oldest went
-    assert book.find("a1", "team", now=35.0)["text"] == "q1"
-    assert book.find("a1", None, now=35.0) is None and book.find("a1", "other", now=35.0) is None  # another key's
-    assert book.find("a1", "team", now=111.0) is None and book.find("a3", "team", now=111.0) is not None  # expired
+    # past the book's bound, the key that holds the most loses its oldest: team's a1, not the other key's a0
+    assert book.find("a1", "team", now=35.0) is None and book.stats() == {"answers": 3, "dropped": 1}
+    assert book.find("a0", None, now=35.0)["text"] == "q0" and book.find("a2", "team", now=35.0)["text"] == "q2"
+    assert book.find("a2", None, now=35.0) is None and book.find("a2", "other", now=35.0) is None  # another key's
+    assert book.find("a0", None, now=111.0) is None and book.find("a3", "team", now=111.0) is not None  # expired
+    # an id that repeats under another key is another entry: it overwrites nothing
+    book.remember("a3", {"text": "mine", "model": "m", "key": "other", "cost": 0.0}, now=111.0)
+    assert book.find("a3", "team", now=111.0)["text"] == "q3" and book.find("a3", "other", now=111.0)["text"] == "mine"
+    # a record larger than its key's share alone is refused, and nothing of the key's is dropped for it
+    small = AnswerBook(max_answers=10, max_bytes=2**20, key_share=0.5)
+    assert small.remember("x", {"text": "q", "model": "m", "key": "k", "cost": 0.0})
+    assert not small.remember("y", {"text": "q" * 2**20, "model": "m", "key": "k", "cost": 0.0})
+    assert small.find("x", "k") is not None and small.find("y", "k") is None
     with pytest.raises(ValueError, match="score"):
         FeedbackRequest.model_validate({"id": "a1", "score": float("nan")})
 
@@ -339,4 +348,4 @@ def test_a_redeploy_with_smaller_bounds_trims_the_shared_books():
     for i in range(10):
         book.remember(f"a{i}", {"text": "q", "model": "m", "key": "k", "cost": 0.0}, now=float(i))
     book.configure(10, 100.0, 2**20, 0.3)
-    assert list(book.answers) == ["a7", "a8", "a9"] and book.retention_s == 100.0
+    assert list(book.answers) == [("k", "a7"), ("k", "a8"), ("k", "a9")] and book.retention_s == 100.0

@@ -200,9 +200,14 @@ def test_exactly_once_submission_and_failures(world, encoder):
     assert len(mon.evaluations.items) == 1
     mon.tick(now=mon.not_before + 1)
     assert len(mon.evaluations.items) == 2 and mon.evaluations.items[1]["id"] != e["id"]
-    # a job the Jobs API forgot is failed too
+    # a job the Jobs API forgot (its head restarted) is submitted again once, under a new id, to resume; forgotten
+    # again, it is failed
     FakeJobs.submitted.clear()
     mon.tick(now=mon.not_before + 2)
+    again = mon.evaluations.items[1]
+    assert again["status"] == "RUNNING" and list(FakeJobs.submitted) == [f"{again['id']}-retry1"] == [again["job"]]
+    FakeJobs.submitted.clear()
+    mon.tick(now=mon.not_before + 3)
     assert mon.evaluations.items[1]["status"] == "FAILED" and "missing" in mon.evaluations.items[1]["error"]
 
 

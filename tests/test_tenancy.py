@@ -32,7 +32,8 @@ def app(tmp_path_factory, encoder):
     one = {"min_replicas": 1, "max_replicas": 1}
     models = [{"id": WEAK, "engine": "sim", "autoscaling": one, "price": PRICES[WEAK]},
               {"id": STRONG, "engine": "sim", "autoscaling": one, "price": PRICES[STRONG]},
-              {"id": SLOW_DEAR, "engine": "sim", "engine_kwargs": {"latency_s": 2.0}, "max_ongoing_requests": 64,
+              {"id": SLOW_DEAR, "engine": "sim", "engine_kwargs": {"latency_s": 2.0, "word_latency_s": 0.1},
+               "max_ongoing_requests": 64,
                "autoscaling": one, "price": PRICES[SLOW_DEAR]},
               {"id": FREE, "engine": "sim", "autoscaling": one},  # no price: charged at the router's estimate
               {"id": EXTERNAL, "engine": "openai", "source": MODEL, "base_url": standin.url,
@@ -50,7 +51,11 @@ def app(tmp_path_factory, encoder):
     KEYS["b"] = new_key_entry(f, "tenant-b", allowed_models=[WEAK, STRONG])
     KEYS["slow"] = new_key_entry(f, "three-a-minute", requests_per_minute=3)
     KEYS["load"] = new_key_entry(f, "load", requests_per_minute=100000, budget={"usd": 100.0})
+    KEYS["early"] = new_key_entry(f, "leaves-early", budget={"usd": 1e-3, "over_budget": "reject"})
+    KEYS["n"] = new_key_entry(f, "asks-for-n", budget={"usd": 3e-3, "over_budget": "reject"})
+    KEYS["mute"] = new_key_entry(f, "mute", feedback="off")
     url = start_app(tmp, encoder, models, keys_file=str(f), timeout_s=20, request_timeout_s=60,
+                    responses={"max_bytes": 2**20},  # a key's share: 512 KiB
                     profile={SLOW_DEAR: (0.95, 2e-4), FREE: (0.2, 5e-5), EXTERNAL: (0.3, 1e-6),
                              LIMITED: (0.1, 1e-6)})
     yield url, standin
@@ -121,8 +126,7 @@ def test_streams_are_charged_whether_or_not_the_client_asked_for_usage(app):
 def test_over_a_cheapest_budget_a_named_pricier_model_is_refused_naming_the_cheapest(app):
     import openai
 
-    c = client(app, "down")
-    c.chat.completions.create(model=STRONG, max_tokens=8, messages=[{"role": "user", "content": ASK}])
+    c = client(app, "down")  # a budget no request's hold fits in: over it from the first request
     with pytest.raises(openai.RateLimitError) as e:
         c.chat.completions.create(model=STRONG, max_tokens=8, messages=[{"role": "user", "content": ASK}])
     assert f"the cheapest model it may use, '{WEAK}'" in str(e.value) and e.value.body["type"] == "insufficient_quota"
@@ -253,3 +257,73 @@ def test_a_shared_actor_killed_under_keyed_load_costs_no_500_and_comes_back(app,
         rep = ray.get(ray.get_actor(actor, namespace="proxray").report.remote())["load"]
         assert rep["spent_usd"] + rep["held_usd"] >= spent_before > 0, (rep, spent_before)
     print(json.dumps({"actor": actor, "after_kill": len(after), "503": len(refused), "back_after_s": round(back, 2)}))
+
+
+def test_streams_left_early_are_charged_their_hold_and_stop_at_the_budget(app):
+    """A key that reads the first lines of each stream and closes it — before the usage chunk — is charged each
+    stream's hold, never 0, and refused once the holds reach its budget (before: 8 of 8 streams served, $0 charged)."""
+    body = {"model": SLOW_DEAR, "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": ASK}]}
+    served, refused = 0, 0
+    for _ in range(8):
+        with httpx.stream("POST", f"{app[0]}/v1/chat/completions", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {KEYS['early']}"}) as r:
+            if r.status_code == 429:
+                refused += 1
+                r.read()
+                assert "insufficient_quota" in r.text
+                continue
+            assert r.status_code == 200
+            served += 1
+            for i, _ in enumerate(r.iter_lines()):
+                if i >= 2:
+                    break  # gone, mid-answer
+    spent = ledger_report("leaves-early")["spent_usd"]
+    print(json.dumps({"left_early_served": served, "refused": refused, "spent_usd": spent, "budget_usd": 1e-3}))
+    assert 1 <= served <= 3 and refused == 8 - served
+    assert spent >= served * 3e-4  # each charged its hold (~4e-4: the prompt and 16 tokens at 15 USD/Mtok), not 0
+    assert spent <= 1e-3
+
+
+def test_n_answers_are_held_and_a_burst_cannot_overspend(app):
+    """8 requests at once, each asking for n=8 answers: each holds eight answers' worth, so the burst stops at the
+    budget (before: 8 of 8 answered, ~40 answers' worth spent on a 10-answer budget)."""
+    body = {"model": STRONG, "max_tokens": 8, "n": 8, "messages": [{"role": "user", "content": ASK}]}
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: post(app, "n", body), range(8)))
+    ok = [r.json() for r in answers if r.status_code == 200]
+    assert all(len(a["choices"]) == 8 for a in ok), [r.text[:300] for r in answers]
+    assert ok, [r.text[:300] for r in answers]
+    spent = ledger_report("asks-for-n")["spent_usd"]
+    print(json.dumps({"n8_answered": len(ok), "of": 8, "spent_usd": spent, "budget_usd": 3e-3}))
+    assert 1 <= len(ok) <= 4 and spent <= 3e-3  # each holds ~1.1e-3 (eight answers of 8 tokens at 15 USD/Mtok)
+    assert [r.status_code for r in answers].count(429) == 8 - len(ok)
+
+
+def test_a_key_learns_nothing_of_other_keys_traffic_and_health_shows_no_pool(app):
+    text = "Which planet is known as the Red Planet? Asked by tenant a only."
+    reports = []
+    for name in ("a", "b", "a"):
+        r = client(app, name).chat.completions.create(model="proxray", max_tokens=8,
+                                                      messages=[{"role": "user", "content": text}])
+        reports.append(r.model_extra["proxray"])
+    for report in reports:
+        assert not {"embedding_cache", "encoder_batch", "encode_ms"} & set(report["timings"])
+        assert "router_path" not in report and "budget" not in report
+    assert httpx.get(f"{app[0]}/health", timeout=10).json() == {"status": "ok"}
+
+
+def test_feedback_off_for_a_key_is_a_403(app):
+    r = post(app, "mute", {"id": "chatcmpl-any", "score": 1.0}, path="/v1/feedback")
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+
+
+def test_a_response_too_large_to_store_is_answered_unstored_not_a_500(app):
+    """Input of ~600 KB against a key's 512 KiB share of the store: answered, store: false, the reason in the report
+    (before: a plain 500 after the answer was charged)."""
+    big = [{"role": "user", "content": "apples " * 21000} for _ in range(4)]
+    r = httpx.post(f"{app[0]}/v1/responses", timeout=60, headers={"Authorization": f"Bearer {KEYS['a']}"},
+                   json={"model": WEAK, "input": big, "max_output_tokens": 8})
+    assert r.status_code == 200, r.text
+    assert r.json()["store"] is False and "larger than this key's share" in r.json()["proxray"]["not_stored"]
+    again = httpx.get(f"{app[0]}/v1/responses/{r.json()['id']}", headers={"Authorization": f"Bearer {KEYS['a']}"})
+    assert again.status_code == 404

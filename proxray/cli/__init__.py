@@ -19,7 +19,7 @@ endpoint that routes every query to the right model.
   explain a decision  proxray explain "TEXT" --router ROUTER [--lam λ] [--json]
   check a config      proxray check --config SERVE|JOB|MONITOR.yaml [--address auto] [--simulate]
   serve the endpoint  proxray serve --config SERVE.yaml [--simulate]
-  API keys, policies  proxray keys new --file KEYS.yaml --name N [--lam λ] [--models …] [--rpm R] [--budget-usd U]
+  API keys, policies  proxray keys new --file KEYS.yaml --name N [--lam λ] [--models …] [--rpm R] [--budget-usd U] [--feedback train|record|off]
   watch for drift     proxray monitor start|status|metrics|stop [--config MONITOR.yaml]
   demos and tools     proxray demo drift · proxray make-tiny-model --out DIR"""
 EPILOG = """\

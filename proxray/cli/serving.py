@@ -12,7 +12,7 @@ def _cmd_keys(a):
     if a.budget_usd is not None:
         budget = {"usd": a.budget_usd, "window_s": a.budget_window_s, "over_budget": a.over_budget}
     key = new_key_entry(a.file, a.name, lam=a.lam, allowed_models=a.models,
-                        requests_per_minute=a.rpm, budget=budget)
+                        requests_per_minute=a.rpm, budget=budget, feedback=a.feedback)
     print(f"added key {a.name!r} to {a.file} (its hash; ingress replicas pick it up within seconds). The key, shown "
           "this once:", file=sys.stderr)
     print(key)
@@ -140,6 +140,9 @@ def add_serving(sub) -> None:
     keys.add_argument("--budget-window-s", type=float, default=86400.0, help="the budget's window (default a day)")
     keys.add_argument("--over-budget", choices=["reject", "cheapest"], default="reject",
                       help="past the budget: 429, or route to the cheapest model it allows")
+    keys.add_argument("--feedback", choices=["train", "record", "off"], default="record",
+                      help="its POST /v1/feedback: train (the drift monitor learns from it), record (counted, never "
+                      "trains the router; the default) or off (403)")
     keys.set_defaults(func=_cmd_keys)
 
     srv = sub.add_parser("serve", help="check a Serve config, then run it (serve run CONFIG), Ray's token auth as "

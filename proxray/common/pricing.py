@@ -17,3 +17,15 @@ def token_cost(input_tokens, output_tokens, input_per_mtok, output_per_mtok):
     Numbers or arrays (broadcast: e.g. tokens (n, 1) or (n, M) against prices (M,))."""
     return (np.asarray(input_tokens, dtype=np.float64) * np.asarray(input_per_mtok, dtype=np.float64)
             + np.asarray(output_tokens, dtype=np.float64) * np.asarray(output_per_mtok, dtype=np.float64)) / 1e6
+
+
+def token_bound(body: dict) -> tuple[int, int]:
+    """(prompt, completion) tokens an OpenAI request ``body`` can cost at most — the one bound holds and rate limits
+    take: its whole body as prompt (messages, tools, schemas, instructions, a Responses conversation's history; a token
+    for every 3 characters, more than any tokenizer gives for text) and ``max_tokens`` (``max_completion_tokens``,
+    ``max_output_tokens``) for each of its ``n`` (``best_of``) answers."""
+    import json
+
+    prompt = len(json.dumps(body, separators=(",", ":"))) // 3
+    limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens") or 0)
+    return prompt, limit * max(int(body.get("n") or 1), int(body.get("best_of") or 1))

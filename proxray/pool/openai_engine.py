@@ -5,24 +5,22 @@ vLLM / SGLang / TGI server another team runs), for the evaluation job (served: `
   worker asks before a request: requests start at least 60 / requests_per_minute apart (so no minute holds more), and
   a request reserves its prompt estimate + ``max_tokens`` against tokens_per_minute, corrected by the answer's
   ``usage``.
-* **Retries.** A 429, a 5xx, a timeout or a dropped connection is retried (``max_retries``) after the endpoint's
-  ``Retry-After``, else an exponential backoff; another 4xx (a bad request, a refused key, an unknown model) is not:
-  the row becomes an error row with the endpoint's message, which the job writes to its errors and the next run
-  retries.
+* **Retries** as ``proxray.pool.upstream`` decides: a 408, 409, 429, a 5xx, a timeout or a dropped connection before the
+  answer is retried (``max_retries``) after the endpoint's ``Retry-After``, else an exponential backoff; another 4xx (a
+  bad request, a refused key, an unknown model) is not, nor an answer whose connection broke after its HTTP 200: the
+  row becomes an error row with the endpoint's message, which the job writes to its errors and the next run retries.
 * **Keys.** From ``api_key_env`` (an environment variable of the worker) or ``api_key_file``; sent only in the
   ``Authorization`` header; never logged, and scrubbed from every error message.
 * **Cost** from the answer's ``usage`` (the endpoint's own token counts) at the model's price.
 """
 from __future__ import annotations
 
-import random
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from proxray.pool.spec import Sampling
-
-RETRYABLE = {408, 409, 429, 500, 502, 503, 504}  # passing trouble: the same request may succeed later (relayed:
-# retried within timeout_s; routed: another candidate is tried), as the openai SDK retries
+from proxray.pool.upstream import retry_same, retry_wait  # what an upstream's answer means: one module
 
 
 def endpoint_key(spec) -> str:
@@ -79,14 +77,6 @@ class RateLimiter:
                 return
 
 
-def retry_wait(attempt: int, retry_after: str | None, cap: float = 30.0) -> float:
-    """Seconds before retry ``attempt`` (0-based): the endpoint's ``Retry-After`` (seconds) where it gives one, else
-    an exponential backoff with jitter, at most ``cap``."""
-    if retry_after and retry_after.replace(".", "", 1).isdigit():
-        return min(2 * cap, float(retry_after))
-    return min(cap, 0.5 * 2 ** attempt) * (0.5 + random.random())
-
-
 class OpenAIEngine:
     """``generate(rows, sampling)`` through ``/chat/completions`` of ``spec.base_url``; one output per row, an
     ``error`` in it where the endpoint failed after its retries (the job's error rows)."""
@@ -121,18 +111,21 @@ class OpenAIEngine:
         for attempt in range(self.spec.max_retries + 1):
             self._wait(estimate)
             self.stats["requests"] += 1
-            after = None
+            after, status = None, None
             try:
-                r = self.client.post("/chat/completions", json=body)
+                with self.client.stream("POST", "/chat/completions", json=body) as r:
+                    status, text, after = r.status_code, r.read().decode(errors="replace"), r.headers.get("retry-after")
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 why = f"{type(e).__name__}: {scrub(str(e), self.key)}"
+                if status == 200:  # it answered, then the connection broke: generated once, never asked again
+                    why = f"the answer broke off after HTTP 200 ({why})"
+                    break
             else:
-                if r.status_code == 200:
-                    return self._answer(r.json(), estimate)
-                why = f"HTTP {r.status_code}: {scrub(r.text, self.key)}"
-                if r.status_code not in RETRYABLE:
+                if status == 200:
+                    return self._answer(json.loads(text), estimate)
+                why = f"HTTP {status}: {scrub(text, self.key)}"
+                if not retry_same(status):
                     break  # the request's own fault: another try gets the same answer
-                after = r.headers.get("retry-after")
             wait = retry_wait(attempt, after)
             if attempt < self.spec.max_retries:
                 self.stats["retries"] += 1

@@ -19,7 +19,6 @@ late-bound ``__serve_build_asgi_app__``, as ray.serve.llm's ``LLMServer`` does),
 
 import logging
 import time
-import uuid
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
@@ -27,14 +26,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from proxray.routing.index import single_thread
-from proxray.serve.request import plan as planning
 from proxray.serve.deployments.client import ModelClient
 from proxray.serve.deployments.liveness import Liveness
 from proxray.serve.deployments.models import OpenAIModel
 from proxray.serve.tenancy.conversations import ConversationClient
 from proxray.serve.request.fallback import first_answer
 from proxray.serve.tenancy.feedback import FeedbackClient, FeedbackRequest
+from proxray.serve.request import plan as planning
 from proxray.serve.request.http import error_response, gateway_api, parse_request, response_headers
+from proxray.serve.request.model_list import ModelList
 from proxray.serve.request.errors import RequestError
 from proxray.serve.request.policy import RoutingPolicy, budget_from, request_policy
 from proxray.serve.request.schemas import ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, load_api_key
@@ -42,9 +42,19 @@ from proxray.serve.request.sse import relay
 from proxray.serve.request.turn import ChatTurn
 from proxray.serve.responses.stored import StoredResponses
 from proxray.serve.responses.turn import begin
+from proxray.serve.tenancy.keys import Held
 from proxray.serve.tenancy.responses import ResponseStore
 
 logger = logging.getLogger("ray.serve")
+
+
+def private(report: dict) -> None:
+    """What a key of the keys file is not shown of its own report: the app's router path, the served budget's state,
+    the encoder's batch and whether its cache held the text (another key may have sent it) — ``report`` in place."""
+    report.pop("router_path", None)
+    report.pop("budget", None)
+    for name in ("embedding_cache", "encoder_batch", "encode_ms"):
+        report.get("timings", {}).pop(name, None)
 
 
 def deployment_name(model_id: str) -> str:
@@ -82,9 +92,8 @@ class RouterIngress:
         self.answers = FeedbackClient(app_name, a.feedback)  # answers remembered for feedback on them
         self.native_responses = {m.id for m in a.models if m.responses_api}  # relayed; the rest through chat
         self.gate = KeyGate(a.keys_file, load_api_key(a), app_name, {m.id: m.price for m in a.models if m.price})
-        self.kinds = {m.id: m.engine for m in a.models}
-        self.requests = 0
-        self.created = int(time.time())  # the model objects' "created"
+        self.listing = ModelList(self.gate, self.policy.routable, self.client.handles,
+                                 {m.id: m.engine for m in a.models})  # GET /v1/models, /v1/models/{model}
         self.replica = serve.get_replica_context().replica_id.unique_id  # which ingress replica answered
         self.metrics = GatewayMetrics()
         self.store = ResponseStore(app_name, a.responses)  # responses kept for retrieval and previous_response_id
@@ -103,11 +112,11 @@ class RouterIngress:
             raise RequestError(413, f"the routing text has {len(text)} characters; the limit is "
                                f"{self.args.max_prompt_chars}", turn.param)
         refusals = await turn.client.refusals(self.policy.routable, turn.body, turn.endpoint)
-        X = (await self.encoder.vector(text, timings))[None, :]
+        X = (await self.encoder.vector(text, timings, key.owner if key else ""))[None, :]
         previous = turn.previous  # the model of the conversation's last turn: a stored response's
         if previous is None and rp.conversation:  # or the app's conversations book's
             t1 = time.perf_counter()
-            previous = await self.conversations.recall(rp.conversation, key and key.name)
+            previous = await self.conversations.recall(rp.conversation, key and key.owner)
             timings["conversation_ms"] = 1e3 * (time.perf_counter() - t1)
         t1 = time.perf_counter()
         single_thread()  # one query, one faiss thread (more threads cost more than they give on one query)
@@ -142,8 +151,7 @@ class RouterIngress:
             p = await self._plan(req, rp.over_budget(), turn, timings, text, key, again=True)
             return report, p, p.report["estimates"][p.candidates[0]]["cost"]
         cheapest = self.gate.cheapest(key, self.client.handles)
-        if cheapest is not None and req.model != cheapest:
-            self.gate.ledger.settle(key.name, ticket, 0.0)
+        if cheapest is not None and req.model != cheapest:  # refused: the caller releases its hold
             raise RequestError(429, f"key {key.name!r} is over its budget: it may use only the cheapest model it may "
                                f"use, {cheapest!r}", "model", kind="insufficient_quota")
         return report, p, estimate
@@ -161,13 +169,13 @@ class RouterIngress:
         if endpoint != "responses":
             return ChatTurn(req, endpoint, self.client, self.args.default_max_tokens)
         return await begin(req, self.client, self.native_responses, self.store, self.args.responses,
-                           self.args.default_max_tokens, key and key.name)
+                           self.args.default_max_tokens, key and key.owner)
 
     async def _handle(self, request: Request, model_cls, endpoint: str):
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.args.timeout_s
         timings = {}  # where the gateway's time went: read, parse, embed (+ cache), estimate, model
-        key = ticket = None
+        key, held = None, None
         try:
             key = self.gate.identify(request)
             req = await parse_request(request, model_cls, self.args.max_body_bytes, timings)
@@ -179,36 +187,47 @@ class RouterIngress:
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = turn.text(self.args.routing_text)
             p = await self._plan(req, rp, turn, timings, text, key)
-            ticket = uuid.uuid4().hex if key is not None else None
-            key_report, p, estimate = await self._admit(key, req, rp, p, turn, timings, text, ticket)
+            held = Held(self.gate, key)  # the key's hold on its budget, settled exactly once
+            key_report, p, estimate = await self._admit(key, req, rp, p, turn, timings, text, held.take())
             t_model = time.perf_counter()
             model, head, gen = await first_answer(turn.client, p, turn.body, endpoint, req.stream, deadline,
                                                   self.args.timeout_s, self._failed)
             timings["model_ms"] = 1e3 * (time.perf_counter() - t_model)  # the answer, or a stream's first content
         except RequestError as e:
-            if ticket is not None and key.budget:
-                self.gate.ledger.settle(key.name, ticket, 0.0)  # no answer: nothing spent
+            if held is not None:
+                held.release()  # no answer: nothing spent
             self.metrics.error(e.status)
             return error_response(e)
-        self.requests += 1
+        except BaseException:  # an unexpected failure, or the client gone before the answer: nothing spent either
+            if held is not None:
+                held.release()
+            raise
         self.metrics.answered(model, p.report["routed"])
         if p.report.get("conversation") and turn.previous_id is None:  # the model that answered carries it on
-            self.conversations.remember(p.report["conversation"]["id"], model, key and key.name)
+            self.conversations.remember(p.report["conversation"]["id"], model, key and key.owner)
         p.report["latency_s"] = time.perf_counter() - t0
         p.report["timings"] = timings
         p.report["replica"] = self.replica
         if key_report:
             p.report["key"] = key_report
+        if key is not None:  # a key of the keys file sees its own request, nothing of the app's or other keys' traffic
+            private(p.report)
         # what an answer's usage counts toward: a budget on realised cost, the key's spend
         # and the answer, remembered for feedback on it
         if model != p.candidates[0] or estimate is None:
             estimate = p.report.get("estimates", {}).get(model, {}).get("cost", estimate)
-        counts = [f for f in (self.policy.meter(p, model), self.gate.charger(key, model, estimate, ticket),
-                              self.answers.recorder(turn.answer_id(head[0]), text, model, key and key.name,
+        counts = [f for f in (self.policy.meter(p, model), held.charger(model, estimate, turn.body),
+                              self.answers.recorder(turn.answer_id(head[0]), text, model, key and key.owner,
                                                     self.gate.prices.get(model), estimate)
                               if len(text) <= self.args.max_prompt_chars else None) if f]
         if req.stream:
-            head, gen = await turn.shown(head, gen, p.report)
+            try:
+                head, gen = await turn.shown(head, gen, p.report)
+            except BaseException:  # answered, not delivered: charged as an answer without usage
+                gen.cancel()
+                for count in counts:
+                    count(None)
+                raise
             usage = {}  # the stream's usage, from its last chunk (asked of every model)
 
             def seen(obj):
@@ -243,33 +262,6 @@ class RouterIngress:
 
         return await self._handle(request, ResponsesRequest, "responses")
 
-    def _model_objects(self, key=None) -> list:
-        """OpenAI model objects: the router first, then every served model — of a key with ``allowed_models``, only
-        those it may use."""
-        mine = (lambda m: True) if key is None or key.allowed_models is None else key.allowed_models.__contains__
-        data = [{"id": ROUTER_MODEL, "object": "model", "created": self.created, "owned_by": "proxray",
-                 "routes_to": [m for m in self.policy.routable if mine(m)]}]
-        return data + [{"id": m, "object": "model", "created": self.created, "owned_by": "proxray",
-                        "engine": self.kinds[m]} for m in sorted(self.client.handles) if mine(m)]
-
-    async def models(self, request: Request):
-        try:
-            key = self.gate.identify(request)
-        except RequestError as e:
-            return error_response(e)
-        return {"object": "list", "data": self._model_objects(key)}
-
-    async def model(self, model: str, request: Request):
-        try:
-            key = self.gate.identify(request)
-            mine = self._model_objects(key)
-            found = [m for m in mine if m["id"] == model]
-            if not found:
-                raise planning.not_served(model, [m["id"] for m in mine[1:]])
-        except RequestError as e:
-            return error_response(e)
-        return found[0]
-
     async def feedback(self, request: Request):
         """``POST /v1/feedback``: a score in [0, 1] for an answer this endpoint gave (proxray.serve.tenancy.feedback)."""
         try:
@@ -277,11 +269,15 @@ class RouterIngress:
             self.answers.check_enabled()
             await self.gate.admit(key, 0.0, None, budget=False)  # a feedback post counts toward the key's rate
             fb = await parse_request(request, FeedbackRequest, self.args.max_body_bytes)
-            return await self.answers.take(fb, key and key.name, self.metrics, self.monitor)
+            if key is not None and key.feedback == "off":
+                raise RequestError(403, f"key {key.name!r} may not send feedback (feedback: off in the keys file)",
+                                   kind="permission_error")
+            return await self.answers.take(fb, key and key.owner, self.metrics, self.monitor,
+                                           trains=key is None or key.feedback == "train")
         except RequestError as e:
             self.metrics.error(e.status)
             return error_response(e)
 
     async def health(self):
-        return {"status": "ok", "models": sorted(self.client.handles), "router_models": self.policy.routable,
-                "requests": self.requests}
+        """Liveness for probes and load balancers, without a key: nothing about the pool or the traffic."""
+        return {"status": "ok"}

@@ -8,7 +8,7 @@ import asyncio
 import re
 import time
 
-from proxray.pool.openai_engine import RETRYABLE  # one list: a model's passing trouble, not the request's
+from proxray.pool.upstream import falls_back  # one module: what a model's status means
 from proxray.serve.deployments.liveness import HEARTBEAT_S, Liveness, Unavailable, WatchedStream
 from proxray.serve.deployments.models import OpenAIModel, refused_parameters
 from proxray.serve.request.errors import error
@@ -30,14 +30,14 @@ def failure_reason(e: BaseException) -> str:
 
 
 class ModelError(Exception):
-    """A model answered with an OpenAI error object; ``retryable`` when another model could do better."""
+    """A model answered with an OpenAI error object; ``falls_back`` when another model could do better."""
 
     def __init__(self, obj: dict):
         err = obj.get("error") or {}
         self.status = int(err.get("code") or 500) if str(err.get("code") or "500").isdigit() else 500
         self.obj = error(self.status, scrub(err.get("message", ""), 2000), err.get("param"),
                          err.get("type") or "server_error")
-        self.retryable = self.status in RETRYABLE
+        self.falls_back = falls_back(self.status)
         super().__init__(f"{self.status} {err.get('type')}: {scrub(err.get('message', ''))}")
 
 

@@ -11,13 +11,16 @@ options — with ``model`` set to the model's name there (``source``), and only 
 the client's own headers). Its response, or its stream chunk by chunk with ``usage``, comes back unchanged but for
 ``model``, which names the pool model the client knows.
 
-* **Retries.** A 429, a 5xx, a timeout or a refused connection before the first byte is tried again (``max_retries``)
-  after the endpoint's ``Retry-After``, else an exponential backoff, as long as the wait ends within the model's
-  ``timeout_s``; then it is an error object the gateway falls back on, as for a co-hosted model.
-* **Operator faults.** A 401 or 403 (the endpoint refused the gateway's key) or a 404 (it does not serve the model)
-  takes the model out of routing for ``COOLDOWN_S``: routed requests fall back, a request naming it gets a 502 naming
-  the model — never the endpoint's 401, which would tell the client its own key is wrong. The log and
-  ``proxray_endpoint_cooldowns`` say why.
+* **Retries**, as ``proxray.pool.upstream`` decides for the job too: a 408, 409, 429, a 5xx, a timeout or a refused
+  connection before the first byte is tried again (``max_retries``) after the endpoint's ``Retry-After``, else an
+  exponential backoff, as long as the wait ends within the model's ``timeout_s``; then it is an error object the
+  gateway falls back on, as for a co-hosted model. A 400, 422 or any other 4xx about the request goes to the client at
+  once, and nothing is tried again once the endpoint has answered 200 (a connection that breaks after it is a 502).
+* **Operator faults.** A 401 or 403 (the endpoint refused the gateway's key), or a 404 that says the model itself is
+  unknown (``model_not_found``; otherwise the endpoint's ``/v1/models`` is asked), takes the model out of routing for
+  ``COOLDOWN_S``: routed requests fall back, a request naming it gets a 502 naming the model — never the endpoint's
+  401, which would tell the client its own key is wrong. A 404 about something the request refers to (an item, a
+  stored response) is the client's and takes nothing out. The log and ``proxray_endpoint_cooldowns`` say why.
 * **What a client sees** of an endpoint: the model's name and the status, never its URL, host or key (the log has the
   URL; the key is scrubbed everywhere).
 * **Limits.** ``rate_limit`` is kept by one limiter actor per model (namespace ``proxray``) that every router replica
@@ -33,7 +36,8 @@ import json
 import logging
 import time
 
-from proxray.pool.openai_engine import retry_wait
+from proxray.common.pricing import token_bound
+from proxray.pool.upstream import lists_model, retry_same, retry_wait, takes_model_out
 from proxray.serve.request.errors import error, is_error
 from proxray.serve.deployments.models import OpenAIModel
 from proxray.serve.request.schemas import ServedModel
@@ -132,8 +136,7 @@ class EndpointRelay(OpenAIModel):
                              f"more: {self.cooldown_why}", kind="upstream_error")
             return
         deadline = time.monotonic() + self.spec.timeout_s
-        tokens = len(json.dumps(body.get("messages") or body.get("prompt") or body.get("input") or "")) // 3 + int(
-            body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens") or 256)
+        tokens = sum(token_bound(body)) or 256  # what the rate limit books: the request's bound, as a budget's hold
         path = PATHS[endpoint]
         sent = {**body, "model": self.spec.source or self.spec.id}
         for attempt in range(self.spec.max_retries + 1):
@@ -158,8 +161,14 @@ class EndpointRelay(OpenAIModel):
                 await tried.aclose()  # the connection goes back now, also when the caller went away
             if failure is None:
                 return
-            if failure.status in (401, 403, 404):  # the operator's fault, not the request's nor a passing one
+            out = takes_model_out(failure.status, failure.upstream)
+            if out is None:  # a 404 that does not say whether the model is unknown: does the endpoint list it?
+                out = not await self._lists_model()
+            if out:  # the operator's fault, not the request's nor a passing one
                 yield self._cool_down(failure)
+                return
+            if not retry_same(failure.status):  # the request's own fault: the client has it at once
+                yield failure.error
                 return
             wait = retry_wait(attempt, failure.retry_after)
             if attempt == self.spec.max_retries or time.monotonic() + wait >= deadline:
@@ -173,14 +182,16 @@ class EndpointRelay(OpenAIModel):
         than 200, a timeout or a refused connection); a failure after the first chunk is an error object."""
         import httpx
 
-        t0, first = time.perf_counter(), True
+        t0, first, answered = time.perf_counter(), True, False
         try:
             async with self.client.stream("POST", path, json=sent) as r:
                 if r.status_code != 200:
                     text = (await r.aread()).decode(errors="replace")
                     self.answers.inc(1, {**tag, "status": str(r.status_code)})
-                    yield Retry(r.status_code, self._error(r.status_code, text), r.headers.get("retry-after"))
+                    yield Retry(r.status_code, self._error(r.status_code, text), r.headers.get("retry-after"),
+                                upstream_error(text))
                     return
+                answered = True  # from here on nothing is tried again: the answer is being generated
                 self.answers.inc(1, {**tag, "status": "200"})
                 if not stream:
                     obj = json.loads(await r.aread())
@@ -203,8 +214,9 @@ class EndpointRelay(OpenAIModel):
             kind = "timeout" if isinstance(e, httpx.TimeoutException) else "connection"
             logger.warning("proxray: model %s at %s: %s: %s", self.spec.id, self.spec.base_url, kind,
                            self._scrub(str(e)) or type(e).__name__)
-            if stream and not first:  # chunks were relayed: not tried again (the client has them), an error event
-                yield error(502, f"model {self.spec.id!r}: its endpoint failed mid-stream ({kind})", kind="server_error")
+            if answered:  # it answered 200, then broke off: generated once, never asked again (nor paid for twice)
+                what = "failed mid-stream" if stream else "answered 200, then its answer broke off"
+                yield error(502, f"model {self.spec.id!r}: its endpoint {what} ({kind})", kind="server_error")
                 return
             yield Retry(503, error(503, f"model {self.spec.id!r}: its endpoint did not answer ({kind})",
                                    kind="upstream_error"), None)
@@ -215,6 +227,15 @@ class EndpointRelay(OpenAIModel):
         if isinstance(obj.get("response"), dict):
             return {**obj, "response": {**obj["response"], "model": self.spec.id}}
         return {**obj, "model": self.spec.id} if "model" in obj or "choices" in obj else obj
+
+    async def _lists_model(self) -> bool:
+        """Whether the endpoint's ``GET /models`` lists the model (True where it cannot tell: nothing is taken out on
+        a guess)."""
+        try:
+            r = await self.client.get("/models", timeout=5.0)
+            return r.status_code != 200 or lists_model(r.json(), self.spec.source or self.spec.id)
+        except Exception:  # noqa: BLE001 - unreachable or not JSON: it cannot tell
+            return True
 
     def _cool_down(self, failure: "Retry") -> dict:
         """Take the model out of routing for ``COOLDOWN_S``: its endpoint refused the gateway's key or does not know
@@ -265,8 +286,18 @@ class LimiterClient(SharedActorClient):
             return 0.0
 
 
-class Retry:
-    """A try that failed before its first byte: the endpoint's status, its error object, its ``Retry-After``."""
+def upstream_error(text: str) -> dict:
+    """The endpoint's own error object (``{"error": {...}}``'s inside), ``{}`` where its body has none."""
+    try:
+        err = json.loads(text).get("error")
+        return err if isinstance(err, dict) else {}
+    except (ValueError, AttributeError):
+        return {}
 
-    def __init__(self, status: int, err: dict, retry_after: str | None):
-        self.status, self.error, self.retry_after = status, err, retry_after
+
+class Retry:
+    """A try that failed before its first byte: the endpoint's status, the gateway's error object for it, its
+    ``Retry-After``, and the endpoint's own error (``upstream``: what ``proxray.pool.upstream`` reads)."""
+
+    def __init__(self, status: int, err: dict, retry_after: str | None, upstream: dict | None = None):
+        self.status, self.error, self.retry_after, self.upstream = status, err, retry_after, upstream or {}

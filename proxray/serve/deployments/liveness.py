@@ -192,7 +192,7 @@ class WatchedStream:
                     self.liveness.suspect(self.model, f"did not take a request within {failover_s} s")
                     raise ReplicaLost(f"model {self.model!r} did not take the request within {failover_s} s")
                 if not await self.liveness.live(self.model):
-                    raise self.liveness.unavailable(self.model)
+                    raise self.liveness.unavailable(self.model) or ModelUnavailable(self.model, "none answered a probe")
                 continue  # a live replica that is busy or starting: the request waits for it
             task, self.pending = self.pending, None
             try:

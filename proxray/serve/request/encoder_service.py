@@ -40,10 +40,11 @@ class EncoderService:
     def id(self) -> str:
         return self.encoder.id
 
-    async def vector(self, text: str, timings: dict):
-        """From the LRU (no thread hop, no batch) or the next encoder pass, shared with whatever else is queued."""
+    async def vector(self, text: str, timings: dict, tenant: str = ""):
+        """From the LRU (no thread hop, no batch) or the next encoder pass, shared with whatever else is queued. The LRU
+        is kept apart per ``tenant`` (an API key's hash): no key's hit or speed says what another key sent."""
         t0 = time.perf_counter()
-        key = self.embeddings.key(text)
+        key = self.embeddings.key(f"{tenant}\x00{text}" if tenant else text)
         v = self.embeddings.get(key)
         timings["embedding_cache"] = "hit" if v is not None else "miss"
         if v is None and self.encoder.static and len(text) <= INLINE_CHARS:

@@ -59,7 +59,7 @@ async def first_answer(client, p: Plan, body: dict, endpoint: str, stream: bool,
             pass  # a stream that ended before any content: complete as it is
         except ModelError as e:
             gen.cancel()
-            if not e.retryable:
+            if not e.falls_back:
                 raise _as_request_error(e) from None
             last = e
             _failed(p, model, str(e), on_failure)

@@ -132,7 +132,7 @@ def gateway_api(ingress, args) -> FastAPI:
     app.delete("/v1/responses/{response_id}")(ingress.stored.remove)
     app.get("/v1/responses/{response_id}/input_items")(ingress.stored.items)
     app.post("/v1/feedback")(ingress.feedback)
-    app.get("/v1/models")(ingress.models)
-    app.get("/v1/models/{model:path}")(ingress.model)  # :path - ids hold "/" (the openai SDK sends it as %2F)
+    app.get("/v1/models")(ingress.listing.list)
+    app.get("/v1/models/{model:path}")(ingress.listing.get)  # :path - ids hold "/" (the openai SDK sends it as %2F)
     app.get("/health")(ingress.health)
     return app

@@ -20,7 +20,7 @@ class StoredResponses:
         try:
             key = self.gate.identify(request)
             await self.gate.admit(key, 0.0, None, budget=False)
-            return await act(key and key.name)
+            return await act(key and key.owner)
         except RequestError as e:
             self.metrics.error(e.status)
             return error_response(e)

@@ -106,7 +106,7 @@ class ResponsesTurn:
         self.rid = new_id("resp")
         self.keep = keep and req.store is not False  # the app stores responses and the request did not say no
         self.items = input_items(req.input)  # this request's own input items (input_items lists them)
-        history = [x for r in records for x in r["input"] + r["response"]["output"]]
+        history = [replayable(x) for r in records for x in r["input"] + r["response"]["output"] if replayable(x)]
         self.previous = records[-1]["response"]["model"] if records else None  # the conversation's model
         self.previous_id = req.previous_response_id
         self.body = req.forward(default_max_tokens)
@@ -150,9 +150,13 @@ class ResponsesTurn:
         return obj
 
     async def _kept(self, obj: dict) -> dict:
+        """``obj``, its response stored where it is final — or, where it could not be, saying so: ``store: false``
+        and the reason in its report (``proxray.not_stored``)."""
         r = final_response(obj)
         if r is not None and self.keep:
-            await self.store.put(self.rid, {"response": r, "input": self.items}, self.previous_id, self.key)
+            why = await self.store.put(self.rid, {"response": r, "input": self.items}, self.previous_id, self.key)
+            if why is not None:
+                return unstored(obj, why)
         return obj
 
     async def answer(self, obj: dict, report: dict) -> dict:
@@ -169,6 +173,24 @@ class ResponsesTurn:
                 yield obj if is_error(obj) else await self._kept(self.dress(obj, report))
 
         return head, Stream(watched(), rest)
+
+
+def unstored(obj: dict, why: str) -> dict:
+    """A response (or an event's) as it went out unstored: ``store: false``, ``proxray.not_stored`` saying why."""
+    if obj.get("object") == "response":
+        return {**obj, "store": False, "proxray": {**(obj.get("proxray") or {}), "not_stored": why}}
+    if isinstance(obj.get("response"), dict):
+        return {**obj, "response": unstored(obj["response"], why)}
+    return obj
+
+
+def replayable(item: dict) -> dict | None:
+    """An earlier turn's item as it is sent again (``store: false``): without the server-side ``id`` it had, which the
+    model's endpoint never stored (OpenAI answers 404 for an item it does not hold); a reasoning item without its
+    ``encrypted_content`` cannot be replayed at all (None)."""
+    if item.get("type") == "reasoning" and not item.get("encrypted_content"):
+        return None
+    return {k: v for k, v in item.items() if k != "id"}
 
 
 async def begin(req, client, native: set, store, spec, default_max_tokens: int, key: str | None) -> ResponsesTurn:

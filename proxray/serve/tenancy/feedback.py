@@ -61,12 +61,13 @@ def record_bytes(record: dict) -> int:
 
 
 class AnswerBook:
-    """Answer id → what feedback on it needs (routing text, model, cost, key), bounded in count and bytes, each key
-    to its share of both, and expiring (the app's shared actor). One key's traffic cannot evict another's answers."""
+    """(key, answer id) → what feedback on it needs (routing text, model, cost, key), bounded in count and bytes, each
+    key to its share of both, and expiring (the app's shared actor). One key's traffic cannot evict another's answers,
+    nor overwrite one: an upstream id that repeats is another entry under another key."""
 
     def __init__(self, max_answers: int = 20_000, retention_s: float = 86400.0, max_bytes: int = 256 * 2**20,
                  key_share: float = 0.5):
-        self.answers: OrderedDict = OrderedDict()  # id -> (record, time given, bytes)
+        self.answers: OrderedDict = OrderedDict()  # (key, id) -> (record, time given, bytes)
         self.by_key: dict = {}  # key -> OrderedDict of its answers' ids, oldest first
         self.key_used: dict = {}  # key -> bytes its answers hold
         self.bytes, self.dropped = 0, 0
@@ -80,29 +81,39 @@ class AnswerBook:
             mine = self.by_key[key]
             while key in self.by_key and (len(mine) > self.key_answers or self.key_used[key] > self.key_bytes):
                 self._drop(next(iter(mine)))
-        while len(self.answers) > self.max_answers or self.bytes > self.max_bytes:
-            self._drop(next(iter(self.answers)))
+        self._fit()
 
-    def remember(self, answer_id: str, record: dict, now: float | None = None) -> None:
-        """Keep an answer; past its share, a key's own oldest answers go (answers without a key of the keys file
-        share the whole book), past the book's bounds the oldest of all."""
+    def _fit(self) -> None:
+        """Past the book's bounds, the oldest entries of the key that holds the most bytes go — never another key's
+        because one key is busy."""
+        while len(self.answers) > self.max_answers or self.bytes > self.max_bytes:
+            biggest = max(self.key_used, key=self.key_used.get)
+            self._drop(next(iter(self.by_key[biggest])))
+
+    def remember(self, answer_id: str, record: dict, now: float | None = None) -> bool:
+        """Keep an answer (False, nothing kept and nothing dropped, where it alone is larger than its key's share);
+        past its share, a key's own oldest answers go (answers without a key of the keys file share the whole book),
+        past the book's bounds those of the key that holds the most."""
         size, key = record_bytes(record), record.get("key")
-        if answer_id in self.answers:
-            self._drop(answer_id)
-        self.answers[answer_id] = (record, time.time() if now is None else now, size)
+        if size > (self.max_bytes if key is None else self.key_bytes):
+            return False
+        entry = (key, answer_id)
+        if entry in self.answers:
+            self._drop(entry)
+        self.answers[entry] = (record, time.time() if now is None else now, size)
         mine = self.by_key.setdefault(key, OrderedDict())
-        mine[answer_id] = None
+        mine[entry] = None
         self.key_used[key] = self.key_used.get(key, 0) + size
         self.bytes += size
         while key is not None and (len(mine) > self.key_answers or self.key_used[key] > self.key_bytes):
             self._drop(next(iter(mine)))
-        while len(self.answers) > self.max_answers or self.bytes > self.max_bytes:
-            self._drop(next(iter(self.answers)))
+        self._fit()
+        return True
 
-    def _drop(self, answer_id: str) -> None:
-        record, _, size = self.answers.pop(answer_id)
+    def _drop(self, entry: tuple) -> None:
+        record, _, size = self.answers.pop(entry)
         key = record.get("key")
-        del self.by_key[key][answer_id]
+        del self.by_key[key][entry]
         self.key_used[key] -= size
         if not self.by_key[key]:
             del self.by_key[key], self.key_used[key]
@@ -118,10 +129,8 @@ class AnswerBook:
                 break
             self._drop(oldest)
             self.dropped -= 1  # expired, not pushed out
-        hit = self.answers.get(answer_id)
-        if hit is None or hit[0].get("key") != key:
-            return None
-        return hit[0]
+        hit = self.answers.get((key, answer_id))
+        return None if hit is None else hit[0]
 
     def stats(self) -> dict:
         return {"answers": len(self.answers), "dropped": self.dropped}
@@ -160,9 +169,10 @@ class FeedbackClient(SharedActorClient):
         if not self.spec.enabled:
             raise RequestError(404, "feedback is off for this endpoint (feedback.enabled: false)", kind="not_found_error")
 
-    async def take(self, fb: FeedbackRequest, key: str | None, metrics, monitor) -> dict:
-        """``POST /v1/feedback`` once its body is parsed: the answer found (404 otherwise), the score counted and handed
-        to the monitor. Returns the answer to send."""
+    async def take(self, fb: FeedbackRequest, key: str | None, metrics, monitor, trains: bool = True) -> dict:
+        """``POST /v1/feedback`` once its body is parsed: the answer found (404 otherwise), the score counted and — from
+        a key that ``trains`` (``feedback: train``; the app's single key, or an app without keys) — handed to the
+        monitor. Returns the answer to send."""
         from proxray.serve.request.errors import RequestError
 
         try:
@@ -174,7 +184,7 @@ class FeedbackClient(SharedActorClient):
             raise RequestError(404, f"no answer {fb.id[:80]!r} within the last {self.spec.retention_s:.0f} s for this "
                                "key", "id", kind="not_found_error")
         metrics.feedback(record["model"], fb.score)
-        learned = monitor is not None and monitor.feedback(record["text"], record["model"], fb.score, record["cost"],
-                                                           fb.comment)
+        learned = trains and monitor is not None and monitor.feedback(record["text"], record["model"], fb.score,
+                                                                      record["cost"], fb.comment)
         return {"object": "feedback", "id": fb.id, "model": record["model"], "score": fb.score,
                 "learned": bool(learned)}

@@ -49,6 +49,15 @@ class KeySpec(StrictModel):
                                              "by name); default: all")
     requests_per_minute: float | None = Field(None, gt=0, description="its request rate across every replica")
     budget: KeyBudget | None = None
+    feedback: Literal["train", "record", "off"] = Field("record", description=(
+        "its POST /v1/feedback: train (the drift monitor learns from its scores), record (counted in the metrics, "
+        "never trains the shared router: the default, so a careless or hostile key cannot steer it) or off (403)"))
+
+    @property
+    def owner(self) -> str:
+        """Who owns what the app's stores keep for this key (stored responses, conversations, answers): its hash, so
+        a name given to a new key does not inherit what the old key stored."""
+        return self.sha256
 
 
 class KeysFile(StrictModel):
@@ -147,7 +156,9 @@ class KeyLedger(Checkpointed):
 
     Budgets are **held, then settled**: an admitted request holds an upper bound of its cost (``admit(…,
     hold_usd, ticket)``) until its answer ends and ``settle`` replaces the hold by what the answer cost. Holds count as
-    spent, so requests admitted at once cannot together spend past the budget by more than one hold."""
+    spent, and a request is within the budget only while what is spent and held *and its own hold* fit in it, so
+    requests admitted at once cannot together spend past the budget. A hold that expires (its replica died with the
+    request, or a stream outlived ``HOLD_TTL_S``) is charged in full; its late ``settle`` charges only the difference."""
 
     def __init__(self, checkpoint: str = ""):
         from collections import deque
@@ -156,6 +167,7 @@ class KeyLedger(Checkpointed):
         self.starts: dict = {}  # name -> deque of its request start times within the last minute
         self.windows: dict = {}  # name -> SpendWindow
         self.holds: dict = {}  # name -> {ticket: (usd, expires)}
+        self.expired: dict = {}  # name -> {ticket: (usd charged when its hold expired, when)}, for a late settle
         self.totals: dict = {}  # name -> USD charged (what ``report`` shows)
         self.checkpoint_key = checkpoint
         self._restore()
@@ -163,7 +175,7 @@ class KeyLedger(Checkpointed):
     def _state(self) -> dict:
         return {"starts": {n: list(d) for n, d in self.starts.items()},
                 "windows": {n: [w.width, w.sums, w.ids] for n, w in self.windows.items()},
-                "holds": self.holds, "totals": self.totals}
+                "holds": self.holds, "totals": self.totals, "expired": self.expired}
 
     def _load(self, state: dict) -> None:
         self.starts = {n: self._deque(v) for n, v in state["starts"].items()}
@@ -172,6 +184,7 @@ class KeyLedger(Checkpointed):
             w.sums, w.ids = list(sums), list(ids)
         self.holds = {n: {t: tuple(h) for t, h in v.items()} for n, v in state["holds"].items()}
         self.totals = dict(state["totals"])
+        self.expired = {n: {t: tuple(e) for t, e in v.items()} for n, v in state.get("expired", {}).items()}
 
     def admit(self, name: str, rpm: float | None, budget: dict | None, hold_usd: float = 0.0, ticket: str | None = None,
               now: float | None = None) -> dict:
@@ -190,16 +203,18 @@ class KeyLedger(Checkpointed):
                 return {"ok": False, "reason": "rate", "retry_after_s": round(recent[0] + 60.0 - now, 3),
                         "spent_usd": spent}
             recent.append(now)
-        over = bool(budget) and spent >= budget["usd"]
+        over = bool(budget) and spent + max(float(hold_usd), 0.0) > budget["usd"]
         if budget and ticket is not None:
             self.holds.setdefault(name, {})[ticket] = (max(float(hold_usd), 0.0), now + HOLD_TTL_S)
         self._dirty()
         return {"ok": True, "reason": "over_budget" if over else None, "retry_after_s": 0.0, "spent_usd": spent}
 
     def settle(self, name: str, ticket: str, usd: float, now: float | None = None) -> None:
-        """A held request's answer ended: its hold is replaced by ``usd``, what it cost."""
+        """A held request's answer ended: its hold is replaced by ``usd``, what it cost (a hold that had expired and
+        was charged: the difference)."""
         (self.holds.get(name) or {}).pop(ticket, None)
-        self.charge(name, usd, now)
+        charged, _ = (self.expired.get(name) or {}).pop(ticket, (0.0, None))
+        self.charge(name, usd - charged, now)
 
     def charge(self, name: str, usd: float, now: float | None = None, window_s: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -221,6 +236,11 @@ class KeyLedger(Checkpointed):
             if expires <= now:
                 del holds[ticket]
                 self.charge(name, usd, now)
+                late = self.expired.setdefault(name, {})
+                late[ticket] = (usd, now)
+                for t, (_, when) in list(late.items()):  # a settle later than a day is not coming
+                    if when < now - 86400:
+                        del late[t]
         return window.total(now) + sum(usd for usd, _ in holds.values())
 
     def report(self) -> dict:
@@ -344,11 +364,12 @@ class KeyGate:
                                f"retry after {verdict['retry_after_s']:.1f} s", kind="rate_limit_error",
                                headers={"retry-after": str(max(1, int(verdict["retry_after_s"] + 0.999)))})
         over = verdict["reason"] == "over_budget"
-        if over and budget and spec.budget.over_budget == "reject":
-            self.ledger.settle(spec.name, ticket, 0.0)  # refused: its hold goes
+        if over and budget and spec.budget.over_budget == "reject":  # refused: the caller releases its hold (``Held``)
             self.requests.inc(1, {"key": spec.name, "outcome": "budget"})
             raise RequestError(429, f"key {spec.name!r} spent {verdict['spent_usd']:.6g} USD of its "
-                               f"{spec.budget.usd:g} USD budget per {spec.budget.window_s:g} s",
+                               f"{spec.budget.usd:g} USD budget per {spec.budget.window_s:g} s (what is held for "
+                               f"requests in flight included), and this request may cost up to {hold_usd:.6g} USD "
+                               "(its prompt, and max_tokens for each of its n answers, at the model's price)",
                                kind="insufficient_quota")
         self.requests.inc(1, {"key": spec.name, "outcome": "cheapest" if over else "ok"})
         return {"name": spec.name, "spent_usd": round(verdict["spent_usd"], 10), "over_budget": over}
@@ -360,32 +381,69 @@ class KeyGate:
         return min(priced)[1] if priced else None
 
     def hold(self, model: str, body: dict, estimate: float | None) -> float:
-        """An upper bound of what ``model``'s answer to ``body`` costs: its prompt (a token for every 3 characters,
-        more than any tokenizer gives) and its whole ``max_tokens`` (a Responses request: its input, instructions and
-        ``max_output_tokens``) at its price, else the router's estimate."""
+        """An upper bound of what ``model``'s answer to ``body`` costs: its prompt — the whole body, messages, tools,
+        schemas, instructions and a Responses request's rebuilt history, a token for every 3 characters — and its
+        whole ``max_tokens`` (``max_output_tokens``) for each of its ``n`` (``best_of``) answers, at its price. A model
+        with no price has no upper bound: the router's estimate stands for it (docs/guides/budgets.md)."""
+        from proxray.common.pricing import token_bound
+
         price = self.prices.get(model)
-        if price is None:
-            return float(estimate or 0.0)
-        import json
+        return float(estimate or 0.0) if price is None else float(price.tokens(*token_bound(body)))
 
-        prompt = len(json.dumps(body.get("messages") or body.get("prompt") or body.get("input") or "")) // 3
-        prompt += len(body.get("instructions") or "") // 3
-        limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens") or 0)
-        return float(price.tokens(prompt, limit))
-
-    def charger(self, spec: KeySpec | None, model: str, estimate: float | None, ticket: str | None = None):
+    def charger(self, spec: KeySpec | None, model: str, estimate: float | None, ticket: str | None = None,
+                body: dict | None = None):
         """A function of an answer's ``usage`` that settles the key's hold (``ticket``) to the answer's cost at the
-        model's price (the estimate where the model has no price or the answer no usage); None for the single key or
-        no auth."""
+        model's price. An answer that ends without usage — its client gone before the usage chunk, its model failed
+        mid-stream, or no usage sent — is charged its hold (``hold``: what it was allowed to cost), never 0; the
+        estimate stands where the model has no price. None for the single key or no auth."""
         if spec is None:
             return None
         price = self.prices.get(model)
+        bound = self.hold(model, body or {}, estimate)
 
         def charge(usage):
-            usd = answer_cost(price, usage, estimate)[0] or 0.0
+            usd = answer_cost(price, usage, bound)[0] or 0.0
             if usd > 0:
                 self.spend.inc(float(usd), {"key": spec.name})
             if spec.budget or usd > 0:
                 self.ledger.settle(spec.name, ticket if spec.budget else None, float(usd))
 
         return charge
+
+
+class Held:
+    """One request's hold on its key's budget (``KeyGate.hold``), settled exactly once: released at 0 where no answer
+    came (refused, failed, the client gone before it), else by the answer's charger — at its usage, or at its hold
+    where it ended without usage."""
+
+    def __init__(self, gate: KeyGate, spec: KeySpec | None):
+        self.gate, self.spec, self.ticket, self.open = gate, spec, None, False
+
+    def take(self) -> str | None:
+        """The hold's ticket (None without a key)."""
+        import uuid
+
+        if self.spec is not None:
+            self.ticket, self.open = uuid.uuid4().hex, True
+        return self.ticket
+
+    def release(self) -> None:
+        if self.open:
+            self.open = False
+            if self.spec.budget:
+                self.gate.ledger.settle(self.spec.name, self.ticket, 0.0)
+
+    def charger(self, model: str, estimate: float | None, body: dict):
+        """The answer's charger (``KeyGate.charger``), which settles the hold from now on — once, whatever calls it."""
+        charge = self.gate.charger(self.spec, model, estimate, self.ticket, body) if self.open else None
+        self.open = False
+        if charge is None:
+            return None
+        done = []
+
+        def once(usage):
+            if not done:
+                done.append(True)
+                charge(usage)
+
+        return once

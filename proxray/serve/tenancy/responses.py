@@ -32,42 +32,51 @@ class ResponsesSpec(StrictModel):
     max_bytes: int = Field(256 * 2**20, ge=2**20, description="bytes the stored responses hold at most (their JSON as "
                            "held in memory, plus 1024 each), the least recently used dropped first")
     key_share: float = Field(0.5, gt=0, le=1, description="the share of max_bytes and max_responses one API key's "
-                             "responses may take: past it, that key's own least recently used responses are dropped")
+                             "responses may take: past it, that key's own least recently used responses are dropped; "
+                             "a response larger than it alone is answered unstored (store: false)")
+    max_history_items: int = Field(1000, ge=1, description="responses one previous_response_id chain may hold: a "
+                                   "longer conversation is refused (400 naming the limit) instead of rebuilt")
+    max_history_bytes: int = Field(8 * 2**20, ge=2**16, description="bytes of JSON one previous_response_id chain may "
+                                   "hold: past it, 413 naming the limit (rebuilding it would hold the event loop)")
 
 
 class ResponseBook(AnswerBook):
     """Response id → its record (``{"text": JSON, "key", "previous"}``), bounded per key and in all, expiring."""
 
-    def _touch(self, rid: str, now: float) -> None:
-        record, _, size = self.answers.pop(rid)
-        self.answers[rid] = (record, now, size)
-        self.by_key[record.get("key")].move_to_end(rid)
+    def _touch(self, entry: tuple, now: float) -> None:
+        record, _, size = self.answers.pop(entry)
+        self.answers[entry] = (record, now, size)
+        self.by_key[record.get("key")].move_to_end(entry)
 
     def get(self, rid: str, key: str | None, now: float | None = None) -> str | None:
         record = self.find(rid, key, now)
         return None if record is None else record["text"]
 
-    def chain(self, rid: str, key: str | None, now: float | None = None) -> dict:
+    def chain(self, rid: str, key: str | None, now: float | None = None, max_items: int = 1000,
+              max_bytes: int = 8 * 2**20) -> dict:
         """The conversation that ends with response ``rid``: ``{"records": [JSON, ...]}`` oldest first (each touched),
-        or ``{"missing": id}`` naming the first response of it that is not held (unknown, expired, deleted, another
-        key's)."""
+        ``{"missing": id}`` naming the first response of it that is not held (unknown, expired, deleted, another
+        key's), or ``{"too_long": [items, bytes]}`` where it holds more than ``max_items`` responses or ``max_bytes``."""
         now = time.time() if now is None else now
-        chain, at, seen = [], rid, set()
+        chain, at, seen, size = [], rid, set(), 0
         while at is not None and at not in seen:
             record = self.find(at, key, now)
             if record is None:
                 return {"missing": at}
             seen.add(at)
             chain.append(at)
+            size += len(record["text"])
+            if len(chain) > max_items or size > max_bytes:
+                return {"too_long": [len(chain), size]}
             at = record.get("previous")
         for at in reversed(chain):
-            self._touch(at, now)
-        return {"records": [self.answers[at][0]["text"] for at in reversed(chain)]}
+            self._touch((key, at), now)
+        return {"records": [self.answers[(key, at)][0]["text"] for at in reversed(chain)]}
 
     def delete(self, rid: str, key: str | None) -> bool:
         if self.find(rid, key) is None:
             return False
-        self._drop(rid)
+        self._drop((key, rid))
         self.dropped -= 1  # deleted, not pushed out
         return True
 
@@ -92,15 +101,18 @@ class ResponseStore(SharedActorClient):
         return RequestError(404, f"no stored response {rid[:80]!r} for this key{why} (responses are kept "
                             f"{self.spec.retention_s:.0f} s after their last use)", param, kind="not_found_error")
 
-    async def put(self, rid: str, record: dict, previous: str | None, key: str | None) -> bool:
-        """Keep a response (its record as JSON); False, logged, where the book does not answer."""
+    async def put(self, rid: str, record: dict, previous: str | None, key: str | None) -> str | None:
+        """Keep a response (its record as JSON): None where it is stored, else why not (logged where the book does
+        not answer; a response larger than the key's share of the book is not stored, and nothing of the key's is
+        dropped for it)."""
         try:
-            await self.call("remember", rid, {"text": json.dumps(record, separators=(",", ":")), "key": key,
-                                              "previous": previous})
-            return True
+            kept = await self.call("remember", rid, {"text": json.dumps(record, separators=(",", ":")), "key": key,
+                                                     "previous": previous})
         except SharedStateDown as e:
             logger.warning("proxray: %s: %s; response %s answered without being stored", self.name, e.why, rid)
-            return False
+            return "the response store did not answer"
+        return None if kept else (f"the response is larger than this key's share of the store "
+                                  f"({self.spec.key_share:g} of responses.max_bytes={self.spec.max_bytes})")
 
     async def get(self, rid: str, key: str | None) -> dict:
         """The stored record of ``rid`` (404 where this key has none)."""
@@ -119,9 +131,19 @@ class ResponseStore(SharedActorClient):
             raise self._unknown(rid, "previous_response_id", " (this endpoint stores no responses: responses.store "
                                 "is false)")
         try:
-            got = await self.call("chain", rid, key)
+            got = await self.call("chain", rid, key, None, self.spec.max_history_items, self.spec.max_history_bytes)
         except SharedStateDown as e:
             raise self._down(e) from None
+        if "too_long" in got:
+            from proxray.serve.request.errors import RequestError
+
+            items, size = got["too_long"]
+            raise RequestError(413 if items <= self.spec.max_history_items else 400,
+                               f"the conversation previous_response_id continues holds more than "
+                               f"{self.spec.max_history_items} responses or {self.spec.max_history_bytes} bytes "
+                               f"(responses.max_history_items / max_history_bytes; {items} read, {size} bytes so far)"
+                               ": start a new conversation with the turns that matter as input",
+                               "previous_response_id")
         if "missing" in got:
             why = "" if got["missing"] == rid else f": the earlier response {got['missing'][:80]!r} it continues is " \
                 "no longer stored"

@@ -1,0 +1,112 @@
+"""What a key that tries to cheat meets, part by part (no Ray, no HTTP; tests/test_tenancy.py drives the same through
+the running app): holds that bound a request whatever its n and body, admission that counts the request's own hold,
+a hold settled exactly once, a stream that outlives its hold charged once, the upstream's answer classified in one
+place, replayed Responses items without server-side ids."""
+import pytest
+
+from proxray.pool.spec import PriceSpec
+from proxray.pool.upstream import falls_back, lists_model, model_unknown, retry_same, takes_model_out
+from proxray.serve.responses.turn import replayable, unstored
+from proxray.serve.tenancy.keys import HOLD_TTL_S, Held, KeyGate, KeyLedger, KeySpec
+
+PRICE = PriceSpec(input_per_mtok=1.0, output_per_mtok=2.0)
+
+
+def gate() -> KeyGate:
+    g = KeyGate.__new__(KeyGate)  # its hold and charger, without a ledger actor or metrics
+    g.prices = {"m": PRICE}
+    return g
+
+
+def test_a_hold_counts_every_answer_and_the_whole_body():
+    g = gate()
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+    one = g.hold("m", body, None)
+    assert one == pytest.approx(PRICE_COST(len('{"messages":[{"role":"user","content":"hi"}],"max_tokens":100}') // 3, 100))
+    assert g.hold("m", {**body, "n": 8}, None) > 7 * one  # eight answers: eight times max_tokens
+    assert g.hold("m", {**body, "best_of": 4}, None) > 3 * one
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "description": "x" * 30000}}}]
+    assert g.hold("m", {**body, "tools": tools}, None) > one + 10000 * 1.0 / 1e6  # a tool's schema is prompt too
+    assert g.hold("unpriced", body, 0.25) == 0.25  # no price, no bound: the router's estimate stands for it
+
+
+def PRICE_COST(prompt, completion):
+    return (prompt * 1.0 + completion * 2.0) / 1e6
+
+
+def test_admission_counts_the_requests_own_hold():
+    ledger = KeyLedger()
+    budget = {"usd": 1.0, "window_s": 3600.0}
+    assert ledger.admit("k", None, budget, 0.6, "t1", now=0.0)["reason"] is None
+    assert ledger.admit("k", None, budget, 0.6, "t2", now=0.0)["reason"] == "over_budget"  # 0.6 held + 0.6 > 1.0
+    ledger.settle("k", "t2", 0.0, now=0.0)
+    assert ledger.admit("k", None, budget, 2.0, "t3", now=0.0)["reason"] == "over_budget"  # alone past the budget
+    ledger.settle("k", "t3", 0.0, now=0.0)
+    ledger.settle("k", "t1", 0.1, now=0.0)
+    assert ledger.admit("k", None, budget, 0.6, "t4", now=0.0)["reason"] is None  # 0.1 spent + 0.6 fits
+
+
+def test_a_stream_that_outlives_its_hold_is_charged_once():
+    ledger = KeyLedger()
+    budget = {"usd": 10.0, "window_s": 86400.0}
+    ledger.admit("k", None, budget, 1.0, "long", now=0.0)
+    ledger.admit("k", None, budget, 0.0, "other", now=HOLD_TTL_S + 1)  # the hold expired: charged in full
+    assert ledger.report()["k"]["spent_usd"] == pytest.approx(1.0)
+    ledger.settle("k", "long", 0.3, now=HOLD_TTL_S + 2)  # the stream ends: it cost 0.3, not 1.0 + 0.3
+    assert ledger.report()["k"]["spent_usd"] == pytest.approx(0.3)
+
+
+class Ledger:
+    def __init__(self):
+        self.settled = []
+
+    def settle(self, name, ticket, usd):
+        self.settled.append((name, ticket, usd))
+
+
+def test_a_hold_is_settled_exactly_once_on_every_path():
+    g = gate()
+    g.ledger, g.spend = Ledger(), type("Counter", (), {"inc": lambda *a, **k: None})()
+    spec = KeySpec(name="k", sha256="0" * 64, budget={"usd": 1.0})
+    released = Held(g, spec)
+    released.take()
+    released.release()
+    released.release()  # refused, then failed too: once
+    assert g.ledger.settled == [("k", released.ticket, 0.0)]
+    answered = Held(g, spec)
+    answered.take()
+    charge = answered.charger("m", None, {"messages": [], "max_tokens": 10})
+    answered.release()  # once the charger has it, nothing else settles it
+    charge(None)  # the client left before the usage chunk: charged its hold, never 0
+    charge({"prompt_tokens": 1, "completion_tokens": 1})
+    assert len(g.ledger.settled) == 2 and g.ledger.settled[1][2] == pytest.approx(g.hold("m", {"messages": [],
+                                                                                               "max_tokens": 10}, None))
+    assert Held(g, None).take() is None  # no key: nothing held
+
+
+def test_the_upstreams_answer_is_classified_once():
+    assert retry_same(429) and retry_same(503) and not retry_same(400) and not retry_same(422)
+    assert falls_back(502) and not falls_back(400) and not falls_back(404)
+    assert takes_model_out(401, {}) and takes_model_out(403, {})
+    assert takes_model_out(404, {"code": "model_not_found", "message": "The model `x` does not exist"})
+    assert model_unknown(404, {"message": "The model `x` does not exist.", "type": "NotFoundError"})  # vLLM's
+    assert model_unknown(404, {"message": "Item with id 'rs_1' not found.", "param": "input"}) is None  # ask /models
+    assert takes_model_out(400, {}) is False and takes_model_out(500, {}) is False
+    assert lists_model({"data": [{"id": "gpt-x"}]}, "gpt-x") and not lists_model({"data": []}, "gpt-x")
+
+
+def test_replayed_items_carry_no_server_side_ids():
+    assert replayable({"type": "message", "id": "msg_1", "role": "assistant", "content": []}) == \
+        {"type": "message", "role": "assistant", "content": []}
+    assert replayable({"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": "{}"}) == \
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    assert replayable({"type": "reasoning", "id": "rs_1", "summary": []}) is None  # nothing to replay it from
+    assert replayable({"type": "reasoning", "id": "rs_1", "encrypted_content": "e"}) == \
+        {"type": "reasoning", "encrypted_content": "e"}
+
+
+def test_a_response_not_stored_says_so():
+    r = unstored({"object": "response", "id": "resp_1", "store": True, "proxray": {"model": "m"}}, "too large")
+    assert r["store"] is False and r["proxray"] == {"model": "m", "not_stored": "too large"}
+    event = unstored({"type": "response.completed", "response": {"object": "response", "store": True}}, "why")
+    assert event["response"]["store"] is False
