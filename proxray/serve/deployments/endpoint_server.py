@@ -188,8 +188,9 @@ class EndpointRelay(OpenAIModel):
                 if r.status_code != 200:
                     text = (await r.aread()).decode(errors="replace")
                     self.answers.inc(1, {**tag, "status": str(r.status_code)})
-                    yield Retry(r.status_code, self._error(r.status_code, text), r.headers.get("retry-after"),
-                                upstream_error(text))
+                    upstream = upstream_error(text)  # read once: for the client's error and for the verdict
+                    yield Retry(r.status_code, self._error(r.status_code, text, upstream), r.headers.get("retry-after"),
+                                upstream)
                     return
                 answered = True  # from here on nothing is tried again: the answer is being generated
                 self.answers.inc(1, {**tag, "status": "200"})
@@ -249,13 +250,11 @@ class EndpointRelay(OpenAIModel):
                        self.spec.base_url, COOLDOWN_S, why, failure.error["error"]["message"][:300])
         return error(502, f"model {self.spec.id!r}: {why}; out of routing for {COOLDOWN_S:.0f} s", kind="upstream_error")
 
-    def _error(self, status: int, text: str) -> dict:
-        """The endpoint's error as the gateway's error object, its status kept (429 and 5xx fall back)."""
-        try:
-            err = json.loads(text).get("error") or {}
-            message, param, kind = err.get("message") or text, err.get("param"), err.get("type") or "upstream_error"
-        except (ValueError, AttributeError):
-            message, param, kind = text, None, "upstream_error"
+    def _error(self, status: int, text: str, upstream: dict | None = None) -> dict:
+        """The endpoint's error (its body ``text``; ``upstream``: its error object, where already read) as the gateway's
+        error object, its status kept (429 and 5xx fall back)."""
+        err = upstream_error(text) if upstream is None else upstream
+        message, param, kind = err.get("message") or text, err.get("param"), err.get("type") or "upstream_error"
         return error(status, f"model {self.spec.id!r}: its endpoint answered {status}: {self._scrub(str(message))}",
                      param, kind)
 
