@@ -28,10 +28,10 @@ MODELS = ["meta-llama/Llama-3.2-1B-Instruct", "google/gemma-7b-it", "microsoft/P
           "meta-llama/Llama-3.3-70B-Instruct"]
 
 
-def load(url, body, n, concurrency):
+def load(url, body, n, concurrency, headers=None):
     import httpx
 
-    client = httpx.Client(timeout=30)
+    client = httpx.Client(timeout=30, headers=headers)
 
     def one(i):
         t0 = time.perf_counter()

@@ -180,3 +180,39 @@ def test_monitor_status_prints_json_only_while_ray_prints_to_drivers(monkeypatch
     out, err = capsys.readouterr()
     assert json.loads(out) == {"drifted": 3, "jobs": []}
     assert "8 PYTHON worker processes" in err and "10 PYTHON worker processes" in err
+
+
+def test_monitor_versions_and_rollback_ask_the_running_monitor(monkeypatch, capsys):
+    """`proxray monitor versions` prints the monitor's versions; `rollback --to N` asks it to serve N and prints what
+    moved; a rollback it refuses exits with its reason."""
+    import ray
+
+    import proxray.monitor as monitor
+    from proxray.cli import main
+
+    asked = []
+
+    class Method:
+        def __init__(self, name):
+            self.name = name
+
+        def remote(self, *args):
+            asked.append((self.name, args))
+            if self.name == "rollback" and args == (7,):  # as Ray raises a method's own failure
+                raise ray.exceptions.RayTaskError("rollback", "", ValueError(
+                    "--to 7: not a version other than the served one (1); versions: [0, 1]"))
+            return {"versions": [{"version": 0, "status": "served"}], "rollback": {"from": 1, "to": 0}}[self.name]
+
+    class Actor:
+        versions, rollback = Method("versions"), Method("rollback")
+
+    monkeypatch.setattr(ray, "init", lambda **kw: None)
+    monkeypatch.setattr(ray, "get", lambda ref, **kw: ref)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(monitor, "get_monitor", lambda name: Actor())
+    assert main(["monitor", "versions"]) in (0, None)
+    assert json.loads(capsys.readouterr().out) == [{"version": 0, "status": "served"}]
+    assert main(["monitor", "rollback", "--to", "0"]) in (0, None)
+    assert json.loads(capsys.readouterr().out) == {"from": 1, "to": 0} and asked[-1] == ("rollback", (0,))
+    with pytest.raises(SystemExit, match="monitor 'proxray-monitor': --to 7: not a version"):
+        main(["monitor", "rollback", "--to", "7"])

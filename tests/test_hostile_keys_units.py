@@ -7,7 +7,8 @@ import pytest
 from proxray.pool.spec import PriceSpec
 from proxray.pool.upstream import falls_back, lists_model, model_unknown, retry_same, takes_model_out
 from proxray.serve.responses.turn import replayable, unstored
-from proxray.serve.tenancy.keys import HOLD_TTL_S, Held, KeyGate, KeyLedger, KeySpec
+from proxray.serve.tenancy.gate import Held, KeyGate, KeyPolicy
+from proxray.serve.tenancy.keys import HOLD_TTL_S, KeyLedger, KeySpec
 
 PRICE = PriceSpec(input_per_mtok=1.0, output_per_mtok=2.0)
 
@@ -15,6 +16,7 @@ PRICE = PriceSpec(input_per_mtok=1.0, output_per_mtok=2.0)
 def gate() -> KeyGate:
     g = KeyGate.__new__(KeyGate)  # its hold and charger, without a ledger actor or metrics
     g.prices = {"m": PRICE}
+    g.policy = KeyPolicy(g.prices)
     return g
 
 
@@ -110,3 +112,25 @@ def test_a_response_not_stored_says_so():
     assert r["store"] is False and r["proxray"] == {"model": "m", "not_stored": "too large"}
     event = unstored({"type": "response.completed", "response": {"object": "response", "store": True}}, "why")
     assert event["response"]["store"] is False
+
+
+def test_one_key_policy_decides_use_sight_cheapest_and_past_budget():
+    from proxray.serve.request.errors import RequestError
+    from proxray.serve.request.policy import request_policy
+    from proxray.serve.request.schemas import RoutingOptions
+
+    cheap, dear = PriceSpec(input_per_mtok=0.1, output_per_mtok=0.2), PriceSpec(input_per_mtok=5.0, output_per_mtok=9.0)
+    policy = KeyPolicy({"cheap": cheap, "dear": dear})
+    served = ["cheap", "dear", "free"]
+    spec = KeySpec(name="k", sha256="0" * 64, allowed_models=["dear", "free"])
+    assert [m for m in served if policy.may_use(spec, m)] == ["dear", "free"]
+    assert all(policy.may_use(None, m) for m in served) and policy.visible(None) is None
+    assert policy.visible(spec) == ("dear", "free")
+    assert policy.cheapest(spec, served) == "dear" and policy.cheapest(None, served) == "cheap"
+    assert policy.narrowed(spec, ["cheap", "free"]) == ("free",) and policy.narrowed(spec, None) == ("dear", "free")
+    assert request_policy(RoutingOptions(allowed_models=["cheap"]), spec).allowed_models == ()  # the same rule
+    assert policy.past_budget(spec, True, "free", served)  # routed: planned again, cost deciding
+    assert not policy.past_budget(spec, False, "dear", served)  # the cheapest it may use, by name: as planned
+    with pytest.raises(RequestError) as e:
+        policy.past_budget(spec, False, "free", served)
+    assert e.value.status == 429 and "'dear'" in e.value.message

@@ -94,6 +94,22 @@ def test_detects_labels_with_the_judge_and_absorbs(world, encoder, fresh_ray):
     after = routing_score(*r1.estimate(X[t_rows]), acc[t_rows], cost[t_rows])
     print(f"AUC on {TASK}: {before:.2f} -> {after:.2f} after {n_jobs} judged evaluations ({len(rest)} never evaluated)")
     assert after > before + 2.0, (before, after)
+    # every version kept; a rollback serves the one the served version replaced, then any by number
+    versions = again.versions()
+    assert [v["version"] for v in versions] == list(range(n_jobs + 1))
+    assert [v["status"] for v in versions] == ["replaced"] * n_jobs + ["served"]
+    assert all(v["why"]["n"] == 10 and v["n_train"] == router.n_train_ + 10 * v["version"] for v in versions[1:])
+    moved = again.rollback()
+    assert moved["from"] == n_jobs and moved["to"] == n_jobs - 1 and again.current_router() == versions[-2]["path"]
+    assert len(again.train_prompts) == router.n_train_ + 10 * (n_jobs - 1)  # the served router's own
+    assert again.status()["served_version"] == n_jobs - 1 and "proxray_monitor_served_version" in again.prometheus()
+    with pytest.raises(ValueError, match="not a version"):
+        again.rollback(to=99)
+    again.rollback(to=0)
+    assert [v["status"] for v in again.versions()] == ["served"] + ["replaced"] * (n_jobs - 2) + ["rolled_back"] * 2
+    restarted = DriftMonitor(config(tmp, "main"), encoder=encoder)  # the served version survives a restart
+    assert restarted.current_router() == str(tmp / "r0") and restarted.status()["served_version"] == 0
+    assert len(restarted.train_prompts) == router.n_train_
 
 
 def test_shadow_overlap_separates_a_new_task_from_inliers(world, encoder, fresh_ray):

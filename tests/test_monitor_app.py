@@ -39,9 +39,10 @@ def test_the_monitor_application_keeps_the_monitor_running(tmp_path, fresh_ray):
                   name="proxray-monitor", route_prefix=None)
 
         def answers():
+            monitor = get_monitor()  # None until it runs
             try:
-                return ray.get(get_monitor().status.remote(), timeout=5)
-            except (ValueError, ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+                return monitor and ray.get(monitor.status.remote(), timeout=5)
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
                 return None
 
         first = until("the monitor, started by the application", answers, 180, every_s=0.5)

@@ -4,6 +4,7 @@ connections, answers too slow, answers cut mid-way). The evaluation job evaluate
 row once, the rate limit kept and the key in no output; the app passes requests through to it, streams its answer,
 falls back on a 500 and ends a stream cut mid-way with an error event; the shipped mixed pool (a co-hosted vLLM model
 beside it) is checked, evaluated, fitted, served and monitored with the shipped configs."""
+import json
 import os
 import secrets
 import socket
@@ -48,7 +49,8 @@ def vllm_server(tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", NAME,
          "--host", "127.0.0.1", "--port", str(port), "--api-key", key, "--dtype", "float32", "--enforce-eager",
-         "--max-model-len", "512", "--max-num-seqs", "8"],
+         "--max-model-len", "512", "--max-num-seqs", "8",
+         "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],  # tools, a forced choice decoded to its schema
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
         start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
@@ -233,6 +235,32 @@ def test_the_shipped_mixed_pool_end_to_end(vllm_server, proxy, tmp_path, monkeyp
         assert final.model == NAME and final.usage.output_tokens >= 1
         cohosted = client.responses.create(model="tiny-llama-a", input="Count to three.", max_output_tokens=12)
         assert cohosted.model == "tiny-llama-a" and cohosted.usage.output_tokens >= 1
+        # the Messages API (the anthropic SDK): relayed to vLLM's own /v1/messages for the external model
+        # (messages_api: true), streamed and counted there, a forced tool call decoded by the tiny model
+        from anthropic import Anthropic
+
+        claude = Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="unused", max_retries=0, timeout=240)
+        said = prompt_of(5, "Name a planet.")
+        m = claude.messages.create(model=NAME, max_tokens=12, extra_body={"temperature": 0},
+                                   messages=[{"role": "user", "content": said}])
+        assert m.model == NAME and m.usage.output_tokens >= 1 and m.content[0].type == "text"
+        assert m.model_extra["proxray"]["model"] == NAME and proxy.paths[said] == "/v1/messages"
+        with claude.messages.stream(model=NAME, max_tokens=12, extra_body={"temperature": 0},
+                                    messages=[{"role": "user", "content": said}]) as s:
+            streamed = s.get_final_message()
+        assert streamed.content[0].text == m.content[0].text and streamed.usage.output_tokens == m.usage.output_tokens
+        counted = claude.messages.count_tokens(model=NAME, messages=[{"role": "user", "content": said}])
+        assert counted.input_tokens >= 3 and "proxray" not in (counted.model_extra or {})  # vLLM's own count
+        unit = {"name": "unit", "input_schema": {"type": "object", "properties": {"unit": {"enum": ["c", "f"]}},
+                                                 "required": ["unit"]}}
+        forced = {"tools": [unit], "tool_choice": {"type": "tool", "name": "unit"}, "max_tokens": 200,
+                  "messages": [{"role": "user", "content": prompt_of(5, "Which unit?")}], "extra_body": {"temperature": 0}}
+        called = claude.messages.create(model=NAME, **forced)  # vLLM's /v1/messages, the tiny model decoding the call
+        print(json.dumps({"forced_tool_on_tiny_llama_b": [b.model_dump() for b in called.content]}))
+        # the random tiny model, held to the tool's grammar, writes the call's start and then whitespace until
+        # max_tokens: what is checked is that the call is relayed with its tools and its answer comes back whole
+        shown = " ".join(getattr(b, "text", None) or getattr(b, "name", "") for b in called.content)
+        assert called.stop_reason == "tool_use" or (called.stop_reason == "max_tokens" and '"name": "unit"' in shown)
         got = []
         with pytest.raises(APIError, match="mid-stream"):
             for c in ask(NAME, prompt_of(3, "Count to ten."), stream=True):

@@ -80,10 +80,10 @@ def _cmd_monitor(a):
 
 def _monitor_command(a, out):
     import json
-    import time
 
     import ray
 
+    from proxray.common.actors import NAMESPACE, ActorDown, call
     from proxray.monitor import get_monitor, load_monitor_config, start_monitor, stop_monitor
 
     name = a.name
@@ -98,30 +98,32 @@ def _monitor_command(a, out):
     name = name or "proxray-monitor"
     if a.what == "start" and cfg is None:
         raise ValueError("proxray monitor start needs --config monitor.yaml")
-    ray.init(address=a.address, namespace="proxray", log_to_driver=False)
+    ray.init(address=a.address, namespace=NAMESPACE, log_to_driver=False)
     if a.what == "start":
         actor = start_monitor(cfg, name=name)
-        deadline = time.time() + a.timeout
-        while True:  # the constructor encodes the training table: wait until it answers
-            try:
-                status = ray.get(actor.status.remote(), timeout=5)
-                break
-            except ray.exceptions.GetTimeoutError:
-                if time.time() > deadline:
-                    raise SystemExit(f"monitor {name!r} did not answer within {a.timeout:.0f} s")
+        try:  # the constructor encodes the training table: wait until it answers
+            status = call(actor, name, "status", timeout_s=a.timeout)
+        except ActorDown as e:
+            raise SystemExit(f"monitor {name!r} did not answer: {e.why}") from None
         print(json.dumps(status, indent=2, default=str), file=out)
         return
     if a.what == "stop":
         print(json.dumps({"stopped": stop_monitor(name), "name": name}), file=out)
         return
+    actor = get_monitor(name)
+    if actor is None:
+        raise SystemExit(f"no monitor named {name!r} is running (namespace {NAMESPACE})")
     try:
-        actor = get_monitor(name)
-    except ValueError:
-        raise SystemExit(f"no monitor named {name!r} is running (namespace proxray)") from None
-    if a.what == "status":
-        print(json.dumps(ray.get(actor.status.remote()), indent=2, default=str), file=out)
-    else:
-        print(ray.get(actor.prometheus.remote()), end="", file=out)
+        if a.what == "metrics":
+            print(call(actor, name, "prometheus", timeout_s=a.timeout), end="", file=out)
+            return
+        args = (a.to,) if a.what == "rollback" else ()
+        shown = call(actor, name, a.what, *args, timeout_s=a.timeout)  # status, versions, rollback
+        print(json.dumps(shown, indent=2, default=str), file=out)
+    except ActorDown as e:
+        raise SystemExit(f"monitor {name!r} did not answer: {e.why}") from None
+    except ray.exceptions.RayTaskError as e:  # a rollback the monitor refused: its reason
+        raise SystemExit(f"monitor {name!r}: {e.cause}") from None
 
 
 def add_serving(sub) -> None:
@@ -170,12 +172,17 @@ def add_serving(sub) -> None:
     demo.add_argument("rest", nargs=argparse.REMAINDER, help="the demo's own options (proxray demo drift --help)")
     demo.set_defaults(func=_cmd_demo)
     mon = sub.add_parser("monitor", help="drift monitor: start (a detached actor that runs itself), status, "
-                         "metrics (Prometheus text), stop")
-    mon.add_argument("what", choices=["start", "status", "metrics", "stop"], help="what to do with the monitor")
+                         "metrics (Prometheus text), versions (every router version it grew), rollback (serve an "
+                         "earlier version again; every ingress replica switches, between requests), stop")
+    mon.add_argument("what", choices=["start", "status", "metrics", "versions", "rollback", "stop"],
+                     help="what to do with the monitor")
+    mon.add_argument("--to", type=int, default=None, help="rollback: the version to serve (default: the one the "
+                     "served version replaced)")
     mon.add_argument("--config", default=None, help="monitor.yaml (start; elsewhere only for its name)")
     mon.add_argument("--name", default=None, help="actor name (default: the config's, else proxray-monitor)")
     mon.add_argument("--address", default="auto", help="Ray cluster address (default: the running one)")
-    mon.add_argument("--timeout", type=float, default=300.0, help="start: seconds to wait for the monitor")
+    mon.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the monitor's answer "
+                     "(start: its first, after it read its training table)")
     mon.add_argument("--simulate", action="store_true", help="start: a rehearsal, the evaluations it submits run "
                      "every model on the simulated engine")
     mon.set_defaults(func=_cmd_monitor)

@@ -60,6 +60,6 @@ class Absorber:
         e["status"] = "DONE"
 
     def publish(self, router, **event) -> None:
-        path = self.publisher.publish(router)
+        path = self.publisher.publish(router, **event)
         self.book.event("router", version=self.publisher.version, path=path, **event)
 

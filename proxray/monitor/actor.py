@@ -8,7 +8,7 @@ listens on the head's localhost only, as ``cluster.yaml`` keeps it). It asks for
 runs no tasks (``CPU: 0``) still places it."""
 from __future__ import annotations
 
-NAMESPACE = "proxray"
+from proxray.common.actors import NAMESPACE, ActorDown, call, find, get_or_create  # noqa: F401 - NAMESPACE re-exported
 HEAD_NODE_RESOURCE = "node:__internal_head__"  # Ray's resource that only the head node has
 
 
@@ -28,26 +28,25 @@ def start_monitor(config, name: str | None = None, **ray_options):
     cfg = config if isinstance(config, MonitorConfig) else MonitorConfig.model_validate(config)
     opts = {**placement(), **ray_options}
     actor_cls = ray.remote(max_restarts=-1, max_task_retries=-1, **opts)(DriftMonitor)
-    return actor_cls.options(name=name or cfg.name, namespace=NAMESPACE, lifetime="detached",
-                             get_if_exists=True).remote(cfg.model_dump(mode="json", exclude_none=True), None, True)
+    return get_or_create(actor_cls, name or cfg.name, cfg.model_dump(mode="json", exclude_none=True), None, True)
 
 
 def get_monitor(name: str = "proxray-monitor"):
-    import ray
-
-    return ray.get_actor(name, namespace=NAMESPACE)
+    """The running monitor named ``name``, or None."""
+    return find(name)
 
 
 def stop_monitor(name: str = "proxray-monitor") -> bool:
     """Stop the scheduler (final checkpoint), then end the actor for good. False if there was none."""
     import ray
 
-    try:
-        actor = get_monitor(name)
-    except ValueError:
+    actor = get_monitor(name)
+    if actor is None:
         return False
     try:
-        ray.get(actor.stop.remote(), timeout=60)
+        call(actor, name, "stop", timeout_s=60.0)
+    except ActorDown:  # gone or stuck: ended below all the same
+        pass
     finally:
         ray.kill(actor, no_restart=True)
     return True

@@ -35,13 +35,9 @@ class MonitorKeeper:
         self.ensure()
 
     def ensure(self) -> None:
-        import ray
+        from proxray.monitor.actor import get_monitor, start_monitor
 
-        from proxray.monitor.actor import NAMESPACE, start_monitor
-
-        try:
-            ray.get_actor(self.config.name, namespace=NAMESPACE)
-        except ValueError:
+        if get_monitor(self.config.name) is None:
             start_monitor(self.config)
             self.started += 1
 

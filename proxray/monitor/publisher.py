@@ -1,6 +1,10 @@
 """The router the monitor grows, and how a new version reaches the serving replicas: every change is saved as
-a new artifact (``state_dir/routers/vNNNN``), which the ingress replicas watch for and switch to."""
+a new artifact (``state_dir/routers/vNNNN``), which the ingress replicas watch for and switch to. Every version is
+kept with what made it (``versions``): the one served, those it replaced, those rolled back; ``rollback`` serves an
+earlier one again — the replicas switch to it as to a new one, between requests."""
 from __future__ import annotations
+
+import time
 
 from proxray.common.storage import join
 
@@ -10,8 +14,13 @@ class RouterPublisher:
         from proxray.routing.registry import load_router
 
         self.folder = str(folder)  # a local folder or a URI
-        self.path, self.version = path, 0
+        self.path, self.version = path, 0  # the served router, and the number of the last version published
         self.router = load_router(path)
+        self.versions = [{"version": 0, "path": path, "status": "served", "at": time.time(), "why": {"initial": True}}]
+
+    @property
+    def served(self) -> int:
+        return next(v["version"] for v in self.versions if v["status"] == "served")
 
     @property
     def models(self) -> list:
@@ -41,21 +50,52 @@ class RouterPublisher:
                              col.loc[order, "cost"].to_numpy(float) if router.has_cost_ else None)
         return router
 
-    def publish(self, router) -> str:
-        """Save ``router`` as the next version; returns its path."""
+    def publish(self, router, **why) -> str:
+        """Save ``router`` as the next version and serve it; returns its path. ``why``: what made it."""
         self.version += 1
         path = join(self.folder, f"v{self.version:04d}")
         router.save(path)
+        for v in self.versions:
+            if v["status"] == "served":
+                v["status"] = "replaced"
+        self.versions.append({"version": self.version, "path": path, "status": "served", "at": time.time(),
+                              "why": why, "n_train": int(router.n_train_)})
         self.router, self.path = router, path
         return self.path
 
+    def rollback(self, to: int | None = None) -> dict:
+        """Serve version ``to`` again (default: the last one the served version replaced); the served one is marked
+        rolled back. Returns ``{"from", "to", "path"}``; a ``ValueError`` names what cannot be rolled back to."""
+        from proxray.routing.registry import load_router
+
+        current = self.served
+        if to is None:
+            earlier = [v for v in self.versions if v["version"] < current and v["status"] == "replaced"]
+            if not earlier:
+                raise ValueError(f"version {current} replaced no version that could be served again")
+            target = earlier[-1]
+        else:
+            target = next((v for v in self.versions if v["version"] == to), None)
+            if target is None or to == current:
+                known = [v["version"] for v in self.versions]
+                raise ValueError(f"--to {to}: not a version other than the served one ({current}); versions: {known}")
+        router = load_router(target["path"])  # before anything changes: an unreadable artifact changes nothing
+        for v in self.versions:
+            if v["version"] == current:
+                v["status"] = "rolled_back"
+        target["status"] = "served"
+        self.router, self.path = router, target["path"]
+        return {"from": current, "to": target["version"], "path": target["path"]}
+
     def state(self) -> dict:
-        """What a snapshot keeps of it: the version published last and where it is."""
-        return {"version": self.version, "router_path": self.path}
+        """What a snapshot keeps of it: the last version published, where the served one is, every version."""
+        return {"version": self.version, "router_path": self.path, "versions": self.versions}
 
     def restore(self, snap: dict) -> None:
         from proxray.routing.registry import load_router
 
         self.version = snap["version"]
+        if snap.get("versions"):
+            self.versions = snap["versions"]
         if snap["router_path"] != self.path:
             self.path, self.router = snap["router_path"], load_router(snap["router_path"])

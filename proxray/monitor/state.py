@@ -98,11 +98,11 @@ class Decisions:
         self.not_before = 0.0
         self.id_salt = secrets.token_hex(16)  # the grown router names traffic by ids no one can tie to a prompt
         self.train_prompts = list(train_prompts)
-        self._n_table = len(self.train_prompts)
+        self.n_table = len(self.train_prompts)  # the table's; the rest were absorbed
 
     def state(self) -> dict:
         return {"triggered": self.triggered, "not_before": self.not_before, "id_salt": self.id_salt,
-                "train_prompts_added": self.train_prompts[self._n_table:]}
+                "train_prompts_added": self.train_prompts[self.n_table:]}
 
     def restore(self, snap: dict) -> None:
         self.triggered, self.not_before = snap["triggered"], snap["not_before"]

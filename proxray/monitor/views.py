@@ -19,7 +19,7 @@ def status_of(m) -> dict:
         "est_cost_per_query": ev.est_cost, "blocked": m.blocked,
         "evaluations": len([e for e in ev.items if e["kind"] == "drift"]),
         "jobs": [{k: e.get(k) for k in ("id", "job", "kind", "n", "status", "charged", "error")} for e in ev.items[-8:]],
-        "router_version": m.publisher.version, "router_path": m.publisher.path,
+        "router_version": m.publisher.version, "router_path": m.publisher.path, "served_version": m.publisher.served,
         "models": m.publisher.models, "judge": m.config.job.grader.model,
         "feedback": m.feedback_book.status(), "scheduler": m.scheduler.alive, "events": book.events[-10:],
         "jobs_api": jobs_api(m.evaluations.runner)}
@@ -40,6 +40,7 @@ def prometheus_text(s: dict) -> str:
              f"proxray_monitor_shadow_labelled {s['shadow_labelled']}",
              f"proxray_monitor_evaluations_total {s['evaluations']}", f"proxray_monitor_spent_usd {s['spent_usd']}",
              f"proxray_monitor_router_version {s['router_version']}",
+             f"proxray_monitor_served_version {s['served_version']}",
              f"proxray_monitor_topz_overlap_threshold {s['overlap_threshold']}"]
     fb = s["feedback"]
     lines += [f"proxray_monitor_feedback_received_total {fb['received']}",

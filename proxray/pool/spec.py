@@ -88,6 +88,11 @@ class PoolModel(StrictModel):
     responses_api: bool = Field(False, description="openai, served: the endpoint serves /v1/responses itself (OpenAI's "
                                 "API, vLLM's server): Responses requests are relayed to it; otherwise the gateway "
                                 "translates them to chat completions")
+    messages_api: bool = Field(False, description="openai, served: the endpoint serves Anthropic's /v1/messages "
+                               "itself (Anthropic's API, vLLM's server): Messages requests are relayed to it with the "
+                               "client's anthropic-version and anthropic-beta headers and the key also as x-api-key; "
+                               "otherwise the gateway translates them to chat completions (chat requests and the "
+                               "evaluation job use its chat completions either way)")
     timeout_s: float = Field(60.0, gt=0, description="openai: seconds one request may take")
     max_concurrency: int = Field(8, ge=1, description="openai: requests in flight per worker at most")
     max_retries: int = Field(4, ge=0, description="openai: retries of a request after a 429, a 5xx or a dropped "
@@ -142,7 +147,7 @@ class PoolModel(StrictModel):
 
     @model_validator(mode="after")
     def _endpoint(self):
-        endpoint = ("base_url", "api_key_env", "api_key_file", "rate_limit", "responses_api")
+        endpoint = ("base_url", "api_key_env", "api_key_file", "rate_limit", "responses_api", "messages_api")
         if self.engine == "openai":
             if not self.base_url or not self.base_url.startswith(("http://", "https://")):
                 raise ValueError(f"model {self.id!r}: engine openai needs base_url: http(s)://host[:port]/v1 (got "

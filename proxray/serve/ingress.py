@@ -2,7 +2,7 @@
 with one deployment per model; ``proxray.serve.app:build_app`` is the Serve config's import path).
 
     RouterIngress (FastAPI)  --DeploymentHandle.respond-->  ModelServer "<model a>"        (CPU engines)
-      chat, completions, responses (a ChatTurn or a ResponsesTurn per request: its body, routing text, answer)
+      chat, completions, responses, messages (a ChatTurn, ResponsesTurn or MessagesTurn: body, routing text, answer)
       composes: HTTP boundary (http), encoder service,      VLLMModelServer "<model b>"   (ray.serve.llm)
       routing policy (policy), model client (client) with   --in process-->  EndpointRelay "<model c>"
       fallback (fallback), stream writer (sse), monitor       (an endpoint it does not host)
@@ -11,7 +11,8 @@ with one deployment per model; ``proxray.serve.app:build_app`` is the Serve conf
 The client's request goes to the chosen model as sent (only ``model`` is rewritten); the model's response
 or chunk stream comes back unchanged, with a ``proxray`` object added (and ``x-proxray-*`` headers). A Responses
 request reaches a model that does not serve ``/v1/responses`` as chat completions and its answer comes back as a
-response (``proxray.serve.responses``); responses are stored per key in the app's ``ResponseStore``.
+response (``proxray.serve.responses``); responses are stored per key in the app's ``ResponseStore``. Anthropic's
+Messages API is relayed to endpoints that serve it and translated to chat for the rest (``proxray.serve.messages``).
 ``args`` follow ``proxray.serve.request.schemas.AppArgs``. Handles are injected through ``.bind()``, so tests compose the same app
 from small real parts. Each ingress replica builds its FastAPI app from its own args (``http.gateway_api``, Serve's
 late-bound ``__serve_build_asgi_app__``, as ray.serve.llm's ``LLMServer`` does), so docs and CORS are per app.
@@ -37,12 +38,15 @@ from proxray.serve.request.http import error_response, gateway_api, parse_reques
 from proxray.serve.request.model_list import ModelList
 from proxray.serve.request.errors import RequestError
 from proxray.serve.request.policy import RoutingPolicy, budget_from, request_policy
-from proxray.serve.request.schemas import ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, load_api_key
-from proxray.serve.request.sse import relay
+from proxray.serve.request.schemas import (ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, load_api_key,
+                                           resolve_alias)
+from proxray.serve.request.sse import answer_stream
 from proxray.serve.request.turn import ChatTurn
+from proxray.serve.messages.count import TokenCounter
+from proxray.serve.messages.turn import MessagesTurn
 from proxray.serve.responses.stored import StoredResponses
 from proxray.serve.responses.turn import begin
-from proxray.serve.tenancy.keys import Held
+from proxray.serve.tenancy.gate import Held
 from proxray.serve.tenancy.responses import ResponseStore
 
 logger = logging.getLogger("ray.serve")
@@ -73,7 +77,7 @@ class RouterIngress:
         from proxray.routing.registry import load_router
         from proxray.serve.request.encoder_service import EncoderService
         from proxray.serve.deployments.endpoint_server import relays
-        from proxray.serve.tenancy.keys import KeyGate
+        from proxray.serve.tenancy.gate import KeyGate
         from proxray.serve.metrics import GatewayMetrics
 
         self.args = a = AppArgs(**args)
@@ -90,7 +94,8 @@ class RouterIngress:
         self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a), a.conversations)
         self.conversations = ConversationClient(app_name, a.conversations)
         self.answers = FeedbackClient(app_name, a.feedback)  # answers remembered for feedback on them
-        self.native_responses = {m.id for m in a.models if m.responses_api}  # relayed; the rest through chat
+        self.native = {"responses": {m.id for m in a.models if m.responses_api},  # relayed; the rest through chat
+                       "messages": {m.id for m in a.models if m.messages_api}}
         self.gate = KeyGate(a.keys_file, load_api_key(a), app_name, {m.id: m.price for m in a.models if m.price})
         self.listing = ModelList(self.gate, self.policy.routable, self.client.handles,
                                  {m.id: m.engine for m in a.models})  # GET /v1/models, /v1/models/{model}
@@ -98,6 +103,7 @@ class RouterIngress:
         self.metrics = GatewayMetrics()
         self.store = ResponseStore(app_name, a.responses)  # responses kept for retrieval and previous_response_id
         self.stored = StoredResponses(self.store, self.gate, self.metrics)  # its routes: retrieve, items, delete
+        self.counter = TokenCounter(self)  # POST /v1/messages/count_tokens
         self.monitor = None
         if a.monitor:
             from proxray.serve.monitor_client import MonitorClient
@@ -120,7 +126,7 @@ class RouterIngress:
             timings["conversation_ms"] = 1e3 * (time.perf_counter() - t1)
         t1 = time.perf_counter()
         single_thread()  # one query, one faiss thread (more threads cost more than they give on one query)
-        p = self.policy.decide(X, rp, refusals, previous, key and key.allowed_models)
+        p = self.policy.decide(X, rp, refusals, previous, self.gate.policy.visible(key), turn.tool_loop)
         p.candidates = self.client.liveness.order(p.candidates)  # those lost or slow to take requests tried last
         timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
@@ -133,29 +139,6 @@ class RouterIngress:
         logger.warning("proxray: model %s failed (%s); falling back", model, reason)
         self.metrics.fallback(model)
 
-    async def _admit(self, key, req, rp, p, turn, timings: dict, text: str, ticket: str):
-        """The key's rate and budget for the planned request, which holds an upper bound of its cost (``KeyGate.hold``)
-        until its answer settles it. Over budget with ``cheapest``: a routed request is planned again with cost
-        deciding, a request naming a model other than the cheapest the key may use is refused (429 naming it).
-        Returns (the key's report, the plan, the estimate the answer is charged at without usage)."""
-        model = p.candidates[0]
-        estimate = p.report.get("estimates", {}).get(model, {}).get("cost")
-        if key is None:
-            return None, p, estimate
-        if estimate is None and key.budget and model not in self.gate.prices:  # a named model with no price
-            estimate = await self._estimate(text, model)
-        report = await self.gate.admit(key, self.gate.hold(model, turn.body, estimate), ticket)
-        if not report["over_budget"]:
-            return report, p, estimate
-        if req.model == ROUTER_MODEL:  # cost decides among the models the key may use
-            p = await self._plan(req, rp.over_budget(), turn, timings, text, key, again=True)
-            return report, p, p.report["estimates"][p.candidates[0]]["cost"]
-        cheapest = self.gate.cheapest(key, self.client.handles)
-        if cheapest is not None and req.model != cheapest:  # refused: the caller releases its hold
-            raise RequestError(429, f"key {key.name!r} is over its budget: it may use only the cheapest model it may "
-                               f"use, {cheapest!r}", "model", kind="insufficient_quota")
-        return report, p, estimate
-
     async def _estimate(self, text: str, model: str) -> float | None:
         """The router's estimated cost of ``model``'s answer to ``text`` (None where the router does not know it)."""
         router = self.policy.router
@@ -164,11 +147,13 @@ class RouterIngress:
         _, cost, _ = router.estimate_with_outlier_score((await self.encoder.vector(text, {}))[None, :])
         return float(cost[0][router.models_.index(model)])
 
-    async def _turn(self, req, endpoint: str, key):
-        """What the gateway needs of one request of ``endpoint`` (``ChatTurn``, ``ResponsesTurn``)."""
+    async def _turn(self, req, endpoint: str, key, headers):
+        """What the gateway needs of one request of ``endpoint`` (``ChatTurn``, ``ResponsesTurn``, ``MessagesTurn``)."""
+        if endpoint == "messages":
+            return MessagesTurn(req, self.client, self.native["messages"], headers)
         if endpoint != "responses":
             return ChatTurn(req, endpoint, self.client, self.args.default_max_tokens)
-        return await begin(req, self.client, self.native_responses, self.store, self.args.responses,
+        return await begin(req, self.client, self.native["responses"], self.store, self.args.responses,
                            self.args.default_max_tokens, key and key.owner)
 
     async def _handle(self, request: Request, model_cls, endpoint: str):
@@ -179,16 +164,21 @@ class RouterIngress:
         try:
             key = self.gate.identify(request)
             req = await parse_request(request, model_cls, self.args.max_body_bytes, timings)
-            rp = request_policy(req.proxray, key, request.headers)  # decided once: app, key, request, headers
+            req.model, alias = resolve_alias(req.model, self.args.model_aliases)
+            rp = request_policy(req.proxray, key, request.headers, alias)  # decided once: app, alias, key, request
             self.gate.check_policy(key, req.model, rp)
-            turn = await self._turn(req, endpoint, key)  # the body every candidate gets, model aside
+            turn = await self._turn(req, endpoint, key, request.headers)  # the body every candidate gets, model aside
             if turn.previous_id is not None:  # a stored response's conversation: its id names it in the report
                 rp = replace(rp, conversation=turn.previous_id)
+            elif turn.session and rp.conversation is None:  # a Messages client's session
+                rp = replace(rp, conversation=turn.session)
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = turn.text(self.args.routing_text)
             p = await self._plan(req, rp, turn, timings, text, key)
             held = Held(self.gate, key)  # the key's hold on its budget, settled exactly once
-            key_report, p, estimate = await self._admit(key, req, rp, p, turn, timings, text, held.take())
+            key_report, p, estimate = await self.gate.admit_plan(
+                key, p, turn.body, held.take(), self.client.handles, estimate_of=lambda m: self._estimate(text, m),
+                replan=lambda: self._plan(req, rp.over_budget(), turn, timings, text, key, again=True))
             t_model = time.perf_counter()
             model, head, gen = await first_answer(turn.client, p, turn.body, endpoint, req.stream, deadline,
                                                   self.args.timeout_s, self._failed)
@@ -197,7 +187,7 @@ class RouterIngress:
             if held is not None:
                 held.release()  # no answer: nothing spent
             self.metrics.error(e.status)
-            return error_response(e)
+            return error_response(e, "anthropic" if endpoint == "messages" else "openai")
         except BaseException:  # an unexpected failure, or the client gone before the answer: nothing spent either
             if held is not None:
                 held.release()
@@ -221,27 +211,8 @@ class RouterIngress:
                                                     self.gate.prices.get(model), estimate)
                               if len(text) <= self.args.max_prompt_chars else None) if f]
         if req.stream:
-            try:
-                head, gen = await turn.shown(head, gen, p.report)
-            except BaseException:  # answered, not delivered: charged as an answer without usage
-                gen.cancel()
-                for count in counts:
-                    count(None)
-                raise
-            usage = {}  # the stream's usage, from its last chunk (asked of every model)
-
-            def seen(obj):
-                if found := turn.usage(obj):
-                    usage["usage"] = found
-
-            def done(ok):
-                if not ok:  # a stream that ended in an error event
-                    self.metrics.error(502)
-                for count in counts:
-                    count(usage.get("usage"))
-
-            return StreamingResponse(relay(head, gen, done, seen, hide_usage=turn.hide_usage, fmt=turn.sse()),
-                                     media_type="text/event-stream", headers=response_headers(p.report))
+            events = await answer_stream(turn, head, gen, p.report, counts, lambda: self.metrics.error(502))
+            return StreamingResponse(events, media_type="text/event-stream", headers=response_headers(p.report))
         for count in counts:
             count(turn.usage(head[0]))
         return JSONResponse(await turn.answer(head[0], p.report), headers=response_headers(p.report))
@@ -261,6 +232,12 @@ class RouterIngress:
         from proxray.serve.responses.schemas import ResponsesRequest
 
         return await self._handle(request, ResponsesRequest, "responses")
+
+    async def messages(self, request: Request):
+        """``POST /v1/messages``: Anthropic's Messages API (proxray.serve.messages)."""
+        from proxray.serve.messages.schemas import MessagesRequest
+
+        return await self._handle(request, MessagesRequest, "messages")
 
     async def feedback(self, request: Request):
         """``POST /v1/feedback``: a score in [0, 1] for an answer this endpoint gave (proxray.serve.tenancy.feedback)."""

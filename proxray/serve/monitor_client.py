@@ -9,60 +9,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+
+from proxray.common.actors import ActorDown
+from proxray.serve.tenancy.shared_actor import SharedActorClient
 
 logger = logging.getLogger("ray.serve")
 
 
-class MonitorClient:
+class MonitorClient(SharedActorClient):
+    """The monitor actor named ``name``, only looked up (``SharedActorClient`` with ``creates = False``)."""
+
+    creates = False
+
     def __init__(self, name: str, reload_every_s: float, router_path: str, encoder_id: str, on_router,
                  retry_s: float = 2.0):
-        self.name, self.reload_every_s, self.router_path, self.encoder_id = name, reload_every_s, router_path, encoder_id
+        super().__init__("", name=name)
+        self.reload_every_s, self.router_path, self.encoder_id = reload_every_s, router_path, encoder_id
         self.on_router, self.retry_s = on_router, retry_s
-        self.actor, self._next_lookup = None, 0.0
         self.dropped = 0
         self._watcher = None
-
-    def _lookup(self):
-        now = time.monotonic()
-        if self.actor is None and now >= self._next_lookup:
-            import ray
-
-            try:
-                self.actor = ray.get_actor(self.name, namespace="proxray")
-            except ValueError:  # not started (yet)
-                self._next_lookup = now + self.retry_s
-        return self.actor
-
-    def _lost(self, e: Exception) -> None:
-        logger.warning("proxray: monitor %r unavailable (%s); serving goes on, looking it up again", self.name, e)
-        self.actor, self._next_lookup = None, time.monotonic() + self.retry_s
 
     def report(self, text: str, x, outlier: float) -> None:
         """Fire and forget: the request never waits for the monitor."""
         if self._watcher is None:
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
-        actor = self._lookup()
-        if actor is None:
+        if not self.send("report", text, x, outlier):
             self.dropped += 1
-            return
-        try:
-            actor.report.remote(text, x, outlier)
-        except Exception as e:  # noqa: BLE001 - a dead handle: drop this report, look it up again later
-            self.dropped += 1
-            self._lost(e)
 
     def feedback(self, text: str, model: str, score: float, cost: float | None, comment: str | None = None) -> bool:
         """A user's score of ``model``'s answer to ``text``, fire and forget; False where the monitor is not there."""
-        actor = self._lookup()
-        if actor is None:
-            return False
-        try:
-            actor.feedback.remote(text, model, score, cost, comment)
-        except Exception as e:  # noqa: BLE001 - a dead handle: look it up again later
-            self._lost(e)
-            return False
-        return True
+        return self.send("feedback", text, model, score, cost, comment)
 
     async def _watch(self):
         """Switch to the monitor's newest router artifact: load it off the event loop, then hand it over in
@@ -71,13 +47,11 @@ class MonitorClient:
 
         while True:
             await asyncio.sleep(self.reload_every_s)
-            actor = self._lookup()
-            if actor is None:
-                continue
             try:
-                path = await actor.current_router.remote()
-            except Exception as e:  # noqa: BLE001 - the monitor is optional; serving goes on
-                self._lost(e)
+                path = await self.call("current_router", timeout_s=30.0)
+            except ActorDown as e:  # the monitor is optional; serving goes on
+                if e.why != "not running":
+                    logger.warning("proxray: monitor %r unavailable (%s); serving goes on", self.name, e.why)
                 continue
             if path == self.router_path:
                 continue

@@ -64,7 +64,10 @@ def honoured(responses: bool = False) -> dict:
     return caps
 
 
-PATHS = {"chat": "/chat/completions", "completions": "/completions", "responses": "/responses"}
+PATHS = {"chat": "/chat/completions", "completions": "/completions", "responses": "/responses",
+         "messages": "/messages", "count_tokens": "/messages/count_tokens"}
+HEADERS_FIELD = "__proxray_headers__"  # a Messages request's anthropic-* headers (proxray.serve.messages.turn); of
+# any other body, or any other header in it, nothing is sent
 
 
 DEFAULT_CONCURRENCY = 64  # requests in flight to one endpoint per router replica, unless max_ongoing_requests says
@@ -110,7 +113,7 @@ class EndpointRelay(OpenAIModel):
         self.cooldown_until, self.cooldown_why = 0.0, ""
 
     async def capabilities(self) -> dict:
-        return honoured(self.spec.responses_api)
+        return honoured(self.spec.responses_api)  # a Messages request is relayed as it is (no refusals)
 
     def _scrub(self, text: str) -> str:
         from proxray.pool.openai_engine import scrub
@@ -139,6 +142,14 @@ class EndpointRelay(OpenAIModel):
         tokens = sum(token_bound(body)) or 256  # what the rate limit books: the request's bound, as a budget's hold
         path = PATHS[endpoint]
         sent = {**body, "model": self.spec.source or self.spec.id}
+        given, headers = sent.pop(HEADERS_FIELD, None), {}
+        if endpoint in ("messages", "count_tokens"):  # the client's anthropic-* only; Anthropic reads x-api-key
+            given = given if isinstance(given, dict) else {}
+            headers = {"anthropic-version": str(given.get("anthropic-version") or "2023-06-01")}
+            if given.get("anthropic-beta"):
+                headers["anthropic-beta"] = str(given["anthropic-beta"])
+            if self.key:
+                headers["x-api-key"] = self.key
         for attempt in range(self.spec.max_retries + 1):
             if self.limiter is not None:
                 delay = await self.limiter.reserve(tokens, max(0.0, deadline - time.monotonic()))
@@ -150,7 +161,7 @@ class EndpointRelay(OpenAIModel):
                 if delay > 0:
                     self.limited.inc(1, tag)
                     await asyncio.sleep(delay)
-            failure, tried = None, self._attempt(path, sent, body.get("stream"), tag)
+            failure, tried = None, self._attempt(path, sent, body.get("stream"), tag, headers)
             try:
                 async for obj in tried:
                     if isinstance(obj, Retry):
@@ -177,14 +188,14 @@ class EndpointRelay(OpenAIModel):
             self.retries.inc(1, tag)
             await asyncio.sleep(wait)
 
-    async def _attempt(self, path: str, sent: dict, stream: bool, tag: dict):
+    async def _attempt(self, path: str, sent: dict, stream: bool, tag: dict, headers: dict | None = None):
         """One try: the answer or its chunks, or a ``Retry`` where it failed before its first byte (a status other
         than 200, a timeout or a refused connection); a failure after the first chunk is an error object."""
         import httpx
 
         t0, first, answered = time.perf_counter(), True, False
         try:
-            async with self.client.stream("POST", path, json=sent) as r:
+            async with self.client.stream("POST", path, json=sent, headers=headers or None) as r:
                 if r.status_code != 200:
                     text = (await r.aread()).decode(errors="replace")
                     self.answers.inc(1, {**tag, "status": str(r.status_code)})
@@ -225,8 +236,9 @@ class EndpointRelay(OpenAIModel):
     def _named(self, obj: dict) -> dict:
         """An answer, chunk or event with the pool model's id for the endpoint's name of it (a Responses event holds
         it in its ``response``)."""
-        if isinstance(obj.get("response"), dict):
-            return {**obj, "response": {**obj["response"], "model": self.spec.id}}
+        for inner in ("response", "message"):  # a Responses event's response, a Messages stream's message_start
+            if isinstance(obj.get(inner), dict):
+                return {**obj, inner: {**obj[inner], "model": self.spec.id}}
         return {**obj, "model": self.spec.id} if "model" in obj or "choices" in obj else obj
 
     async def _lists_model(self) -> bool:

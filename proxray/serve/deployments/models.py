@@ -10,8 +10,9 @@ and how the call ended, and closes the engine's stream as soon as the caller goe
 
 * ``ModelServer`` (here): the CPU engines (sim, transformers), which implement the OpenAI semantics
   themselves: chat template over the whole conversation, ``n``, ``stop``, ``max_tokens`` /
-  ``max_completion_tokens``, ``finish_reason``, usage, ``stream_options.include_usage``. What they cannot
-  honour (``tools``, ``response_format``, ``logprobs``, ...) is refused by name.
+  ``max_completion_tokens``, ``finish_reason``, usage, ``stream_options.include_usage``; the simulated engine also
+  tools (``sim_tools``). What they cannot honour (``response_format``, ``logprobs``, the transformers engine's
+  ``tools``, ...) is refused by name.
 * ``proxray.serve.deployments.vllm_server.VLLMModelServer``: ray.serve.llm's ``LLMServer`` (vLLM's own OpenAI
   serving), the same interface on top.
 """
@@ -136,16 +137,25 @@ class ModelServer(OpenAIModel):
         self.spec = ServedModel(**spec)
         self.engine = make_engine(self.spec)
 
+    def _honoured(self, endpoint: str) -> set:
+        from proxray.serve.deployments import sim_tools
+
+        return CPU_HONOURED | sim_tools.HONOURED if self.spec.engine == "sim" and endpoint == "chat" else CPU_HONOURED
+
     async def capabilities(self) -> dict:
-        return {"chat": sorted(CPU_HONOURED), "completions": sorted(CPU_HONOURED)}
+        return {"chat": sorted(self._honoured("chat")), "completions": sorted(CPU_HONOURED)}
 
     async def _respond(self, endpoint: str, body: dict):
-        refused = refused_parameters(body)
+        from proxray.serve.deployments import sim_tools
+
+        refused = refused_parameters(body, self._honoured(endpoint))
         if refused:
             yield error(400, f"model {self.spec.id!r} ({self.spec.engine} engine) cannot honour: "
                              f"{', '.join(refused)}", refused[0])
             return
-        messages, problem = _messages(body) if endpoint == "chat" else (None, None)
+        tools = endpoint == "chat" and self.spec.engine == "sim"
+        messages, problem = _messages({**body, "messages": sim_tools.readable(body["messages"])} if tools else body) \
+            if endpoint == "chat" else (None, None)
         if problem:
             yield problem
             return
@@ -158,6 +168,10 @@ class ModelServer(OpenAIModel):
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": self.spec.id}
+        if tools and (fn := sim_tools.forced(body)):  # a call of the tool the request forces
+            for obj in sim_tools.answer(head, fn, body):
+                yield obj
+            return
         usage = {"prompt_tokens": 0, "completion_tokens": 0}
         texts, reasons = [""] * n, ["stop"] * n
         for i in range(n):

@@ -16,14 +16,18 @@ from proxray.serve.request.plan import Plan
 
 
 RESPONSE_CONTENT = ("response.output_item.done", "response.completed", "response.incomplete")
+MESSAGES_CONTENT = ("content_block_delta", "message_delta", "message_stop")
 
 
 def has_content(obj: dict) -> bool:
     """A chunk that commits the stream to its model: any text, a tool call, a finish reason, or usage; of a Responses
-    stream, any delta (text, arguments, reasoning), a finished item or the response's end."""
+    stream, any delta (text, arguments, reasoning), a finished item or the response's end; of a Messages stream, a
+    block's delta or the message's end."""
     kind = obj.get("type")
     if isinstance(kind, str) and kind.startswith("response."):
         return kind.endswith(".delta") or kind in RESPONSE_CONTENT
+    if kind in MESSAGES_CONTENT:
+        return True
     if obj.get("usage") and not obj.get("choices"):
         return True
     for c in obj.get("choices") or []:

@@ -21,7 +21,13 @@ EXPOSED_HEADERS = ["x-request-id", "x-proxray-model", "x-proxray-routed", "x-pro
                    "x-proxray-estimated-cost", "x-proxray-fallback-from"]
 
 
-def error_response(e: RequestError) -> JSONResponse:
+def error_response(e: RequestError, shape: str = "openai") -> JSONResponse:
+    """``e`` as OpenAI answers errors, or (``shape="anthropic"``, the Messages routes) as Anthropic does."""
+    if shape == "anthropic":
+        from proxray.serve.messages.schemas import anthropic_error
+
+        status, body = anthropic_error(e.status, e.message, e.param)
+        return JSONResponse(body, status_code=status, headers=e.headers or None)
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers or None)
 
 
@@ -128,6 +134,8 @@ def gateway_api(ingress, args) -> FastAPI:
     app.post("/v1/chat/completions")(ingress.chat)
     app.post("/v1/completions")(ingress.completions)
     app.post("/v1/responses")(ingress.responses)
+    app.post("/v1/messages")(ingress.messages)
+    app.post("/v1/messages/count_tokens")(ingress.counter.count)
     app.get("/v1/responses/{response_id}")(ingress.stored.get)
     app.delete("/v1/responses/{response_id}")(ingress.stored.remove)
     app.get("/v1/responses/{response_id}/input_items")(ingress.stored.items)

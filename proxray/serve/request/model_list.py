@@ -19,7 +19,9 @@ class ModelList:
 
     def objects(self, key=None) -> list:
         """OpenAI model objects a key may see."""
-        mine = (lambda m: True) if key is None or key.allowed_models is None else key.allowed_models.__contains__
+        def mine(model):
+            return self.gate.policy.may_use(key, model)
+
         data = [{"id": ROUTER_MODEL, "object": "model", "created": self.created, "owned_by": "proxray",
                  "routes_to": [m for m in self.routable if mine(m)]}]
         return data + [{"id": m, "object": "model", "created": self.created, "owned_by": "proxray",

@@ -21,9 +21,10 @@ class RequestPolicy:
     """How one routed request is decided, fixed once (``request_policy``) from the app's defaults, its API key's policy,
     its own ``proxray`` options and its headers, then read — never changed — by planning, charging and reporting.
 
-    Precedence, field by field: λ — the request's ``proxray.lam``, else its key's λ, else (``lam`` None) the served
-    budget's, else the app's (``lam_from`` says which: request, key, over_budget, app); models — the request's
-    ``proxray.allowed_models`` within its key's (an empty tuple: none left); ``max_cost`` — the request's; the
+    Precedence, field by field: λ — the request's ``proxray.lam``, else its model alias's, else its key's λ, else
+    (``lam`` None) the served budget's, else the app's (``lam_from`` says which: request, alias, key, over_budget,
+    app); models — the request's ``proxray.allowed_models`` within its alias's, within its key's (an empty tuple: none
+    left); ``max_cost`` — the request's; the
     conversation — the body's ``proxray.conversation``, else the ``x-proxray-conversation`` header; evidence — the
     body's ``proxray.explain`` or the ``x-proxray-explain`` header. Only requests whose λ is the served budget's are
     counted by the budget controller."""
@@ -39,15 +40,20 @@ class RequestPolicy:
         return replace(self, lam=1e9, lam_from="over_budget")
 
 
-def request_policy(opts, key=None, headers=None) -> RequestPolicy:
-    """The ``RequestPolicy`` of a request's ``proxray`` options ``opts``, its API key's ``KeySpec`` (or None) and its
-    HTTP ``headers`` (a mapping, lower-case names)."""
+def request_policy(opts, key=None, headers=None, alias=None) -> RequestPolicy:
+    """The ``RequestPolicy`` of a request's ``proxray`` options ``opts``, its API key's ``KeySpec`` (or None), its
+    HTTP ``headers`` (a mapping, lower-case names) and the model alias it named (``ModelAlias`` or None)."""
+    from proxray.serve.tenancy.gate import KeyPolicy
+
     headers = headers or {}
-    allowed = opts.allowed_models
-    if key is not None and key.allowed_models is not None:
-        allowed = [m for m in (allowed or key.allowed_models) if m in key.allowed_models]
+    requested = opts.allowed_models
+    if alias is not None and alias.allowed_models is not None:
+        requested = [m for m in (requested or alias.allowed_models) if m in alias.allowed_models]
+    allowed = KeyPolicy.narrowed(key, requested)
     if opts.lam is not None:
         lam, source = opts.lam, "request"
+    elif alias is not None and alias.lam is not None:
+        lam, source = alias.lam, "alias"
     elif key is not None and key.lam is not None:
         lam, source = key.lam, "key"
     else:
@@ -55,7 +61,7 @@ def request_policy(opts, key=None, headers=None) -> RequestPolicy:
     conversation = opts.conversation if opts.conversation is not None else \
         (headers.get("x-proxray-conversation") or "")[:256] or None
     explain = bool(opts.explain) or str(headers.get("x-proxray-explain", "")).lower() in TRUE
-    return RequestPolicy(lam, source, None if allowed is None else tuple(allowed), opts.max_cost, conversation, explain)
+    return RequestPolicy(lam, source, allowed, opts.max_cost, conversation, explain)
 
 
 class RoutingPolicy:
@@ -93,12 +99,12 @@ class RoutingPolicy:
         return self.lam, False
 
     def decide(self, X, rp, refusals: dict | None = None, previous: str | None = None,
-               visible=None) -> planning.Plan:
+               visible=None, tool_loop: bool = False) -> planning.Plan:
         """The plan for one routed query's embedding ``X`` (1, d) under its ``RequestPolicy`` ``rp`` (or bare
-        ``proxray`` options, read as a request without a key or headers); ``refusals``: ``{model: [parameters it cannot honour]}``; ``previous``: the model of the
-        request's conversation, kept first unless another beats it by the margin; ``visible``: the models the asker
-        may see in the evidence (its API key's; default: all). A budget on estimated cost counts the chosen model's
-        estimate now."""
+        ``proxray`` options, read as a request without a key or headers); ``refusals``: ``{model: [parameters it
+        cannot honour]}``; ``previous``: the model of the request's conversation, kept first unless another beats it
+        by the margin (always in a ``tool_loop``); ``visible``: the models the asker may see in the evidence (its API
+        key's; default: all). A budget on estimated cost counts the chosen model's estimate now."""
         router, path = self.router, self.router_path
         rp = rp if isinstance(rp, RequestPolicy) else request_policy(rp)
         acc, cost, outlier = router.estimate_with_outlier_score(X)  # one search for both
@@ -108,7 +114,8 @@ class RoutingPolicy:
         p.report["lam_from"] = "budget" if on_budget else rp.lam_from
         if rp.conversation is not None:
             p.report["conversation"] = {"id": rp.conversation, **keep(p.candidates, previous, acc[0], cost[0], lam,
-                                                                          router.models_, self.conversations)}
+                                                                          router.models_, self.conversations,
+                                                                          tool_loop)}
             p.report["runner_up"] = p.candidates[1] if len(p.candidates) > 1 else None
         if rp.explain:  # asked for: one more pass over the same neighbourhood, bounded in size
             t0 = time.perf_counter()

@@ -194,6 +194,27 @@ def text_of(turns: list, policy: str = "system+last_user") -> str:
 ServedModel = PoolModel  # one model deployment of the app: the one pool-model spec (proxray.pool.spec)
 
 
+class ModelAlias(StrictModel):
+    """What a model name a client asks for means (``model_aliases``): routing, with its own λ and models, or a pool
+    model. Precedence: the request's own ``proxray`` options, then the alias's, then its key's, then the app's."""
+    model: str = Field(ROUTER_MODEL, min_length=1, description="proxray (routed) or a served model's id")
+    lam: float | None = Field(None, ge=0, description="λ of the requests that name it (routed)")
+    allowed_models: list[str] | None = Field(None, min_length=1, description="the models its requests are routed "
+                                             "among (within the key's)")
+
+
+def resolve_alias(name: str, aliases: dict) -> tuple[str, ModelAlias | None]:
+    """(the model a request names, its alias or None): ``name`` looked up in ``aliases`` as it is, else against each
+    alias that is a glob pattern (``claude-*``), in the config's order."""
+    import fnmatch
+
+    alias = aliases.get(name)
+    if alias is None:
+        alias = next((a for pattern, a in aliases.items() if any(c in pattern for c in "*?[") and
+                      fnmatch.fnmatchcase(name, pattern)), None)
+    return (alias.model, alias) if alias is not None else (name, None)
+
+
 class AppArgs(StrictModel):
     """``args`` of the Serve application (``import_path: proxray.serve.app:build_app``)."""
 
@@ -244,7 +265,14 @@ class AppArgs(StrictModel):
     max_prompt_chars: int = Field(32000, ge=1, description="limit on the routing text (413 past it)")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="request body limit, checked before parsing (413)")
     default_max_tokens: int = Field(256, ge=1, description="added when a request sets no token limit")
-    routing_text: Literal[ROUTING_TEXT] = Field("system+last_user", description="what the router embeds")
+    routing_text: Literal[ROUTING_TEXT] = Field("last_user", description=(
+        "what the router embeds, for every API: last_user (the user's ask: the last user turn with text of its own — "
+        "a turn that only returns tool results is not one — so an agent harness's system prompt, repeated on every "
+        "request, neither drowns the ask nor counts toward max_prompt_chars), system+last_user, all_user or all"))
+    model_aliases: dict[str, ModelAlias] = Field({}, description=(
+        "model names clients ask for, mapped to routing or to a pool model: {claude-*: {model: proxray, lam: 10}, "
+        "claude-haiku-*: {model: proxray, allowed_models: [small]}} — a name as it is, else the first glob that "
+        "matches; so Claude Code or any client with its own model ids needs only the base URL"))
     conversations: ConversationSpec = Field(default_factory=ConversationSpec, description=(
         "requests naming a conversation keep its model across turns unless another is better by a margin "
         "(proxray.serve.tenancy.conversations)"))
@@ -287,6 +315,13 @@ class AppArgs(StrictModel):
         ids = [m.id for m in self.models]
         if len(set(ids)) != len(ids) or ROUTER_MODEL in ids:
             raise ValueError(f"models: ids must be unique and not {ROUTER_MODEL!r} (got {ids})")
+        for name, alias in self.model_aliases.items():
+            unknown = [m for m in [alias.model, *(alias.allowed_models or [])] if m != ROUTER_MODEL and m not in ids]
+            if unknown or name in ids or name == ROUTER_MODEL:
+                raise ValueError(f"model_aliases.{name}: an alias names {ROUTER_MODEL!r} or served models (not "
+                                 f"{unknown or name!r}) and is not itself a served model's id")
+            if alias.model != ROUTER_MODEL and (alias.lam is not None or alias.allowed_models):
+                raise ValueError(f"model_aliases.{name}: lam and allowed_models apply to routing (model: proxray)")
         unpriced = [m.id for m in self.models if m.price is None]
         if self.budget is not None and self.budget.basis == "realised" and unpriced:
             raise ValueError(f"budget.basis='realised' needs models[].price (input_per_mtok, output_per_mtok) for "

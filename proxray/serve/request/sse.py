@@ -97,3 +97,30 @@ async def relay(first: list, rest, on_done=None, on_chunk=None, hide_usage: bool
             rest.cancel()
         if on_done:
             on_done(not failed)  # a client that went away is not a failure
+
+
+async def answer_stream(turn, head: list, gen, report: dict, counts: list, failed):
+    """The event stream of an answer whose first objects (``head``) were read from ``gen``, as ``turn`` shows it
+    (``ChatTurn``, ``ResponsesTurn``, ``MessagesTurn``): each of ``counts`` (meter, charger, recorder) is told the
+    stream's usage once, when it ends — ``None`` where it ended without (charged its hold) — and ``failed()`` when it
+    ended in an error event."""
+    try:
+        head, gen = await turn.shown(head, gen, report)
+    except BaseException:  # answered, not delivered: charged as an answer without usage
+        gen.cancel()
+        for count in counts:
+            count(None)
+        raise
+    usage = {}  # the stream's usage, from its last chunk (asked of every model)
+
+    def seen(obj):
+        if found := turn.usage(obj):
+            usage["usage"] = found
+
+    def done(ok):
+        if not ok:  # a stream that ended in an error event
+            failed()
+        for count in counts:
+            count(usage.get("usage"))
+
+    return relay(head, gen, done, seen, hide_usage=turn.hide_usage, fmt=turn.sse())

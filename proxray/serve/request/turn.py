@@ -11,6 +11,7 @@ class ChatTurn:
     stream asks every model for its usage (a client that did not ask does not get it)."""
 
     previous = previous_id = None  # a chat conversation's model is the conversations book's (proxray.conversation)
+    session, tool_loop = None, False  # no client session of its own; a tool turn is routed as any other
 
     def __init__(self, req, endpoint: str, client, default_max_tokens: int):
         self.req, self.endpoint, self.client = req, endpoint, client

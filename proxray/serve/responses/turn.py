@@ -44,16 +44,18 @@ async def _native(inner):
         yield as_error(obj)
 
 
-async def _via_chat(inner, model: str, body: dict):
-    base = shell(body, "resp_pending", model, None, False)
-    if not body.get("stream"):
+async def via_chat(inner, stream: bool, whole, events, on_error=None):
+    """A chat answer (``inner``) as another API's: ``whole(obj)`` of a whole completion, or ``events``' objects of
+    each chunk (``chunk(obj)``) and of the stream's end (``end()``); an error object as ``on_error`` says (default:
+    as it is), which ends a stream."""
+    on_error = on_error or (lambda obj: obj)
+    if not stream:
         async for obj in inner:
-            yield in_responses_words(obj) if is_error(obj) else from_chat(obj, base)
+            yield on_error(obj) if is_error(obj) else whole(obj)
         return
-    events = EventsFromChat(base)
     async for obj in inner:
         if is_error(obj):
-            yield in_responses_words(obj)
+            yield on_error(obj)
             return
         for e in events.chunk(obj):
             yield e
@@ -78,7 +80,9 @@ class ResponsesModels:
             return Stream(_one(error(400, f"model {model!r} answers through chat completions; "
                                           f"{self.problems[name]}", name)), None)
         inner = self.client.stream(model, "chat", {**self.chat, "model": model}, patient)
-        return Stream(_via_chat(inner, model, body), inner)
+        base = shell(body, "resp_pending", model, None, False)
+        return Stream(via_chat(inner, body.get("stream"), lambda obj: from_chat(obj, base), EventsFromChat(base),
+                               in_responses_words), inner)
 
     async def refusals(self, models, body: dict, endpoint: str) -> dict:
         """``{model: [parameters of the request it cannot honour]}``: a relayed model's from its capabilities, a
@@ -99,6 +103,7 @@ class ResponsesTurn:
     read from the store."""
 
     endpoint, param, hide_usage = "responses", "input", False
+    session, tool_loop = None, False  # its conversation is previous_response_id's
 
     def __init__(self, req, records: list, default_max_tokens: int, client, native: set, store, keep: bool,
                  key: str | None):

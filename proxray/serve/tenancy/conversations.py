@@ -63,12 +63,18 @@ class ConversationBook:
         return {"conversations": len(self.entries), "dropped": self.entries.dropped}
 
 
-def keep(candidates: list, previous: str | None, acc, cost, lam: float, models: list, spec: ConversationSpec) -> dict:
+def keep(candidates: list, previous: str | None, acc, cost, lam: float, models: list, spec: ConversationSpec,
+         tool_loop: bool = False) -> dict:
     """Put the conversation's model first in ``candidates`` (the plan's order, changed in place) unless the router's
-    choice beats it by more than the margin that applies; returns what the conversation did: ``new`` (no model yet,
-    or its model is not a candidate of this request), ``kept`` or ``switched``, with the gain and the margin."""
+    choice beats it by more than the margin that applies — or whatever the margin, in a ``tool_loop`` (the turn returns
+    the results of tools that model asked for); returns what the conversation did: ``new`` (no model yet, or its model
+    is not a candidate of this request), ``kept`` or ``switched``, with the gain and the margin."""
     if previous is None or previous not in candidates:
         return {"action": "new", "previous": previous}
+    if tool_loop:
+        candidates.remove(previous)
+        candidates.insert(0, previous)
+        return {"action": "kept", "previous": previous, "tool_loop": True}
     best = candidates[0]
     if best == previous:
         return {"action": "kept", "previous": previous, "gain": 0.0}

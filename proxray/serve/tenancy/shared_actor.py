@@ -1,5 +1,6 @@
 """State every ingress replica of an app shares (conversations, API keys' ledger, answers for feedback): one named,
-detached actor per app in namespace ``proxray``, created by the first replica that needs it and found by the rest.
+detached actor per app in namespace ``proxray`` (``proxray.common.actors``), created by the first replica that needs
+it and found by the rest.
 
 Such an actor may die (a node lost, an operator's ``ray kill``, a crash). Ray restarts one that crashed
 (``max_restarts``); one that was killed is created anew by the next call that finds it gone. Every call has a
@@ -15,17 +16,11 @@ import json
 import logging
 import time
 
+from proxray.common.actors import CALL_TIMEOUT_S, NAMESPACE, ActorDown, acall, find, get_or_create
+
 logger = logging.getLogger("ray.serve")
-CALL_TIMEOUT_S = 2.0  # a shared actor that has not answered by then is taken as down for this call
 CHECKPOINT_EVERY_S = 1.0
-
-
-class SharedStateDown(Exception):
-    """A shared actor did not answer (dead, restarting, or too slow): ``name`` and why."""
-
-    def __init__(self, name: str, why: str):
-        super().__init__(f"{name}: {why}")
-        self.name, self.why = name, why
+SharedStateDown = ActorDown  # what a caller catches: the actor did not answer (``name``, ``why``)
 
 
 def app_actor(cls, name: str, *args):
@@ -34,47 +29,73 @@ def app_actor(cls, name: str, *args):
     Its calls run one at a time but out of order: every replica calls it fire-and-forget, and with Ray's in-order
     queue one call that never arrives (a lost push under load) holds every later call for 30 s and then cancels them
     all. Nothing here depends on the order of two calls in flight at once (each is a whole update or a lookup)."""
-    import ray
-
-    return ray.remote(cls).options(name=name, namespace="proxray", get_if_exists=True, lifetime="detached",
-                                   num_cpus=0, allow_out_of_order_execution=True, max_restarts=-1).remote(*args)
+    return get_or_create(cls, name, *args, num_cpus=0, allow_out_of_order_execution=True, max_restarts=-1)
 
 
 class SharedActorClient:
-    """An ingress replica's side of one of the app's shared actors: ``actor_cls`` named ``<prefix>-<app>``, created
-    (with ``actor_args()``) or found on first use, and found again after it died."""
+    """A replica's side of one named actor: ``actor_cls`` named ``<prefix>-<app>``, created (with ``actor_args()``)
+    or found on first use, and found again after it died. ``creates = False``: an actor someone else starts (the
+    drift monitor), only looked up — at most every ``retry_s`` while it is absent."""
 
     actor_cls: type = object
     prefix = "proxray-shared"
+    creates = True
+    retry_s = 2.0
 
-    def __init__(self, app_name: str, spec=None):
-        self.name, self.spec, self._handle = f"{self.prefix}-{app_name}", spec, None
+    def __init__(self, app_name: str, spec=None, name: str | None = None):
+        self.name, self.spec, self._handle = name or f"{self.prefix}-{app_name}", spec, None
+        self._next_lookup = 0.0
         self.background: set = set()  # fire-and-forget calls in flight (kept until done)
 
     def actor_args(self) -> tuple:
         return ()
 
     def _actor(self):
-        if self._handle is None:
+        if self._handle is None and not self.creates:
+            now = time.monotonic()
+            handle = find(self.name) if now >= self._next_lookup else None
+            if handle is None:
+                if now >= self._next_lookup:
+                    self._next_lookup = now + self.retry_s
+                raise ActorDown(self.name, "not running")
+            self._handle = handle
+        elif self._handle is None:
             self._handle = app_actor(self.actor_cls, self.name, *self.actor_args())
             if hasattr(self.actor_cls, "configure"):  # an actor found, not created, learns this app's settings
                 self._handle.configure.remote(*self.actor_args())
         return self._handle
 
+    def lost(self) -> None:
+        """Drop the handle: the next call finds (or creates) the actor anew."""
+        self._handle = None
+        self._next_lookup = time.monotonic() + (0.0 if self.creates else self.retry_s)
+
     async def call(self, method: str, *args, timeout_s: float = CALL_TIMEOUT_S):
         """The actor's ``method(*args)``; ``SharedStateDown`` where it died, is restarting or took longer than
         ``timeout_s`` (the handle is dropped: the next call finds or creates the actor anew)."""
-        import ray
-
         try:
-            return await asyncio.wait_for(getattr(self._actor(), method).remote(*args), timeout_s)
-        except asyncio.TimeoutError:
-            self._handle = None
-            raise SharedStateDown(self.name, f"no answer within {timeout_s:g} s") from None
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ValueError) as e:
-            # ValueError: the name is being released or taken again while the actor is replaced
-            self._handle = None
-            raise SharedStateDown(self.name, type(e).__name__) from None
+            actor = self._actor()
+        except ValueError:  # the name is being released or taken again while the actor is replaced
+            self.lost()
+            raise ActorDown(self.name, "being replaced") from None
+        try:
+            return await acall(actor, self.name, method, *args, timeout_s=timeout_s)
+        except ActorDown:
+            self.lost()
+            raise
+
+    def send(self, method: str, *args) -> bool:
+        """``method(*args)`` sent without waiting for, nor keeping, its result (a report that may be dropped): False
+        where the actor is not there."""
+        try:
+            getattr(self._actor(), method).remote(*args)
+            return True
+        except ActorDown:
+            return False
+        except Exception as e:  # noqa: BLE001 - a dead handle: look it up again later
+            logger.warning("proxray: %s unavailable (%s); looking it up again", self.name, type(e).__name__)
+            self.lost()
+            return False
 
     def tell(self, method: str, *args) -> None:
         """``method(*args)`` without waiting for it (from the event loop): a failure is logged, never raised."""
@@ -101,7 +122,7 @@ class Checkpointed:
 
         self._saved_at = 0.0
         if self.checkpoint_key and _internal_kv_initialized():
-            raw = _internal_kv_get(self.checkpoint_key, namespace="proxray")
+            raw = _internal_kv_get(self.checkpoint_key, namespace=NAMESPACE)
             if raw:
                 self._load(json.loads(raw))
 
@@ -114,5 +135,5 @@ class Checkpointed:
         from ray.experimental.internal_kv import _internal_kv_initialized, _internal_kv_put
 
         if _internal_kv_initialized():
-            _internal_kv_put(self.checkpoint_key, json.dumps(self._state()), overwrite=True, namespace="proxray")
+            _internal_kv_put(self.checkpoint_key, json.dumps(self._state()), overwrite=True, namespace=NAMESPACE)
             self._saved_at = now

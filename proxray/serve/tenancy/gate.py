@@ -1,0 +1,224 @@
+"""The endpoint's door for API keys: who is asking (``KeyGate.identify``), what the key may do over the pool
+(``KeyPolicy``: the models it may use and see, the cheapest of them, what happens past its budget), and what a request
+may cost it — a hold taken before the answer (``KeyGate.admit_plan``) and settled exactly once by the answer's usage
+(``Held``). The keys file, the ring that reads it and the ledger actor that counts spend are ``keys``."""
+from __future__ import annotations
+
+import hmac
+
+from proxray.common.pricing import answer_cost
+from proxray.serve.tenancy.keys import KeyRing, KeySpec, LedgerClient
+
+
+class KeyPolicy:
+    """One key's rules over the pool, in one place: the models it may use (by name or routed) and may see (the
+    model listing, a report's evidence), the cheapest it may use, and what its requests meet past its budget.
+    A spec of None — the app's single key, or no auth — may use and see everything."""
+
+    def __init__(self, prices: dict):
+        self.prices = prices  # model -> PriceSpec, the priced models
+
+    @staticmethod
+    def may_use(spec: KeySpec | None, model: str) -> bool:
+        return spec is None or spec.allowed_models is None or model in spec.allowed_models
+
+    @staticmethod
+    def visible(spec: KeySpec | None) -> tuple | None:
+        """The models the key may see (None: all)."""
+        return None if spec is None or spec.allowed_models is None else tuple(spec.allowed_models)
+
+    @staticmethod
+    def narrowed(spec: KeySpec | None, requested) -> tuple | None:
+        """A request's ``proxray.allowed_models`` within its key's (None: any; an empty tuple: none left)."""
+        if spec is None or spec.allowed_models is None:
+            return None if requested is None else tuple(requested)
+        return tuple(m for m in (requested or spec.allowed_models) if m in spec.allowed_models)
+
+    def cheapest(self, spec: KeySpec | None, served) -> str | None:
+        """The priced model the key may use whose million input and output tokens cost least (None: none priced)."""
+        priced = [(p.input_per_mtok + p.output_per_mtok, m) for m in served
+                  if self.may_use(spec, m) and (p := self.prices.get(m)) is not None]
+        return min(priced)[1] if priced else None
+
+    def past_budget(self, spec: KeySpec, routed: bool, model: str, served) -> bool:
+        """What a request of a key over its ``cheapest`` budget meets: True — routed, it is planned again with cost
+        deciding; False — it names the cheapest model the key may use (or none is priced) and goes as planned; a
+        request naming any other model is refused (429 naming the cheapest)."""
+        from proxray.serve.request.errors import RequestError
+
+        if routed:
+            return True
+        cheapest = self.cheapest(spec, served)
+        if cheapest is not None and model != cheapest:
+            raise RequestError(429, f"key {spec.name!r} is over its budget: it may use only the cheapest model it may "
+                               f"use, {cheapest!r}", "model", kind="insufficient_quota")
+        return False
+
+
+class KeyGate:
+    """The endpoint's door: who is asking (the single key of ``api_key_file`` / ``api_key_env``, a key of the keys
+    file, or nobody where no key is configured), and, for a key of the file, its policy applied to the request
+    (``policy``: allowed models, cheapest, past its budget; its λ through ``request_policy``; rate and budget through
+    the ledger), what the request holds and its answers' cost charged."""
+
+    def __init__(self, keys_file: str | None, api_key: bytes, app_name: str, prices: dict):
+        from ray.util.metrics import Counter
+
+        self.ring = KeyRing(keys_file) if keys_file else None
+        self.api_key, self.prices = api_key, prices
+        self.policy = KeyPolicy(prices)
+        self.ledger = LedgerClient(app_name) if keys_file else None
+        self.requests = Counter("proxray_key_requests", "requests by API key (keys file) and outcome: ok, cheapest "
+                                "(over budget, routed down), rate, budget, forbidden", tag_keys=("key", "outcome"))
+        self.spend = Counter("proxray_key_spend_usd", "USD of the answers given to an API key (keys file)",
+                             tag_keys=("key",))
+
+    def identify(self, request) -> KeySpec | None:
+        """The key of the request's bearer token, or of its ``x-api-key`` header (None: the single key, or no auth
+        configured); 401 otherwise."""
+        from proxray.serve.request.errors import RequestError
+
+        if not self.api_key and self.ring is None:
+            return None
+        header = request.headers.get("authorization", "")  # the openai SDKs' way, or the anthropic SDKs' x-api-key
+        token = header[7:] if header.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+        if self.api_key and hmac.compare_digest(token.encode(), self.api_key):
+            return None
+        spec = self.ring.identify(token) if self.ring is not None and token else None
+        if spec is None:
+            raise RequestError(401, "missing or invalid API key (Authorization: Bearer …, or x-api-key)",
+                               kind="authentication_error")
+        return spec
+
+    def check_policy(self, spec: KeySpec | None, model: str, rp) -> None:
+        """Before a request is planned: 403 for a model its key may not use, or a ``proxray.allowed_models`` that leaves
+        none of the key's (``rp``: the request's ``RequestPolicy``, which narrowed it)."""
+        from proxray.serve.request.errors import RequestError
+        from proxray.serve.request.schemas import ROUTER_MODEL
+
+        if spec is None or spec.allowed_models is None:
+            return
+        if model != ROUTER_MODEL and not self.policy.may_use(spec, model):
+            self.requests.inc(1, {"key": spec.name, "outcome": "forbidden"})
+            raise RequestError(403, f"key {spec.name!r} may not use model {model!r} (it may use "
+                               f"{', '.join(spec.allowed_models)})", "model", kind="permission_error")
+        if not rp.allowed_models:
+            self.requests.inc(1, {"key": spec.name, "outcome": "forbidden"})
+            raise RequestError(403, f"proxray.allowed_models: key {spec.name!r} may use none of them (it may use "
+                               f"{', '.join(spec.allowed_models)})", "proxray.allowed_models", kind="permission_error")
+
+    async def admit(self, spec: KeySpec | None, hold_usd: float, ticket: str | None, budget: bool = True) -> dict | None:
+        """The key's rate and budget, for a planned request that may cost up to ``hold_usd``: 429 past its rate or
+        (``over_budget: reject``) its budget. Returns the key's report (name, spent, over budget; over budget with
+        ``cheapest`` the caller routes down) or None; a key with neither limit is not asked about. ``budget=False``:
+        the rate alone (feedback, which costs nothing, counts toward the key's rate)."""
+        from proxray.serve.request.errors import RequestError
+
+        if spec is None:
+            return None
+        if not spec.requests_per_minute and not spec.budget:
+            self.requests.inc(1, {"key": spec.name, "outcome": "ok"})
+            return {"name": spec.name, "spent_usd": 0.0, "over_budget": False}
+        verdict = await self.ledger.admit(spec, hold_usd, ticket if spec.budget else None)
+        if not verdict["ok"]:
+            self.requests.inc(1, {"key": spec.name, "outcome": "rate"})
+            raise RequestError(429, f"key {spec.name!r}: {spec.requests_per_minute:g} requests a minute at most; "
+                               f"retry after {verdict['retry_after_s']:.1f} s", kind="rate_limit_error",
+                               headers={"retry-after": str(max(1, int(verdict["retry_after_s"] + 0.999)))})
+        over = verdict["reason"] == "over_budget"
+        if over and budget and spec.budget.over_budget == "reject":  # refused: the caller releases its hold (``Held``)
+            self.requests.inc(1, {"key": spec.name, "outcome": "budget"})
+            raise RequestError(429, f"key {spec.name!r} spent {verdict['spent_usd']:.6g} USD of its "
+                               f"{spec.budget.usd:g} USD budget per {spec.budget.window_s:g} s (what is held for "
+                               f"requests in flight included), and this request may cost up to {hold_usd:.6g} USD "
+                               "(its prompt, and max_tokens for each of its n answers, at the model's price)",
+                               kind="insufficient_quota")
+        self.requests.inc(1, {"key": spec.name, "outcome": "cheapest" if over else "ok"})
+        return {"name": spec.name, "spent_usd": round(verdict["spent_usd"], 10), "over_budget": over}
+
+    async def admit_plan(self, spec: KeySpec | None, plan, body: dict, ticket: str | None, served, replan,
+                         estimate_of):
+        """The key's rate and budget for a planned request, which holds an upper bound of its cost (``hold``) until
+        its answer settles it (``Held``). Past a ``cheapest`` budget, ``KeyPolicy.past_budget`` decides: a routed
+        request is planned again (``await replan()``) with cost deciding. ``estimate_of(model)``: the router's
+        estimate for a named model with no price. Returns (the key's report or None, the plan, the estimate the
+        answer is charged at without usage)."""
+        model = plan.candidates[0]
+        estimate = plan.report.get("estimates", {}).get(model, {}).get("cost")
+        if spec is None:
+            return None, plan, estimate
+        if estimate is None and spec.budget and model not in self.prices:  # a named model with no price
+            estimate = await estimate_of(model)
+        report = await self.admit(spec, self.hold(model, body, estimate), ticket)
+        if report["over_budget"] and self.policy.past_budget(spec, plan.report["routed"], model, served):
+            plan = await replan()
+            estimate = plan.report["estimates"][plan.candidates[0]]["cost"]
+        return report, plan, estimate
+
+    def hold(self, model: str, body: dict, estimate: float | None) -> float:
+        """An upper bound of what ``model``'s answer to ``body`` costs: its prompt — the whole body, messages, tools,
+        schemas, instructions and a Responses request's rebuilt history, a token for every 3 characters — and its
+        whole ``max_tokens`` (``max_output_tokens``) for each of its ``n`` (``best_of``) answers, at its price. A model
+        with no price has no upper bound: the router's estimate stands for it (docs/guides/budgets.md)."""
+        from proxray.common.pricing import token_bound
+
+        price = self.prices.get(model)
+        return float(estimate or 0.0) if price is None else float(price.tokens(*token_bound(body)))
+
+    def charger(self, spec: KeySpec | None, model: str, estimate: float | None, ticket: str | None = None,
+                body: dict | None = None):
+        """A function of an answer's ``usage`` that settles the key's hold (``ticket``) to the answer's cost at the
+        model's price. An answer that ends without usage — its client gone before the usage chunk, its model failed
+        mid-stream, or no usage sent — is charged its hold (``hold``: what it was allowed to cost), never 0; the
+        estimate stands where the model has no price. None for the single key or no auth."""
+        if spec is None:
+            return None
+        price = self.prices.get(model)
+        bound = self.hold(model, body or {}, estimate)
+
+        def charge(usage):
+            usd = answer_cost(price, usage, bound)[0] or 0.0
+            if usd > 0:
+                self.spend.inc(float(usd), {"key": spec.name})
+            if spec.budget or usd > 0:
+                self.ledger.settle(spec.name, ticket if spec.budget else None, float(usd))
+
+        return charge
+
+
+class Held:
+    """One request's hold on its key's budget (``KeyGate.hold``), settled exactly once: released at 0 where no answer
+    came (refused, failed, the client gone before it), else by the answer's charger — at its usage, or at its hold
+    where it ended without usage."""
+
+    def __init__(self, gate: KeyGate, spec: KeySpec | None):
+        self.gate, self.spec, self.ticket, self.open = gate, spec, None, False
+
+    def take(self) -> str | None:
+        """The hold's ticket (None without a key)."""
+        import uuid
+
+        if self.spec is not None:
+            self.ticket, self.open = uuid.uuid4().hex, True
+        return self.ticket
+
+    def release(self) -> None:
+        if self.open:
+            self.open = False
+            if self.spec.budget:
+                self.gate.ledger.settle(self.spec.name, self.ticket, 0.0)
+
+    def charger(self, model: str, estimate: float | None, body: dict):
+        """The answer's charger (``KeyGate.charger``), which settles the hold from now on — once, whatever calls it."""
+        charge = self.gate.charger(self.spec, model, estimate, self.ticket, body) if self.open else None
+        self.open = False
+        if charge is None:
+            return None
+        done = []
+
+        def once(usage):
+            if not done:
+                done.append(True)
+                charge(usage)
+
+        return once
