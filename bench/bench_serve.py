@@ -68,8 +68,9 @@ def breakdown(timings: list) -> str:
                if batch else ""))
 
 
-def start_demo_app(**app_args):
-    """The cpu_demo app on a local Serve at a free 127.0.0.1 port: (chat URL, prompts, stop())."""
+def start_demo_app(extra_models=(), **app_args):
+    """The cpu_demo app on a local Serve at a free 127.0.0.1 port (``extra_models``: pool models beside its four
+    simulated ones): (chat URL, prompts, stop())."""
     import ray
     from ray import serve
 
@@ -91,7 +92,8 @@ def start_demo_app(**app_args):
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     auto = {"min_replicas": 1, "max_replicas": 1}
     serve.run(build_app({"router": f"{tmp}/router", **app_args,
-                         "models": [{"id": m, "engine": "sim", "autoscaling": auto} for m in MODELS]}),
+                         "models": [{"id": m, "engine": "sim", "autoscaling": auto} for m in MODELS]
+                         + list(extra_models)}),
               name="proxray", route_prefix="/")
     return f"http://127.0.0.1:{port}/v1/chat/completions", prompts, lambda: (serve.shutdown(), ray.shutdown())
 

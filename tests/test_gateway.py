@@ -147,11 +147,10 @@ def test_what_a_cpu_engine_cannot_honour_is_refused_by_name(client, extra, name)
 def test_routing_leaves_out_models_that_cannot_honour_the_request(client):
     import openai
 
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     with pytest.raises(openai.BadRequestError) as e:  # every routable model here is a CPU engine
-        client.chat.completions.create(model="proxray", messages=CONVERSATION, tools=tools,
+        client.chat.completions.create(model="proxray", messages=CONVERSATION, logprobs=True,
                                        extra_body={"proxray": {"allowed_models": [TINY, WEAK]}})
-    assert "no routable model honours: tools" in e.value.message and e.value.body["param"] == "tools"
+    assert "no routable model honours: logprobs" in e.value.message and e.value.body["param"] == "logprobs"
 
 
 # ---- streaming failures ---------------------------------------------------------------------------

@@ -274,3 +274,37 @@ def test_a_shared_actor_killed_under_a_sessions_load_costs_no_500(app, actor):
     assert all(b["type"] == "error" and b["error"]["type"] == "overloaded_error" for _, s, b in after if s == 529)
     assert any(s == 200 and t > 0.5 for t, s, _ in after)
     print(json.dumps({"actor": actor, "after_kill": len(after), "529": sum(s == 529 for _, s, _ in after)}))
+
+
+def test_a_recorded_claude_code_request_and_its_tool_loop_replayed(app):
+    """A request Claude Code 2.1.328 sent in print mode (tests/data/claude_code_request.json: its 50 kB body — a
+    7,000-character system prompt, twelve tools, adaptive thinking, context management, a system turn after the
+    user's, a <system-reminder> block before the ask — and its headers, the key aside), replayed with a key of the
+    keys file; then the loop it starts: the model's tool call, its result back, the answer — on one model."""
+    from conftest import ROOT
+
+    rec = json.loads((ROOT / "tests" / "data" / "claude_code_request.json").read_text())
+    body, session = rec["body"], rec["headers"]["x-claude-code-session-id"]
+    headers = {**rec["headers"], "Authorization": f"Bearer {KEYS['dev']}"}
+
+    def events(b):
+        with httpx.stream("POST", f"{app}{rec['path']}", json=b, headers=headers, timeout=60) as r:
+            assert r.status_code == 200, r.read()
+            data = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        return data[0]["message"]["proxray"], data
+
+    report, data = events(body)
+    assert report["routed"] and report["conversation"]["id"] == session and data[-1]["type"] == "message_stop"
+    assert {"thinking", "context_management", "output_config", "metadata"} <= set(report["dropped"])
+    bare = anthropic(app).messages.create(model="proxray", max_tokens=8, messages=[
+        {"role": "user", "content": "What is 2 + 2?"}]).model_extra["proxray"]
+    assert report["outlier_score"] == pytest.approx(bare["outlier_score"], abs=1e-6)  # routed on the ask alone
+    call = {"type": "tool_use", "id": "toolu_rec_1", "name": "Bash", "input": {"command": "echo $((2 + 2))"}}
+    loop = {**body, "messages": body["messages"] + [
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me check."}, call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_rec_1", "content": "4"},
+                                     {"type": "text", "text": "<system-reminder>\nkeep going\n</system-reminder>"}]}]}
+    after, data = events(loop)
+    assert after["model"] == report["model"] and after["conversation"]["tool_loop"]
+    assert after["outlier_score"] == pytest.approx(report["outlier_score"], abs=1e-6)  # the same ask
+    assert any(e["type"] == "content_block_delta" for e in data)

@@ -217,7 +217,7 @@ def test_one_keys_stored_responses_are_unknown_to_another(app):
                                          ({"tools": [{"type": "web_search"}]}, "tools"),
                                          ({"text": {"format": {"type": "text"}, "verbosity": "low"}}, "text"),
                                          ({"truncation": "auto"}, "truncation"),
-                                         ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools")])
+                                         ({"top_logprobs": 3}, "top_logprobs")])
 def test_what_cannot_be_honoured_is_a_400_naming_it(app, extra, name):
     r = post(app, {"model": WEAK, "input": "Hi there.", **extra})
     assert r.status_code == 400, r.text
@@ -226,16 +226,15 @@ def test_what_cannot_be_honoured_is_a_400_naming_it(app, extra, name):
 
 
 def test_a_routed_request_leaves_out_models_that_cannot_honour_it(app):
-    # the sim engine cannot honour function tools; the chat-only stand-in can: routing goes there
-    r = post(app, {"model": "proxray", "input": ASK, "tools": [{"type": "function", "name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "number"}}}}], "max_output_tokens": 8})
+    # the sim engine cannot honour a JSON output format; the chat-only stand-in can: routing goes there
+    r = post(app, {"model": "proxray", "input": ASK, "text": {"format": {"type": "json_object"}},
+                   "max_output_tokens": 8})
     assert r.status_code == 200, r.text
     rep = r.json()["proxray"]
     assert rep["model"] == EXTERNAL and set(rep["excluded"]) >= {WEAK, STRONG}
-    assert all(v == ["tools"] for v in rep["excluded"].values())
+    assert all(v == ["text"] for v in rep["excluded"].values())
     sent = app[1].requests[-1][1]
-    assert sent["tools"] == [{"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "number"}}}}}]
+    assert sent["response_format"] == {"type": "json_object"}
 
 
 def test_a_stream_falls_back_before_its_first_content_and_ends_in_an_error_event_after(app):

@@ -97,5 +97,9 @@ class RouterPublisher:
         self.version = snap["version"]
         if snap.get("versions"):
             self.versions = snap["versions"]
+        elif snap["router_path"] != self.path:  # a state written before versions were kept: the served one known
+            self.versions[0]["status"] = "replaced"
+            self.versions.append({"version": snap["version"], "path": snap["router_path"], "status": "served",
+                                  "at": None, "why": {"restored": True}})
         if snap["router_path"] != self.path:
             self.path, self.router = snap["router_path"], load_router(snap["router_path"])

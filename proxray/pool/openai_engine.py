@@ -88,7 +88,10 @@ class OpenAIEngine:
         self.key = endpoint_key(spec)
         self.limiter = limiter
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
-        self.client = httpx.Client(base_url=spec.base_url.rstrip("/"), headers=headers, timeout=spec.timeout_s)
+        from proxray.common.quickack import sync_transport
+
+        self.client = httpx.Client(base_url=spec.base_url.rstrip("/"), headers=headers, timeout=spec.timeout_s,
+                                   transport=sync_transport())  # no delayed-ACK stall (proxray.common.quickack)
         self.stats = {"requests": 0, "retries": 0}
 
     def _wait(self, tokens: int) -> None:

@@ -89,12 +89,14 @@ class EndpointRelay(OpenAIModel):
         import httpx
         from ray.util.metrics import Counter, Histogram
 
+        from proxray.common.quickack import async_transport
         from proxray.pool.openai_engine import endpoint_key
 
         self.spec = ServedModel(**spec)
         self.key = endpoint_key(self.spec)
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         self.client = httpx.AsyncClient(base_url=self.spec.base_url.rstrip("/"), headers=headers,
+                                        transport=async_transport(),  # no delayed-ACK stall (proxray.common.quickack)
                                         timeout=httpx.Timeout(self.spec.timeout_s, connect=min(10.0, self.spec.timeout_s)))
         self.limiter = LimiterClient(self.spec) if self.spec.rate_limit is not None else None
         self.cap = self.spec.max_ongoing_requests or DEFAULT_CONCURRENCY

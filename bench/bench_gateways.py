@@ -1,0 +1,191 @@
+"""The gateway's own cost beside LiteLLM's, on one stand-in upstream in one run (not a timed test).
+
+    python bench/bench_gateways.py --litellm /path/to/venv/bin/litellm [--requests 300] [--concurrency 1,8]
+        [--nagle] [--rounds 3] [--json out.json]
+    python bench/bench_gateways.py --summarize research/benchmarks/gateways/*.json
+
+One stand-in OpenAI upstream on 127.0.0.1 answers chat completions at once (``bench_relay_stall.standin``: headers
+and body in two writes, ``--nagle`` with Nagle's algorithm on, else ``TCP_NODELAY`` as uvicorn and hosted APIs).
+Three ways to it, requests interleaved round by round at each concurrency:
+
+* **direct**: the client calls the upstream;
+* **LiteLLM**: its proxy (``litellm --config``, one worker, a master key), the upstream as an ``openai/`` model;
+* **proxray, named**: the CPU demo app with a keys file, the upstream an ``engine: openai`` pool member the request
+  names (a pure pass-through: key, policy, hold and charge, the relay).
+
+Also measured, against another baseline: **proxray, co-hosted** (a simulated model the request names) and
+**proxray, routed** (``model: proxray``). The client is httpx on ``proxray.common.quickack`` (so the client itself
+never meets the delayed-ACK stall), one connection pool per target. LiteLLM: ``pip install 'litellm[proxy]==1.108.7'``
+in an environment of its own (its pins conflict with the dev lock). Prints p50 / p95 / p99 and each gateway's added
+latency over direct, with the hardware.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_relay_stall import standin  # noqa: E402
+
+MASTER = "sk-bench-master-not-a-secret"
+SIM = "meta-llama/Llama-3.2-1B-Instruct"
+
+
+def litellm_proxy(binary: str, upstream: str) -> tuple[str, subprocess.Popen]:
+    import socket
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    folder = tempfile.mkdtemp()
+    cfg = {"model_list": [{"model_name": "standin", "litellm_params": {"model": "openai/standin", "api_base": upstream,
+                                                                      "api_key": "sk-upstream"}}],
+           "general_settings": {"master_key": MASTER}, "litellm_settings": {"telemetry": False}}
+    path = os.path.join(folder, "config.yaml")
+    with open(path, "w") as f:
+        json.dump(cfg, f)  # YAML reads JSON
+    log = open(os.path.join(folder, "litellm.log"), "w")
+    proc = subprocess.Popen([binary, "--config", path, "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "LITELLM_TELEMETRY": "False"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"{url}/health/liveliness", timeout=2).status_code == 200:
+                return url, proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    proc.kill()
+    raise RuntimeError(f"LiteLLM's proxy did not start: see {log.name}")
+
+
+def proxray_app(upstream: str) -> tuple[str, str, callable]:
+    from bench_serve import start_demo_app
+    from proxray.serve.tenancy.keys import new_key_entry
+
+    keys = os.path.join(tempfile.mkdtemp(), "keys.yaml")
+    key = new_key_entry(keys, "bench", budget={"usd": 1e6})
+    model = {"id": "standin", "engine": "openai", "base_url": upstream, "timeout_s": 10,
+             "price": {"input_per_mtok": 1.0, "output_per_mtok": 1.0}}
+    chat_url, _, stop = start_demo_app(encoder="static", extra_models=[model], new_models=["standin"], keys_file=keys)
+    return chat_url.replace("/v1/chat/completions", ""), key, stop
+
+
+def run(target: dict, n: int, concurrency: int) -> list:
+    body = json.dumps({"model": target["model"], "messages": [{"role": "user", "content": "What is 17 * 23?"}],
+                       "max_tokens": 8}).encode()
+
+    def one(_):
+        t0 = time.perf_counter()
+        r = target["client"].post("/v1/chat/completions", content=body)
+        ok = r.status_code == 200
+        return 1e3 * (time.perf_counter() - t0), ok
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        res = list(pool.map(one, range(n)))
+    target["errors"] += sum(not ok for _, ok in res)
+    return [t for t, _ in res]
+
+
+def pct(lat, q):
+    lat = sorted(lat)
+    return lat[min(len(lat) - 1, int(q * (len(lat) - 1)))]
+
+
+def summarize(paths: list) -> None:
+    """The runs' figures side by side, and the median over runs of proxray's added latency ÷ LiteLLM's."""
+    runs = [json.load(open(p)) for p in paths]
+    for upstream in sorted({r["upstream"] for r in runs}):
+        mine = [r for r in runs if r["upstream"] == upstream]
+        print(f"\n{upstream} ({len(mine)} runs; {mine[0]['hardware']})")
+        print("| c | LiteLLM added p50 / p95 | proxray named added p50 / p95 | ratio p50 | ratio p95 | proxray routed added p50 |")
+        print("|---|---|---|---|---|---|")
+        for c in mine[0]["by_concurrency"]:
+            rows = [r["by_concurrency"][c] for r in mine]
+            ratio = {q: statistics.median(x["proxray, named"][f"added_{q}_ms"] / x["LiteLLM"][f"added_{q}_ms"]
+                                          for x in rows) for q in ("p50", "p95")}
+            cell = lambda name, q: "/".join(f"{x[name][f'added_{q}_ms']:.1f}" for x in rows)  # noqa: E731
+            print(f"| {c} | {cell('LiteLLM', 'p50')} / {cell('LiteLLM', 'p95')} | {cell('proxray, named', 'p50')} / "
+                  f"{cell('proxray, named', 'p95')} | {ratio['p50']:.2f} | {ratio['p95']:.2f} | "
+                  f"{cell('proxray, routed', 'p50')} |")
+
+
+def main(argv=None):
+    import httpx
+
+    from proxray.common.quickack import sync_transport
+
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--summarize":
+        return summarize(sys.argv[2:])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--litellm", required=True, help="LiteLLM's proxy command (litellm in its own environment)")
+    p.add_argument("--requests", type=int, default=300, help="per target and concurrency, over all rounds")
+    p.add_argument("--concurrency", default="1,8")
+    p.add_argument("--rounds", type=int, default=3, help="interleaving: each target's requests in this many turns")
+    p.add_argument("--nagle", action="store_true", help="the upstream writes with Nagle on (default: TCP_NODELAY)")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    upstream = f"http://127.0.0.1:{standin(nodelay=not a.nagle)}/v1"
+    lite_url, lite = litellm_proxy(a.litellm, upstream)
+    base, key, stop = proxray_app(upstream)
+    auth = {"Authorization": f"Bearer {key}"}
+
+    def client(url, headers=None):
+        return httpx.Client(base_url=url, headers=headers, timeout=30, transport=sync_transport(
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=32)))
+
+    targets = {"direct": {"client": client(upstream.removesuffix("/v1")), "model": "standin"},
+               "LiteLLM": {"client": client(lite_url, {"Authorization": f"Bearer {MASTER}"}), "model": "standin"},
+               "proxray, named": {"client": client(base, auth), "model": "standin"},
+               "proxray, co-hosted": {"client": client(base, auth), "model": SIM},
+               "proxray, routed": {"client": client(base, auth), "model": "proxray"}}
+    results = {"hardware": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, {platform.system()}",
+               "upstream": "Nagle on, headers and body apart" if a.nagle else "TCP_NODELAY", "by_concurrency": {}}
+    try:
+        for t in targets.values():  # warm-up: connections, the app's first requests
+            t["errors"] = 0
+            run(t, 30, 4)
+            t["errors"] = 0
+        for conc in [int(c) for c in a.concurrency.split(",")]:
+            lat = {name: [] for name in targets}
+            for _ in range(a.rounds):
+                for name, t in targets.items():
+                    lat[name] += run(t, a.requests // a.rounds, conc)
+            d = {q: pct(lat["direct"], q) for q in (0.5, 0.95, 0.99)}
+            rows = {}
+            for name, values in lat.items():
+                row = {f"p{int(q * 100)}_ms": round(pct(values, q), 2) for q in (0.5, 0.95, 0.99)}
+                row.update({f"added_p{int(q * 100)}_ms": round(pct(values, q) - d[q], 2) for q in (0.5, 0.95, 0.99)})
+                row["errors"] = targets[name]["errors"]
+                rows[name] = row
+            results["by_concurrency"][conc] = rows
+            print(f"\n| c={conc} ({results['upstream']}; {results['hardware']}) | p50 | p95 | p99 | added p50 | "
+                  "added p95 | errors |")
+            print("|---|---|---|---|---|---|---|")
+            for name, r in rows.items():
+                print(f"| {name} | {r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['added_p50_ms']} | "
+                      f"{r['added_p95_ms']} | {r['errors']} |")
+            lp, pp = rows["LiteLLM"]["added_p50_ms"], rows["proxray, named"]["added_p50_ms"]
+            print(f"proxray named ÷ LiteLLM, added p50: {pp / lp:.2f}" if lp > 0 else "")
+    finally:
+        stop()
+        os.killpg(lite.pid, 15)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
