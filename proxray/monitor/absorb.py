@@ -3,9 +3,13 @@ observed J_z (shadow) or new training queries of the router (drift, published as
 charged what it evaluated and its drift queries go back to the front of the queue."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from proxray.common.storage import join
+
+logger = logging.getLogger("proxray.monitor")
 
 
 class Absorber:
@@ -58,6 +62,15 @@ class Absorber:
                 self.overlap.add_task(e["id"], acc, cost)
                 self.publish(router, absorbed=e["id"], n=len(table.prompts))
         e["status"] = "DONE"
+
+    def rollback(self, to: int | None = None) -> dict:
+        """Serve version ``to`` again (``RouterPublisher.rollback``). The training queries the monitor tracks follow
+        the served router: those only the rolled-back versions held are no longer its own (nor evaluated again)."""
+        moved = self.publisher.rollback(to)
+        del self.decisions.train_prompts[max(self.publisher.router.n_train_, self.decisions.n_table):]
+        self.book.event("rollback", **{k: moved[k] for k in ("from", "to")})
+        logger.warning("proxray monitor: router version %d rolled back; serving version %d", moved["from"], moved["to"])
+        return moved
 
     def publish(self, router, **event) -> None:
         path = self.publisher.publish(router, **event)

@@ -250,22 +250,15 @@ class DriftMonitor:
     def _snapshot(self) -> None:
         self.journal.snapshot()
 
-    # ---- versions ----------------------------------------------------------------------------------
     def versions(self) -> list:
         """Every router version: its number, path, status (served, replaced, rolled_back), when and why made."""
         with self.lock:
             return [dict(v) for v in self.publisher.versions]
 
     def rollback(self, to: int | None = None) -> dict:
-        """Serve an earlier version again (``RouterPublisher.rollback``); the ingress replicas switch to it between
-        requests, as to a new version. The training queries the monitor tracks follow the served router (those the
-        rolled-back versions added are no longer its own; their queries are not evaluated again)."""
+        """Serve an earlier version again (``Absorber.rollback``); the replicas switch to it between requests."""
         with self.lock:
-            moved = self.publisher.rollback(to)
-            del self.decisions.train_prompts[max(self.publisher.router.n_train_, self.decisions.n_table):]
-            self.book.event("rollback", **{k: moved[k] for k in ("from", "to")})
-            logger.warning("proxray monitor: router version %d rolled back; serving version %d", moved["from"],
-                           moved["to"])
+            moved = self.absorber.rollback(to)
             self._snapshot()
             return moved
 

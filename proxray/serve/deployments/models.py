@@ -153,9 +153,10 @@ class ModelServer(OpenAIModel):
             yield error(400, f"model {self.spec.id!r} ({self.spec.engine} engine) cannot honour: "
                              f"{', '.join(refused)}", refused[0])
             return
-        tools = endpoint == "chat" and self.spec.engine == "sim"
-        messages, problem = _messages({**body, "messages": sim_tools.readable(body["messages"])} if tools else body) \
-            if endpoint == "chat" else (None, None)
+        tools = endpoint == "chat" and self.spec.engine == "sim"  # earlier tool calls and results read as text
+        messages, problem = None, None
+        if endpoint == "chat":
+            messages, problem = _messages({**body, "messages": sim_tools.readable(body["messages"])} if tools else body)
         if problem:
             yield problem
             return

@@ -18,7 +18,7 @@ from proxray.serve.messages.translate import CHAT_TO_MESSAGES, EventsFromChat, f
 from proxray.serve.request.errors import RequestError, error, is_error
 from proxray.serve.request.schemas import ROUTER_MODEL, text_of
 from proxray.serve.request.sse import event
-from proxray.serve.responses.turn import Stream, via_chat
+from proxray.serve.responses.turn import Stream, single, via_chat
 
 FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")
 SESSION_HEADER = "x-claude-code-session-id"
@@ -41,10 +41,6 @@ class AnthropicEvents:
         return self.event(anthropic_error(status, str(err.get("message")))[1])
 
 
-async def _one(obj):
-    yield obj
-
-
 class MessagesModels:
     """The model client (``stream``, ``refusals``) for one Messages request ``body``: relayed to the models in
     ``native`` (with ``headers``), translated to chat completions (once, here) for the rest."""
@@ -58,7 +54,7 @@ class MessagesModels:
             return self.client.stream(model, endpoint, {**body, HEADERS_FIELD: self.headers}, patient)
         if self.problems:
             name = sorted(self.problems)[0]
-            return Stream(_one(error(400, f"model {model!r} answers through chat completions; "
+            return Stream(single(error(400, f"model {model!r} answers through chat completions; "
                                           f"{self.problems[name]}", name)), None)
         inner = self.client.stream(model, "chat", {**self.chat, "model": model}, patient)
         stops = body.get("stop_sequences")

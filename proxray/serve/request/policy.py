@@ -43,13 +43,10 @@ class RequestPolicy:
 def request_policy(opts, key=None, headers=None, alias=None) -> RequestPolicy:
     """The ``RequestPolicy`` of a request's ``proxray`` options ``opts``, its API key's ``KeySpec`` (or None), its
     HTTP ``headers`` (a mapping, lower-case names) and the model alias it named (``ModelAlias`` or None)."""
-    from proxray.serve.tenancy.gate import KeyPolicy
+    from proxray.serve.tenancy.gate import KeyPolicy, narrow
 
     headers = headers or {}
-    requested = opts.allowed_models
-    if alias is not None and alias.allowed_models is not None:
-        requested = [m for m in (requested or alias.allowed_models) if m in alias.allowed_models]
-    allowed = KeyPolicy.narrowed(key, requested)
+    allowed = KeyPolicy.narrowed(key, narrow(alias and alias.allowed_models, opts.allowed_models))
     if opts.lam is not None:
         lam, source = opts.lam, "request"
     elif alias is not None and alias.lam is not None:

@@ -77,7 +77,7 @@ class ResponsesModels:
             return Stream(_native(inner), inner)
         if self.problems:
             name = sorted(self.problems)[0]
-            return Stream(_one(error(400, f"model {model!r} answers through chat completions; "
+            return Stream(single(error(400, f"model {model!r} answers through chat completions; "
                                           f"{self.problems[name]}", name)), None)
         inner = self.client.stream(model, "chat", {**self.chat, "model": model}, patient)
         base = shell(body, "resp_pending", model, None, False)
@@ -94,7 +94,8 @@ class ResponsesModels:
         return out
 
 
-async def _one(obj):
+async def single(obj):
+    """A stream of the one object ``obj`` (an error a model answers with before it is called)."""
     yield obj
 
 

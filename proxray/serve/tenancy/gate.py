@@ -10,6 +10,14 @@ from proxray.common.pricing import answer_cost
 from proxray.serve.tenancy.keys import KeyRing, KeySpec, LedgerClient
 
 
+def narrow(within, requested) -> tuple | None:
+    """The models ``requested`` (None: all) that ``within`` allows (None: no limit): None where neither limits, an
+    empty tuple where none is left."""
+    if within is None:
+        return None if requested is None else tuple(requested)
+    return tuple(m for m in (requested or within) if m in within)
+
+
 class KeyPolicy:
     """One key's rules over the pool, in one place: the models it may use (by name or routed) and may see (the
     model listing, a report's evidence), the cheapest it may use, and what its requests meet past its budget.
@@ -30,9 +38,7 @@ class KeyPolicy:
     @staticmethod
     def narrowed(spec: KeySpec | None, requested) -> tuple | None:
         """A request's ``proxray.allowed_models`` within its key's (None: any; an empty tuple: none left)."""
-        if spec is None or spec.allowed_models is None:
-            return None if requested is None else tuple(requested)
-        return tuple(m for m in (requested or spec.allowed_models) if m in spec.allowed_models)
+        return narrow(None if spec is None else spec.allowed_models, requested)
 
     def cheapest(self, spec: KeySpec | None, served) -> str | None:
         """The priced model the key may use whose million input and output tokens cost least (None: none priced)."""
