@@ -89,8 +89,10 @@ def test_a_gpu_worker_killed_under_routed_load_costs_no_routed_request(cluster, 
     fit_router(tmp_path / "router", SentenceEncoder("static"), pool)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")  # the proxy that survives
-    models = [{"id": m, "engine": "sim", "num_gpus": 1, "accelerator_type": "H100",
-               "engine_kwargs": {"latency_s": 0.3}} for m in pool]
+    # one replica each: the new node's two GPUs are the lost replicas' room, not another model's autoscaling's (a
+    # model whose routed share grows after the kill could otherwise take the GPU the lost model needs)
+    models = [{"id": m, "engine": "sim", "num_gpus": 1, "accelerator_type": "H100", "engine_kwargs": {"latency_s": 0.3},
+               "autoscaling": {"min_replicas": 1, "max_replicas": 1}} for m in pool]
     serve.run(build_app({"router": str(tmp_path / "router"), "encoder": "static", "models": models, "lam": 0.0,
                          "timeout_s": 10, "failover_s": FAILOVER_S, "router_replicas": 2,
                          "router_max_replicas_per_node": 1, "router_num_cpus": 2,

@@ -134,15 +134,15 @@ class Liveness:
         import ray
 
         prefix = f"SERVE_REPLICA::{self.app}#{self.deployments[model]}#"
-        try:
-            names = await asyncio.to_thread(ray.util.list_named_actors, True)
-        except Exception:  # noqa: BLE001 - the GCS unreachable: nothing learnt, assume it lives
+        try:  # every lookup bounded: a probe that hangs would keep the model down for every later probe
+            names = await asyncio.wait_for(asyncio.to_thread(ray.util.list_named_actors, True), PROBE_S)
+        except Exception:  # noqa: BLE001 - the GCS unreachable or too slow: nothing learnt, assume it lives
             return True
         replicas = [n["name"] for n in names if n["namespace"] == "serve" and n["name"].startswith(prefix)]
 
         async def one(name):
             try:
-                actor = await asyncio.to_thread(ray.get_actor, name, "serve")
+                actor = await asyncio.wait_for(asyncio.to_thread(ray.get_actor, name, "serve"), PROBE_S)
                 await asyncio.wait_for(actor.get_num_ongoing_requests.remote(), PROBE_S)
                 return True
             except Exception:  # noqa: BLE001 - dead, unreachable or too slow: not live
