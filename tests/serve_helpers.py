@@ -79,3 +79,28 @@ def stop_app():
 
     serve.shutdown()
     ray.shutdown()
+
+
+def kill_under_load(actor, seen, ready, answered, settle_s, before_kill=None, window=8) -> float:
+    """Kill the app's shared actor named ``actor`` (namespace proxray) under the load whose threads append entries
+    ``(monotonic time, …)`` to ``seen``: once ``ready(seen)`` holds (20 s at most; ``before_kill()`` runs just before),
+    then wait until one of the last ``window`` entries, made more than 0.5 s after the kill, is ``answered(entry)``
+    (30 s at most), and ``settle_s`` more while the load goes on. Returns when it was killed (monotonic)."""
+    import time
+
+    import ray
+
+    for _ in range(400):
+        if ready(seen):
+            break
+        time.sleep(0.05)
+    if before_kill is not None:
+        before_kill()
+    ray.kill(ray.get_actor(actor, namespace="proxray"))
+    killed = time.monotonic()
+    for _ in range(600):
+        if any(e[0] > killed + 0.5 and answered(e) for e in seen[-window:]):
+            break
+        time.sleep(0.05)
+    time.sleep(settle_s)
+    return killed

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from serve_helpers import STRONG, WEAK, start_app, stop_app
+from serve_helpers import STRONG, WEAK, kill_under_load, start_app, stop_app
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +39,7 @@ def app(tmp_path_factory, encoder):
     f = tmp / "keys.yaml"
     KEYS["dev"] = new_key_entry(f, "dev", budget={"usd": 10.0})
     KEYS["weak-only"] = new_key_entry(f, "weak-only", allowed_models=[WEAK])
+    KEYS["early"] = new_key_entry(f, "leaves-early", budget={"usd": 1e-3, "over_budget": "reject"})
     aliases = {"claude-haiku-*": {"model": WEAK}, "claude-*": {"model": "proxray", "lam": 0.0},
                "claude-opus-4-1": {"model": "proxray", "allowed_models": [STRONG]}}
     url = start_app(tmp, encoder, models, keys_file=str(f), timeout_s=30, request_timeout_s=60,
@@ -237,8 +238,6 @@ def test_a_shared_actor_killed_under_a_sessions_load_costs_no_500(app, actor):
     conversations book (fails open: the turn is routed as a first one) is killed."""
     import threading
 
-    import ray
-
     stop, seen = threading.Event(), []
 
     def load(n):
@@ -253,17 +252,7 @@ def test_a_shared_actor_killed_under_a_sessions_load_costs_no_500(app, actor):
     for t in threads:
         t.start()
     try:
-        for _ in range(400):
-            if len(seen) >= 12:
-                break
-            time.sleep(0.05)
-        ray.kill(ray.get_actor(actor, namespace="proxray"))
-        killed = time.monotonic()
-        for _ in range(600):  # until it answers again after the kill, 30 s at most
-            if any(t > killed + 0.5 and s == 200 for t, s, _ in seen[-8:]):
-                break
-            time.sleep(0.05)
-        time.sleep(2.0)
+        killed = kill_under_load(actor, seen, lambda s: len(s) >= 12, lambda e: e[1] == 200, 2.0)
     finally:
         stop.set()
         for t in threads:
@@ -308,3 +297,28 @@ def test_a_recorded_claude_code_request_and_its_tool_loop_replayed(app):
     assert after["model"] == report["model"] and after["conversation"]["tool_loop"]
     assert after["outlier_score"] == pytest.approx(report["outlier_score"], abs=1e-6)  # the same ask
     assert any(e["type"] == "content_block_delta" for e in data)
+
+
+def test_messages_streams_left_early_are_charged_their_hold_and_stop_at_the_budget(app):
+    """A key that reads the first events of each streamed answer and goes (before message_delta's usage): each answer
+    is charged its hold, not 0, and the key is refused once the holds reach its budget."""
+    body = {"model": STRONG, "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": ASKS[0]}]}
+    served = refused = 0
+    for _ in range(8):
+        with httpx.stream("POST", f"{app}/v1/messages", json=body, timeout=60,
+                          headers={"x-api-key": KEYS["early"]}) as r:
+            if r.status_code == 429:
+                refused += 1
+                r.read()
+                assert r.json()["error"]["type"] == "rate_limit_error" and "budget" in r.json()["error"]["message"]
+                continue
+            assert r.status_code == 200
+            served += 1
+            for i, _ in enumerate(r.iter_lines()):
+                if i >= 2:
+                    break  # gone after message_start, before the usage
+    spent = ledger("leaves-early")["spent_usd"]
+    print(json.dumps({"left_early_served": served, "refused": refused, "spent_usd": spent, "budget_usd": 1e-3}))
+    assert 1 <= served <= 3 and refused == 8 - served
+    assert spent >= served * 2.5e-4  # each charged its hold (the body and 16 tokens at 15 USD/Mtok), not 0
+    assert spent <= 1e-3

@@ -15,7 +15,7 @@ import pytest
 
 import serve_helpers
 from openai_standin import MODEL, StandIn, key_file
-from serve_helpers import BROKEN, KEY, SLOW, STRONG, WEAK, start_app, stop_app
+from serve_helpers import BROKEN, KEY, SLOW, STRONG, WEAK, kill_under_load, start_app, stop_app
 
 pytestmark = pytest.mark.slow
 APP = "proxray-resp"
@@ -294,24 +294,14 @@ def test_the_store_killed_under_load_costs_no_500_and_stores_again(app):
     """Responses are held in the book's memory: a killed book comes back empty (Ray creates it anew on the next call),
     so a conversation from before is a 404 naming it and a read while it is gone a 503 — never a 500 — and answers go
     on (unstored while it is down)."""
-    import ray
-
     stop, seen = threading.Event(), []
     clients = [threading.Thread(target=_turns, args=(app, stop, seen)) for _ in range(3)]
     for t in clients:
         t.start()
-    try:
-        for _ in range(400):
-            if sum(1 for _, step, s in seen if step == "continue" and s == 200) >= 6:
-                break
-            time.sleep(0.05)
-        ray.kill(ray.get_actor("proxray-responses-" + APP, namespace="proxray"))
-        killed = time.monotonic()
-        for _ in range(600):  # until conversations continue again after the kill, 30 s at most
-            if any(t > killed + 0.5 and step == "continue" and s == 200 for t, step, s in seen[-6:]):
-                break
-            time.sleep(0.05)
-        time.sleep(2.0)
+    try:  # until conversations continue again after the kill
+        killed = kill_under_load("proxray-responses-" + APP, seen,
+                                 lambda s: sum(1 for _, step, st in s if step == "continue" and st == 200) >= 6,
+                                 lambda e: e[1] == "continue" and e[2] == 200, 2.0, window=6)
     finally:
         stop.set()
         for t in clients:

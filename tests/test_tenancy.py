@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from openai_standin import MODEL, StandIn, key_file
-from serve_helpers import STRONG, WEAK, start_app, stop_app
+from serve_helpers import STRONG, WEAK, kill_under_load, start_app, stop_app
 
 pytestmark = pytest.mark.slow
 
@@ -226,21 +226,15 @@ def test_a_shared_actor_killed_under_keyed_load_costs_no_500_and_comes_back(app,
     clients = [threading.Thread(target=_load, args=(app, stop, seen)) for _ in range(4)]
     for t in clients:
         t.start()
-    try:
-        for _ in range(400):  # load running, and the actor up (created on first use)
-            if len(seen) >= 20:
-                break
-            time.sleep(0.05)
-        spent_before = None
-        if actor.startswith("proxray-keys"):  # under load: some requests hold, the rest is spent
-            spent_before = ray.get(ray.get_actor(actor, namespace="proxray").report.remote())["load"]["spent_usd"]
-        ray.kill(ray.get_actor(actor, namespace="proxray"))
-        killed = time.monotonic()
-        for _ in range(600):  # until the service answers again after the kill, 30 s at most
-            if any(t > killed + 0.5 and s == 200 for t, s, _ in seen[-8:]):
-                break
-            time.sleep(0.05)
-        time.sleep(3.0)  # and goes on answering
+    spent_before = None
+
+    def spent():  # under load: some requests hold, the rest is spent
+        nonlocal spent_before
+        spent_before = ray.get(ray.get_actor(actor, namespace="proxray").report.remote())["load"]["spent_usd"]
+
+    try:  # load running and the actor up (created on first use), then killed; until the service answers again
+        killed = kill_under_load(actor, seen, lambda s: len(s) >= 20, lambda e: e[1] == 200, 3.0,
+                                 spent if actor.startswith("proxray-keys") else None)
     finally:
         stop.set()
         for t in clients:
