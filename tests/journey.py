@@ -157,8 +157,11 @@ def main() -> None:
         step("proxray monitor start")
         monitor = {"name": "journey-monitor", "router": "s3://journey/router",
                    "table": "s3://journey/table/routing_table.parquet", "state_dir": "s3://journey/monitor",
-                   "job": {**job, "grader": {"model": POOL[-1]}}, "z": 2, "n_groups": 4, "min_batch": 10, "quantile": 0.95,
-                   "shadow_rate": 0.0, "tick_s": 1.0, "jobs_address": dashboard, "submit": "jobs_api"}
+                   "job": {**job, "grader": {"model": POOL[-1]},  # the pool answers the table's prompts as it records
+                           "models": [{**m, "engine_kwargs": {"table": "s3://journey/table/routing_table.parquet"}}
+                                      for m in job["models"]]},
+                   "z": 2, "n_groups": 4, "min_batch": 10, "quantile": 0.95, "shadow_rate": 0.0, "tick_s": 1.0,
+                   "jobs_address": dashboard, "submit": "jobs_api", "gate": {"window_s": 5.0}}
         write_file("s3://journey/monitor.yaml", yaml.safe_dump(monitor).encode())
         (work / "monitor.yaml").write_text(yaml.safe_dump(monitor))
         cli("monitor", "start", "--config", str(work / "monitor.yaml"), "--address", cluster.address)
@@ -172,13 +175,14 @@ def main() -> None:
         def grown():
             status.update(json.loads(cli("monitor", "status", "--name", "journey-monitor", "--address",
                                          cluster.address)))
-            return status["router_version"] >= 1
+            return status["served_version"] >= 1  # grown, through the gate (canaries, held-out, a 5 s window)
 
         try:
             until("a new router version", grown, 300, 3.0)
         except TimeoutError:
             print(json.dumps({k: status.get(k) for k in ("reported", "drifted", "drift_queue", "jobs", "blocked",
-                                                         "events", "outlier_threshold")}, default=str), file=sys.stderr)
+                                                         "events", "outlier_threshold", "gate", "label_sources")},
+                             default=str), file=sys.stderr)
             raise
         seen["drifted"], seen["router_path"] = status["drifted"], status["router_path"]
         assert status["router_path"].startswith("s3://journey/monitor/routers/v0001")

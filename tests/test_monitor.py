@@ -25,6 +25,7 @@ def world(tmp_path_factory, encoder):
     acc, cost = full.matrices(models=POOL)
     train = full.subset([q for q, t in zip(full.query_ids, full.tasks) if t != TASK])
     train.write(tmp / "train.parquet")
+    full.write(tmp / "full.parquet")  # what the simulated pool answers as it records
     a, c = train.matrices(models=POOL)
     Xtr = encoder.encode(train.prompts)
     KNNRouter(k=30).fit(Xtr, a, c, models=POOL, encoder_id=encoder.id).save(tmp / "r0")
@@ -33,8 +34,9 @@ def world(tmp_path_factory, encoder):
 
 def config(tmp, state, **kw):
     return {"router": str(tmp / "r0"), "table": str(tmp / "train.parquet"), "state_dir": str(tmp / state),
-            "job": job_template(), "z": 3, "window": 200, "n_groups": 4, "min_batch": 10, "shadow_rate": 0.0,
-            "shadow_batch": 10, "shadow_max_wait_s": 0.0, "min_group": 8, "submit": "inline", **kw}
+            "job": job_template(table=tmp / "full.parquet"), "z": 3, "window": 200, "n_groups": 4, "min_batch": 10, "shadow_rate": 0.0,
+            "shadow_batch": 10, "shadow_max_wait_s": 0.0, "min_group": 8, "submit": "inline",
+            "gate": {"window_requests": 0}, **kw}
 
 
 def send(mon, router, X, prompts):
@@ -75,9 +77,15 @@ def test_detects_labels_with_the_judge_and_absorbs(world, encoder, fresh_ray):
     st = again.status()
     assert st["router_version"] == 1 and st["drift_queue"] == drifted - 10
     (job,) = [j for j in st["jobs"] if j["kind"] == "drift"]
-    assert job["status"] == "DONE" and job["n"] == 10
+    assert job["status"] == "DONE" and job["n"] == 15  # 10 drifted + 5 canaries: 30 labels the judge grades again
     out = RoutingTable.read(next((tmp / "main" / "evaluations").glob("*drift*")) / "out" / "routing_table.parquet")
-    assert set(out.df["grader"]) == {f"judge:{POOL[-1]}"} and out.n_queries == 10
+    assert set(out.df["grader"]) == {f"judge:{POOL[-1]}"} and out.n_queries == 15
+    print(json.dumps(st["gate"]), json.dumps(st["label_sources"]))
+    judge = st["label_sources"]["judge"]
+    assert judge["checked"] == 30 and judge["agreement"] >= 0.75 and judge["trusted"]
+    last = st["gate"]["last_decision"]
+    assert last["decision"] == "promoted" and last["version"] == 1 and last["figures"]["new"]["n"] == 10
+    assert last["figures"]["train"]["n"] > 100 and last["figures"]["new"]["delta"] > 0
     charged = float(out.df["cost"].sum() + out.df["judge_cost"].sum())
     assert st["spent_usd"] == pytest.approx(charged, rel=1e-6) and out.df["judge_cost"].sum() > 0
     assert load_router(st["router_path"]).n_train_ == router.n_train_ + 10
@@ -164,7 +172,7 @@ def test_budget_caps_and_dedup(world, encoder):
     mon.report("prompt 0", x, 10.0)  # the same text again
     st = mon.status()
     assert st["drift_queue"] == 5 and st["dropped_full"] == 3 and st["repeats"] == 1
-    mon.config = mon.config.model_copy(update={"min_batch": 5})
+    mon.config = mon.planner.cfg = mon.config.model_copy(update={"min_batch": 5})
     mon.tick()
     st = mon.status()
     assert st["blocked"] == "budget" and not st["jobs"] and st["spent_usd"] == 0  # over budget: nothing submitted
@@ -260,6 +268,11 @@ def test_drift_demo_end_to_end(tmp_path):
     assert res["after"] > res["before"] + 2.0
     assert res["detected_after_new_task_queries"] is not None and res["detected_after_new_task_queries"] <= 5
     assert res["overlap_new_task"] < res["overlap_threshold"] <= res["overlap_inlier"]
+    # it passed the gate: held-out figures, the judge's canaries, a shadow window on the traffic that went on
+    served = next(v for v in res["versions"] if v["status"] == "served")
+    figures = served["gate"]["figures"]
+    assert served["version"] >= 1 and figures["new"]["delta"] > 0 and figures["train"]["delta"] >= -0.02
+    assert served["gate"]["shadow"]["requests"] >= 1 and res["label_sources"]["judge"]["trusted"]
 
 
 def test_monitor_config_errors_name_the_field(tmp_path):
@@ -339,10 +352,14 @@ def test_feedback_alone_grows_the_router_and_joins_the_judges_labels(world, enco
     st = mon.status()["feedback"]
     assert st["received"] == 13 and st["pending"] == 12
     assert st["by_model"]["no/such-model"] == {"count": 1, "mean_score": 1.0}
-    mon.tick()  # one batch of 10 on their own; 2 wait for more (or for feedback_max_wait_s)
+    mon.tick()  # one batch of 10 on their own, spot-checked by the judge first; 2 wait for more (or feedback_max_wait_s)
     st = mon.status()
     assert st["router_version"] == 1 and st["feedback"]["pending"] == 2 and st["feedback"]["absorbed"] == 10
-    assert st["feedback"]["unknown_model"] == 1 and not st["jobs"]  # no judge ran
+    # the judge graded 4 of the batch (and its canaries) before it could train: one small evaluation, no drift one
+    assert st["feedback"]["unknown_model"] == 1 and [j["kind"] for j in st["jobs"]] == ["spot"]
+    src = st["label_sources"]
+    assert src["judge"]["trusted"] and src["anonymous"]["checked"] == 4 and src["anonymous"]["trusted"]
+    assert st["gate"]["last_decision"]["decision"] == "promoted" and st["served_version"] == 1
     r1 = load_router(st["router_path"])
     assert r1.n_train_ == router.n_train_ + 10
     # the ids users' queries get in a grown router (what explain shows every user): keyed hashes, not the text's,
@@ -361,7 +378,7 @@ def test_feedback_alone_grows_the_router_and_joins_the_judges_labels(world, enco
                                                                             est_cost[i, others])
     (table_dir,) = (tmp / "feedback" / "feedback").iterdir()
     df = RoutingTable.read(table_dir / "routing_table.parquet").df
-    assert (df["grader"] == "feedback").sum() == 10 and (df["grader"] == "router").sum() == 10 * (len(POOL) - 1)
+    assert (df["grader"] == "feedback:anonymous").sum() == 10 and (df["grader"] == "router").sum() == 10 * (len(POOL) - 1)
     # beside the judge: a drifted query in an evaluation keeps the judge's labels but the user's score for its model
     cfg2 = config(tmp, "feedback-judged", min_batch=10, feedback_batch=10, feedback_max_wait_s=1e6)
     mon = DriftMonitor(cfg2, encoder=encoder)
@@ -375,7 +392,8 @@ def test_feedback_alone_grows_the_router_and_joins_the_judges_labels(world, enco
     r = load_router(st["router_path"])
     (ev_dir,) = (tmp / "feedback-judged" / "evaluations").glob("*drift*")
     lab = RoutingTable.read(ev_dir / "out" / "labelled" / "routing_table.parquet").df
-    assert list(lab.loc[lab["grader"] == "feedback", "model"]) == [POOL[0]] and (lab["grader"] == "judge").sum() == 59
+    assert list(lab.loc[lab["grader"] == "feedback:anonymous", "model"]) == [POOL[0]]
+    assert (lab["grader"] == "judge").sum() == 59
     row = list(dict.fromkeys(lab["query_id"])).index(text_key(prompts[3]))  # the evaluation's order, as added
     assert r.acc_values_[router.n_train_ + row, 0] == 1.0
 
@@ -389,7 +407,31 @@ def test_drift_demo_grows_the_router_from_feedback_alone(tmp_path):
     res = run(task=TASK, n_per_task=30, min_batch=10, n_inliers=20, state_dir=tmp_path, timeout_s=120,
               labels="feedback")
     print(json.dumps(res))
-    assert res["labels"] == "feedback" and res["evaluations"] == 0 and res["drift_jobs"] == [] and res["spent_usd"] == 0
+    # no drift evaluation; the judge only spot-checks a sample of each feedback batch (and its own canaries)
+    assert res["labels"] == "feedback" and res["evaluations"] == 0 and res["drift_jobs"] == []
+    assert set(res["evaluation_kinds"]) == {"spot"} and 0 < res["spent_usd"] < 0.02
     assert res["feedback_scored"] == 15 and res["feedback"]["absorbed"] == 15 and res["feedback"]["pending"] == 0
-    assert res["served_router_switched"]
+    assert res["label_sources"]["anonymous"]["trusted"] and res["label_sources"]["judge"]["trusted"]
+    assert res["served_router_switched"] and res["served_version"] >= 1
     assert res["after"] > res["before"] + 10.0  # 56.3 -> 83.2 when measured
+
+
+@pytest.mark.parametrize("poison", ["inverted-feedback", "random-judge"])
+def test_drift_demo_poisoned_labels_never_reach_the_served_version(tmp_path, poison):
+    """`proxray demo drift --poison …`: the users' scores inverted (1 − s), or a judge that grades at random — the
+    served version stays the first, each candidate is kept rejected, and the status says why."""
+    from proxray.demos.drift import run
+
+    labels = "feedback" if poison == "inverted-feedback" else "judge"
+    res = run(task=TASK, n_per_task=30, min_batch=10, n_inliers=20, state_dir=tmp_path, timeout_s=120,
+              labels=labels, poison=poison)
+    print(json.dumps({k: res[k] for k in ("served_version", "label_sources", "gate", "versions", "spent_usd")}))
+    source = "anonymous" if poison == "inverted-feedback" else "judge"
+    assert res["served_version"] == 0 and not res["served_router_switched"] and res["after"] == res["before"]
+    rejected = [v for v in res["versions"] if v["status"] == "rejected"]
+    assert rejected and len(rejected) == len(res["versions"]) - 1 and res["gate"]["decisions"]["promoted"] == 0
+    assert all("under the floor" in v["gate"]["why"] for v in rejected)
+    src = res["label_sources"][source]
+    assert src["set_aside"] and src["agreement"] < 0.75  # inverted: 0 of 6; at random: 15 of 30 when measured
+    if poison == "random-judge":  # nothing more is spent on a judge set aside
+        assert len(res["drift_jobs"]) == 1

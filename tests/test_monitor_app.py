@@ -1,6 +1,8 @@
 """The drift monitor as a Serve application (how the RayService runs it): deployed from a monitor config, it starts
 the monitor actor; when the actor is gone for good, the replica's health check starts it again, and it answers with
 its checkpointed state. A bad config fails at build time, naming the field."""
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -47,6 +49,25 @@ def test_the_monitor_application_keeps_the_monitor_running(tmp_path, fresh_ray):
 
         first = until("the monitor, started by the application", answers, 180, every_s=0.5)
         assert first["name"] == "proxray-monitor" and first["router_version"] == 0
+        # its versions and gate reach Ray's Prometheus endpoint, as the Grafana dashboard charts them
+        import httpx
+
+        from conftest import ROOT
+
+        dash = json.loads((ROOT / "dashboards" / "proxray_grafana.json").read_text())
+        charted = {n for p in dash["panels"] for t in p["targets"] for n in re.findall(r"ray_proxray_monitor_\w+",
+                                                                                       t["expr"])}
+        port = ray.nodes()[0]["MetricsExportPort"]
+        want = {"ray_proxray_monitor_served_version", "ray_proxray_monitor_candidate_version",
+                "ray_proxray_monitor_gate_decisions"}  # the rest once there is a decision and a checked source
+        assert want < charted
+
+        def exported():
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            return all(w in text for w in want) and text
+
+        text = until("the monitor's gauges on Ray's metrics endpoint", exported, 120, every_s=2)
+        assert 'ray_proxray_monitor_candidate_version{' in text and "ray_proxray_monitor_served_version{" in text
         ray.get(get_monitor().report.remote("What is 2+2?", [0.0] * 384, 0.0))
         old = get_monitor()
         ray.get(old.stop.remote())  # its checkpoint, then gone for good (as `proxray monitor stop` leaves it)

@@ -172,7 +172,8 @@ def add_serving(sub) -> None:
     demo.add_argument("rest", nargs=argparse.REMAINDER, help="the demo's own options (proxray demo drift --help)")
     demo.set_defaults(func=_cmd_demo)
     mon = sub.add_parser("monitor", help="drift monitor: start (a detached actor that runs itself), status, "
-                         "metrics (Prometheus text), versions (every router version it grew), rollback (serve an "
+                         "metrics (Prometheus text), versions (every router version it grew: served, candidate, rejected, "
+                         "rolled back, with its lineage and gate figures), rollback (serve an "
                          "earlier version again; every ingress replica switches, between requests), stop")
     mon.add_argument("what", choices=["start", "status", "metrics", "versions", "rollback", "stop"],
                      help="what to do with the monitor")

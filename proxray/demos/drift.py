@@ -15,11 +15,16 @@
 4. Measure routing on T's held-out queries (never sent) with the first and the final router, and the
    shadow J_z of each kind of traffic.
 
-With ``--labels feedback`` no judge runs (the monitor may start no evaluation): the users who sent T's queries score
-each answer through ``POST /v1/feedback`` (their score is the answer's correctness in the table), with the λ each of
-them routes with (a spread of cost preferences, so that several models answer). The monitor adds the scored queries
-in batches of ``min_batch`` and the router grows from the users' scores alone, round after round: each round is
-routed by the router the previous rounds grew.
+Every version the monitor grows passes its gate before it serves (held-out scores against the served version, the
+label sources' spot checks, a shadow window on the traffic that goes on); the result shows the gate's figures.
+
+With ``--labels feedback`` the judge labels no drifted query (no drift evaluation): the users who sent T's queries
+score each answer through ``POST /v1/feedback`` (their score is the answer's correctness in the table), with the λ
+each of them routes with (a spread of cost preferences, so that several models answer). The monitor adds the scored
+queries in batches of ``min_batch``, once the judge agreed with a sample of each (a small spot-check evaluation), and
+the router grows from the users' scores, round after round: each round is routed by the router the previous rounds
+grew. ``--poison inverted-feedback`` inverts every score (1 − s); ``--poison random-judge`` makes the judge grade at
+random: in both the served version stays the first, and the result says why.
 
 The last line printed is one JSON object: {"task", "before", "after", "evaluations", "judge",
 "overlap_inlier", "overlap_new_task", "driver", ...} (AUC % on T).
@@ -61,19 +66,27 @@ def auc_on(router, X, acc, cost):
     return routing_score(a, c, acc, cost)
 
 
-def job_template(pool=POOL, judge=JUDGE) -> dict:
-    """The evaluation job the monitor submits: the simulated pool, a judge of the pool grading."""
+def job_template(pool=POOL, judge=JUDGE, table=None, judge_error=None) -> dict:
+    """The evaluation job the monitor submits: the simulated pool (answering ``table``'s prompts as it records), a
+    judge of the pool grading (``judge_error``: the share of its verdicts flipped; 0.5 grades at random)."""
+    def kwargs(m):
+        kw = {"table": str(table)} if table else {}
+        return {**kw, "judge_error": judge_error} if judge_error is not None and m == judge else kw
+
     return {"sampling": {"max_tokens": 64},
             "models": [{"id": m, "engine": "sim", "price": {"input_per_mtok": PRICES[m][1], "output_per_mtok": PRICES[m][2]},
-                        "num_cpus": 0.25, "batch_size": 16} for m in pool],
+                        "num_cpus": 0.25, "batch_size": 16, "engine_kwargs": kwargs(m)} for m in pool],
             "grader": {"model": judge}}
 
 
-def monitor_config(state: Path, name: str, min_batch: int, **overrides) -> dict:
+def monitor_config(state: Path, name: str, min_batch: int, judge_error=None, **overrides) -> dict:
+    """The demo's monitor: its pool answers the synthetic table's prompts as the table records; a short shadow window."""
     return {"name": name, "router": str(state / "router_v0"), "table": str(state / "train_table.parquet"),
-            "state_dir": str(state / "monitor"), "job": job_template(), "z": 3, "window": 300, "n_groups": 4,
-            "min_batch": min_batch, "shadow_rate": 0.5, "shadow_batch": 30, "shadow_max_wait_s": 3.0, "min_group": 8,
-            "max_evals_per_hour": 6, "cost_budget": 1.0, "tick_s": 1.0, **overrides}
+            "state_dir": str(state / "monitor"), "job": job_template(table=state / "full_table.parquet",
+                                                                     judge_error=judge_error),
+            "z": 3, "window": 300, "n_groups": 4, "min_batch": min_batch, "shadow_rate": 0.5, "shadow_batch": 30,
+            "shadow_max_wait_s": 3.0, "min_group": 8, "max_evals_per_hour": 6, "cost_budget": 1.0, "tick_s": 1.0,
+            "gate": {"window_requests": 10, "window_s": 5.0}, **overrides}
 
 
 def _free_port() -> int:
@@ -89,8 +102,11 @@ def _drift_jobs(jobs_address: str, prefix: str) -> list:
                   if (j.submission_id or "").startswith(prefix))
 
 
+POISONS = ("inverted-feedback", "random-judge")
+
+
 def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None, timeout_s=300,
-        kill_mid_evaluation=False, name="proxray-monitor", labels="judge"):
+        kill_mid_evaluation=False, name="proxray-monitor", labels="judge", poison=None):
     import openai
     import ray
     from ray import serve
@@ -104,7 +120,10 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
 
     state = Path(state_dir or tempfile.mkdtemp(prefix="proxray-drift-"))
     state.mkdir(parents=True, exist_ok=True)
+    if poison not in (None, *POISONS):
+        raise ValueError(f"poison={poison!r}: allowed values are {', '.join(POISONS)}")
     full = make_table(n_per_task)
+    full.write(state / "full_table.parquet")  # the simulated models answer its prompts as it records
     enc = SentenceEncoder(progress=False)
     X = enc.encode(full.prompts)
     acc, cost = full.matrices(models=POOL)
@@ -128,7 +147,8 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     auto = {"min_replicas": 1, "max_replicas": 1}
     serve.run(build_app({"router": str(state / "router_v0"), "monitor": name, "reload_every_s": 1.0,
-                         "models": [{"id": m, "engine": "sim", "autoscaling": auto} for m in POOL]}),
+                         "models": [{"id": m, "engine": "sim", "autoscaling": auto,
+                                     "engine_kwargs": {"table": str(state / "full_table.parquet")}} for m in POOL]}),
               name="proxray", route_prefix="/")
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
     # the app names a monitor that does not exist yet: serving does not need it
@@ -136,10 +156,11 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     cfg_path = state / "monitor.yaml"
     import yaml
 
-    by_feedback = labels == "feedback"  # no judge: the monitor may start no evaluation, users' scores label
+    by_feedback = labels == "feedback"  # users' scores label; the judge only spot-checks them (no drift evaluation)
     overrides = ({"max_evals_per_hour": 0, "shadow_rate": 0.0, "feedback_batch": min_batch, "feedback_max_wait_s": 3.0}
-                 if by_feedback else {})
-    cfg_path.write_text(yaml.safe_dump(monitor_config(state, name, min_batch, **overrides)))
+                 if by_feedback else {"shadow_rate": 0.0} if poison else {})  # J_z is not what a poisoned run shows
+    judge_error = 0.5 if poison == "random-judge" else None
+    cfg_path.write_text(yaml.safe_dump(monitor_config(state, name, min_batch, judge_error, **overrides)))
     # the operator's command, against this cluster
     started = subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "start", "--config", str(cfg_path),
                               "--address", ctx.address_info["gcs_address"]], capture_output=True, text=True, timeout=600)
@@ -165,8 +186,8 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
         time.sleep(0.5)
     inlier_flags = st["drifted"]
     t_sent = time.time()
-    scored = feedback_rounds(client, port, [int(i) for i in t_live], full, acc, cost, min_batch, status, timeout_s) \
-        if by_feedback else send(live)
+    scored = feedback_rounds(client, port, [int(i) for i in t_live], full, acc, cost, min_batch, status, timeout_s,
+                             inverted=poison == "inverted-feedback", probes=inliers) if by_feedback else send(live)
     deadline = t_sent + timeout_s
     killed = False
     final = None
@@ -185,20 +206,22 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
             killed = True
             time.sleep(1)
             continue
-        absorbed = [e for e in st["events"] if e["event"] == "router" and e.get("feedback" if by_feedback else "absorbed")]
-        if absorbed and not (by_feedback and st["feedback"]["pending"]):
-            final = st["router_path"]
-            log(f"monitor absorbed {absorbed[-1].get('feedback') or absorbed[-1].get('absorbed')}: {final}")
+        if sum(st["gate"]["decisions"].values()) and _settled(st):  # the gate decided and nothing more is under way
+            final = st["router_path"] if st["served_version"] else None
+            log(f"gate: {st['gate']['last_decision']['decision']} version {st['gate']['last_decision']['version']}: "
+                f"{st['gate']['last_decision']['why']}")
             break
         log(f"monitor: {st['drifted']} drifted of {st['reported']}, queue {st['drift_queue']}, "
-            f"shadow {st['shadow_labelled']}, jobs {[(j['kind'], j['status']) for j in st['jobs']]}")
-        time.sleep(2)
+            f"shadow {st['shadow_labelled']}, jobs {[(j['kind'], j['status']) for j in st['jobs']]}, "
+            f"candidate {(st['gate']['candidate'] or {}).get('version')}")
+        send(inliers[:2])  # traffic goes on: a candidate's shadow window routes it beside the served router
+        time.sleep(1)
     absorbed_s = time.time() - t_sent
     served = None
     for _ in range(30):  # the served router switches without a restart
         served = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": live[0]}])
-        if final and served.model_extra["proxray"]["router_path"] == final:
-            break
+        if not final or served.model_extra["proxray"]["router_path"] == final:
+            break  # (nothing new served: the one request shows what serves)
         time.sleep(1)
     # shadow J_z of each kind of traffic: let the shadow queue drain (a few more seconds) first
     for _ in range(90):
@@ -226,7 +249,11 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
               "overlap_new_task": over_new["j"], "overlap_new_task_n": over_new["n"],
               "spent_usd": st["spent_usd"], "drift_jobs": drift_jobs, "killed_mid_evaluation": killed,
               "served_before_monitor": bool(early.choices[0].message.content), "driver": "monitor",
-              "labels": labels, "feedback_scored": scored or 0, "feedback": st["feedback"]}  # nothing here called report/tick/evaluate: the ingress and the scheduler did
+              "labels": labels, "feedback_scored": scored or 0, "feedback": st["feedback"], "poison": poison,
+              "served_version": st["served_version"], "gate": st["gate"], "label_sources": st["label_sources"],
+              "versions": [{k: v.get(k) for k in ("version", "status", "why", "gate")}
+                           for v in ray.get(monitor.versions.remote(), timeout=60)],
+              "evaluation_kinds": [j["kind"] for j in st["jobs"]]}  # nothing here called report/tick/evaluate
     subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "stop", "--name", name,
                     "--address", ctx.address_info["gcs_address"]], capture_output=True, timeout=120)
     serve.shutdown()
@@ -234,11 +261,18 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     return result
 
 
-def feedback_rounds(client, port, rows, full, acc, cost, batch, status, timeout_s) -> int:
+def _settled(st: dict) -> bool:
+    """Nothing under way: no candidate in its window, no drift or spot evaluation running, no feedback waiting."""
+    return (st["gate"]["candidate"] is None and not st["feedback"]["pending"] and
+            not any(j["kind"] in ("drift", "spot") and j["status"] in ("SUBMITTING", "RUNNING") for j in st["jobs"]))
+
+
+def feedback_rounds(client, port, rows, full, acc, cost, batch, status, timeout_s, inverted=False, probes=("hello",)) -> int:
     """Users send ``rows`` of the table in rounds of ``batch``, each with its own λ (a spread of cost preferences), and
-    score every answer through POST /v1/feedback (the answer's correctness in the table). After each round, wait
-    until the monitor added it and the served router is the grown one: the next round is routed by it. Returns how
-    many answers were scored."""
+    score every answer through POST /v1/feedback (the answer's correctness in the table; ``inverted``: 1 − it, a
+    poisoned stream). After each round, wait until the monitor settled it (spot-checked, gated, shadowed, served or
+    rejected; ``probes``: the other traffic that goes on meanwhile): the next round is routed by the router then served.
+    Returns how many answers were scored."""
     import httpx
 
     lams = [0.0] + [q / float(np.mean(cost)) for q in (0.05, 0.2, 1.0)]  # users' own λ, cheap to quality-minded
@@ -250,6 +284,7 @@ def feedback_rounds(client, port, rows, full, acc, cost, batch, status, timeout_
             r = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": full.prompts[i]}],
                                                extra_body={"proxray": {"lam": lam}})
             score = float(acc[i, POOL.index(r.model)])
+            score = 1.0 - score if inverted else score
             for _ in range(100):  # the answer is remembered after it is sent
                 fb = httpx.post(f"http://127.0.0.1:{port}/v1/feedback", json={"id": r.id, "score": score}, timeout=30)
                 if fb.status_code != 404:
@@ -261,8 +296,11 @@ def feedback_rounds(client, port, rows, full, acc, cost, batch, status, timeout_
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             st = status()
-            if st["feedback"]["absorbed"] >= want:
+            fb = st["feedback"]
+            if fb["absorbed"] + fb.get("set_aside", 0) >= want and _settled(st):
                 break
+            client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": probes[
+                int(time.time() * 2) % len(probes)]}])
             time.sleep(0.5)
         log(f"feedback round: {scored} answers scored, {st['feedback']['absorbed']} added, router v{st['router_version']}")
         for _ in range(60):  # the next round goes to the grown router
@@ -281,9 +319,13 @@ def main(argv=None):
     p.add_argument("--min-batch", type=int, default=20)
     p.add_argument("--kill-mid-evaluation", action="store_true", help="kill the monitor actor while its job runs")
     p.add_argument("--labels", choices=["judge", "feedback"], default="judge",
-                   help="who labels the new task's queries: a judge of the pool, or the users' feedback alone")
+                   help="who labels the new task's queries: a judge of the pool, or the users' feedback")
+    p.add_argument("--poison", choices=POISONS, default=None,
+                   help="labels that lie: the users' scores inverted (with --labels feedback), or a judge that grades at "
+                        "random; the gate keeps the served version")
     a = p.parse_args(argv)
-    print(json.dumps(run(a.task, a.n_per_task, a.min_batch, kill_mid_evaluation=a.kill_mid_evaluation, labels=a.labels)))
+    print(json.dumps(run(a.task, a.n_per_task, a.min_batch, kill_mid_evaluation=a.kill_mid_evaluation, labels=a.labels,
+                         poison=a.poison)))
     return 0
 
 

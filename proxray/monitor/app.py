@@ -43,6 +43,25 @@ class MonitorKeeper:
 
     def check_health(self) -> None:
         self.ensure()
+        self.export()
+
+    def export(self) -> None:
+        """The monitor's router versions and gate as Ray metrics (``ray_proxray_monitor_*`` on Ray's Prometheus
+        endpoint, charted by the Grafana dashboard): served and candidate version, gate decisions, the last one with its
+        reason, each label source's agreement and whether it is set aside."""
+        import ray
+
+        from proxray.monitor.actor import get_monitor
+        from proxray.monitor.views import GateGauges
+
+        monitor = get_monitor(self.config.name)
+        try:
+            status = ray.get(monitor.status.remote(), timeout=10) if monitor is not None else None
+        except Exception:  # noqa: BLE001 - a monitor restarting: the next health check exports
+            return
+        if status is not None:
+            self.gauges = getattr(self, "gauges", None) or GateGauges()
+            self.gauges.set(status)
 
     def starts(self) -> int:
         """How many times this replica started the monitor actor (1 at first; more after it was gone)."""

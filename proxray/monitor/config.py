@@ -10,6 +10,32 @@ from proxray.common.yamlconfig import StrictModel
 from proxray.evaljob.config import JobTemplate
 
 
+class GateSpec(StrictModel):
+    """``gate:`` of the monitor config: what a router version must show before it serves (proxray.monitor.gate,
+    .sources, .candidates). The defaults are measured in the drift-monitor guide ("The gate")."""
+    enabled: bool = Field(True, description="false: every version the monitor grows serves at once (no gate, no "
+                          "shadow window, no spot checks)")
+    folds: int = Field(5, ge=2, description="folds of the new labels: each scored by a router that never saw it")
+    train_sample: int = Field(1000, ge=0, description="training queries scored, each left out (a seeded sample)")
+    train_tolerance: float = Field(0.02, ge=0, description="utility (acc − λ·cost) the candidate may lose on the "
+                                   "training queries")
+    new_tolerance: float = Field(0.02, ge=0, description="utility the candidate may lose on the new labels, held out")
+    window_requests: int = Field(50, ge=0, description="routed requests the candidate is shadowed on (0 with "
+                                 "window_s 0: no window)")
+    window_s: float = Field(600.0, ge=0, description="the shadow window ends after this long even with fewer requests")
+    min_inlier_agreement: float = Field(0.8, ge=0, le=1, description="share of the served router's inliers on which "
+                                        "the candidate must choose the same model in its window")
+    spot_checks: int = Field(4, ge=1, description="queries of each feedback batch the judge grades before it trains")
+    canary_cells: int = Field(30, ge=1, description="(training query, model) labels the judge grades again in each "
+                              "evaluation it labels: its spot check (whole queries, every model, until this many)")
+    trust_floor: float = Field(0.75, ge=0, le=1, description="agreement with the spot checks under which a label "
+                               "source is set aside")
+    rollback_min_feedback: int = Field(20, ge=1, description="feedback scores a promoted version and its predecessor "
+                                       "need before live feedback can roll it back")
+    rollback_margin: float = Field(0.15, ge=0, le=1, description="mean feedback score a promoted version may lose "
+                                   "against its predecessor's before it is rolled back by itself")
+
+
 class MonitorConfig(StrictModel):
     """What ``proxray monitor start --config monitor.yaml`` reads. Paths are made absolute (the actor and
     the evaluation jobs run in other directories); ``state_dir`` must be storage every node reads."""
@@ -49,6 +75,8 @@ class MonitorConfig(StrictModel):
     job_timeout_s: float = Field(3600.0, gt=0, description="a job running longer is stopped, marked failed, retried")
     retry_after_s: float = Field(300.0, ge=0, description="wait before retrying a failed evaluation's queries")
     jobs_address: str | None = Field(None, description="Ray Jobs API (dashboard) URL; default: the cluster's own")
+    gate: GateSpec = Field(default_factory=GateSpec, description="the gate before a version serves: held-out "
+                           "scores, a shadow window, label sources' spot checks, rollback on live feedback")
     submit: Literal["jobs_api", "inline"] = Field("jobs_api", description="inline: run jobs in the actor (tests)")
 
     @field_validator("quantile")

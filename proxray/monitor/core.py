@@ -36,15 +36,19 @@ import numpy as np
 
 from proxray.common.hashing import unit_hash
 from proxray.common.storage import join
-from proxray.monitor.absorb import Absorber
+from proxray.monitor.absorb import CANARY, Absorber
+from proxray.monitor.candidates import Candidates
 from proxray.monitor.config import MonitorConfig
 from proxray.monitor.detector import DriftDetector, text_key
 from proxray.monitor.evaluations import Evaluations
-from proxray.monitor.feedback import FeedbackBook, FeedbackLabels
+from proxray.monitor.feedback import ANONYMOUS, FeedbackBook, FeedbackLabels
+from proxray.monitor.gate import TrainingSample
 from proxray.monitor.jobs import InlineRunner, JobsApiRunner
 from proxray.monitor.overlap import OverlapTracker
 from proxray.monitor.publisher import RouterPublisher
+from proxray.monitor.planner import Planner
 from proxray.monitor.scheduler import Scheduler
+from proxray.monitor.sources import JUDGE, LabelSources
 from proxray.monitor.state import Decisions, Journal
 from proxray.monitor.traffic import TrafficBook
 from proxray.monitor.views import prometheus_text, status_of
@@ -89,11 +93,17 @@ class DriftMonitor:
         self.labels = FeedbackLabels(self.feedback_book, self.book, self.evaluations, join(self.state_dir, "feedback"))
         self.lock = threading.RLock()
         self.scheduler = Scheduler(self.tick, cfg.tick_s)
-        self.blocked = None  # why nothing was submitted last time (budget, growth), for status
+        self.sample = TrainingSample(X, acc, cost, cfg.gate.train_sample)
+        self.sources = LabelSources(cfg.gate, self.sample.rows, self.sample.acc)
+        self.feedback_book.refuses = self.sources.set_aside
+        self.candidates = Candidates(cfg.gate, cfg.lam, self.detector.threshold)
         self.absorber = Absorber(cfg, self.encoder, self.book, self.overlap, self.evaluations, self.labels,
-                                 self.publisher, self.decisions)
+                                 self.publisher, self.decisions, self.sources, self.candidates, self.sample)
+        self.planner = Planner(cfg, self.book, self.evaluations, self.publisher, self.decisions, self.sources,
+                               self.candidates, self.labels, self.encoder, self.absorber, self._snapshot)
         self.journal = Journal(self.state_dir, (self.book, self.overlap, self.evaluations, self.publisher,
-                                                self.feedback_book, self.decisions), self._apply)
+                                                self.feedback_book, self.decisions, self.sources, self.candidates),
+                               self._apply)
         self.journal.restore()
         if start:
             self.start()
@@ -109,21 +119,25 @@ class DriftMonitor:
                      "drifted": drifted, "score": float(outlier_score),
                      "shadow": bool(unit_hash(key, "shadow") < self.config.shadow_rate)}
             self.journal.record(entry)
+            self.candidates.shadow(self.publisher.router, embedding)  # a candidate in its window, beside the served
         return drifted
 
-    def feedback(self, prompt: str, model: str, score: float, cost: float | None = None, comment: str | None = None):
+    def feedback(self, prompt: str, model: str, score: float, cost: float | None = None, comment: str | None = None,
+                 source: str | None = None):
         """A user's score in [0, 1] of ``model``'s answer to ``prompt`` (the ingress calls this fire-and-forget):
-        that model's label for that query (proxray.monitor.feedback)."""
+        that model's label for that query (proxray.monitor.feedback); ``source``: the key that sent it."""
         with self.lock:
             self.journal.record({"seq": self.book.seq + 1, "t": time.time(), "kind": "feedback", "key": text_key(prompt),
-                           "prompt": prompt, "model": str(model), "score": float(np.clip(score, 0.0, 1.0)),
-                           "cost": None if cost is None else float(cost), "comment": comment})
+                                 "prompt": prompt, "model": str(model), "score": float(np.clip(score, 0.0, 1.0)),
+                                 "cost": None if cost is None else float(cost), "comment": comment,
+                                 "source": str(source or ANONYMOUS), "version": self.publisher.served})
 
     def _apply(self, e: dict) -> None:
         """One journal entry's effect (a routed query's report, or feedback), live and on replay."""
         if e.get("kind") == "feedback":
             self.book.seq = e["seq"]
             self.feedback_book.apply(e)
+            self.candidates.observe(e.get("version", 0), e["score"])
         else:
             self.book.apply(e)
 
@@ -148,11 +162,12 @@ class DriftMonitor:
         with self.lock:
             self.evaluations.submit_pending(now)
             self._overlap_trigger()
-            self._maybe_grow(now)
-            self._maybe_evaluate("drift", now)
-            self._maybe_evaluate("shadow", now)
-            self._maybe_absorb_feedback(now)
+            self.planner.plan(now)
+            self.absorber.settle(now)
+            self.absorber.watch()
             for e, outcome in list(self.evaluations.outcomes(now, self.config.job_timeout_s)):
+                if outcome == "SUCCEEDED" and e["kind"] != "shadow" and self.candidates.current is not None:
+                    continue  # one candidate at a time: its labels wait for the one in its window
                 if outcome == "SUCCEEDED":
                     try:
                         self.absorber.finish(e)
@@ -173,70 +188,14 @@ class DriftMonitor:
                 self.book.event("overlap_trigger", group=g, j=o["j"], queued=self.book.queue_group(g))
                 self.journal.touch()
 
-    def _maybe_evaluate(self, kind: str, now: float) -> None:
-        cfg, book = self.config, self.book
-        queue, size = (book.drift_queue, cfg.min_batch) if kind == "drift" else (book.shadow_queue, cfg.shadow_batch)
-        if self.evaluations.running(kind) or not queue:
-            return
-        if len(queue) < size:  # a shadow batch also goes out when its oldest query has waited long enough
-            oldest = next(iter(queue.values())).get("t", now)
-            if kind == "drift" or now - oldest < cfg.shadow_max_wait_s:
-                return
-            size = len(queue)
-        if kind == "drift" and (now < self.decisions.not_before or
-                                self.evaluations.started_within("drift", now, 3600) >= cfg.max_evals_per_hour):
-            return
-        reserve = size * self.evaluations.est_cost
-        if not self.evaluations.affordable(reserve):
-            self.blocked = "budget"
-            return
-        keys, items = book.take(kind, size)
-        self.blocked = None
-        rows = [{"query_id": k, "task": it["group"], "prompt": it["prompt"]} for k, it in zip(keys, items)]
-        meta = {k: {"group": it["group"], "outlier": bool(it.get("outlier", it["group"].endswith("*")))}
-                for k, it in zip(keys, items)}
-        self._record(kind, rows, meta, reserve, now)
-
-    def _record(self, kind: str, rows: list, meta: dict, reserve: float, now: float, models=None) -> None:
-        e = self.evaluations.record(kind, rows, meta, reserve, now, self.config.job, models)
-        self.book.event("submitted", id=e["id"], kind=kind, n=len(rows))
-
-    # ---- feedback: users' scores on their own (beside the judge's: _finish) ---------------------------------
-    def _maybe_absorb_feedback(self, now: float) -> None:
-        got = self.labels.batch(now, self.config, self.publisher, self.encoder)
-        if got is None:
-            return
-        fid, keys, prompts, X, acc, cost = got
-        router = self.publisher.with_queries(X, acc, cost, query_ids=self.decisions.public_ids(keys),
-                                             tasks=["feedback"] * len(keys))
-        self.train_prompts.extend(prompts)
-        self.absorber.publish(router, feedback=fid, n=len(keys))
-        self._snapshot()
-
-    # ---- growth: a model added to the pool (the job template) is evaluated on the training queries --------
-    def _maybe_grow(self, now: float) -> None:
-        pool, ev, n_router = [m.id for m in self.config.job.models], self.evaluations, self.publisher.router.n_train_
-        new = [m for m in pool if m not in self.publisher.models]
-        if new and n_router != len(self.train_prompts):  # add_model needs the training queries in the router's order
-            if self.blocked != "growth":
-                self.book.event("growth_refused", why=f"the router has {n_router} training queries, the table and "
-                                f"absorbed evaluations {len(self.train_prompts)}: refit it on the table")
-            self.blocked = "growth"
-            return
-        if not new or ev.running("growth") or ev.failed_within("growth", now, self.config.retry_after_s):
-            return
-        rows = [{"query_id": f"train-{i}", "task": "training", "prompt": p} for i, p in enumerate(self.train_prompts)]
-        reserve = len(rows) * ev.est_cost * len(new) / max(len(pool), 1)
-        if not ev.affordable(reserve):
-            self.blocked = "budget"
-            return
-        self._record("growth", rows, {r["query_id"]: {"group": "training", "outlier": False} for r in rows},
-                     reserve, now, models=new)
-
     # ---- state ---------------------------------------------------------------------------------
     @property
     def train_prompts(self) -> list:
         return self.decisions.train_prompts
+
+    @property
+    def blocked(self) -> str | None:
+        return self.planner.blocked
 
     @property
     def not_before(self) -> float:
@@ -256,7 +215,8 @@ class DriftMonitor:
             return [dict(v) for v in self.publisher.versions]
 
     def rollback(self, to: int | None = None) -> dict:
-        """Serve an earlier version again (``Absorber.rollback``); the replicas switch to it between requests."""
+        """Serve an earlier version again (``Absorber.rollback``); the replicas switch to it between requests; a
+        candidate in its window is rejected."""
         with self.lock:
             moved = self.absorber.rollback(to)
             self._snapshot()

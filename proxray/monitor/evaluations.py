@@ -49,9 +49,10 @@ class Evaluations:
     def affordable(self, reserve: float) -> bool:
         return self.spent + reserve <= self.budget
 
-    def record(self, kind: str, rows: list, meta: dict, reserve: float, now: float, job, models=None) -> dict:
+    def record(self, kind: str, rows: list, meta: dict, reserve: float, now: float, job, models=None,
+               extra: dict | None = None) -> dict:
         """Write the evaluation's queries and job config (``job``: the monitor's ``JobTemplate``), record it (with its
-        submission id) durably, submit it."""
+        submission id and ``extra``, what its end needs) durably, submit it."""
         n = sum(1 for e in self.items if e["kind"] == kind) + 1
         digest = hashlib.sha256(json.dumps([r["query_id"] for r in rows]).encode()).hexdigest()[:8]
         sid = f"{self.name}-{kind}-{n:04d}-{digest}"
@@ -64,7 +65,7 @@ class Evaluations:
                                               "query_sets": [{"name": kind, "path": qpath}]}).encode())
         e = {"id": sid, "kind": kind, "n": len(rows), "status": "SUBMITTING", "time": now, "submitted": None,
              "reserved": reserve, "charged": None, "config": cfg_path, "out": join(folder, "out"),
-             "meta": meta, "models": models}
+             "meta": meta, "models": models, **(extra or {})}
         self.items.append(e)
         self.spent += reserve
         self.checkpoint()  # recorded before submitting: a restart finds it and submits the same id

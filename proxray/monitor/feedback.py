@@ -22,6 +22,8 @@ import numpy as np
 
 from proxray.common.storage import join
 
+ANONYMOUS = "anonymous"  # the source of feedback from an endpoint without a keys file
+
 
 class FeedbackBook:
     """Scores waiting to be used: ``pending`` key → {"prompt", "t", "labels": {model: {"score", "cost", "comment"}}};
@@ -30,21 +32,37 @@ class FeedbackBook:
     def __init__(self, max_pending: int):
         self.max_pending = max_pending
         self.pending: OrderedDict = OrderedDict()
-        self.stats = {"received": 0, "absorbed": 0, "merged": 0, "dropped_full": 0, "unknown_model": 0}
+        self.stats = {"received": 0, "absorbed": 0, "merged": 0, "dropped_full": 0, "unknown_model": 0, "set_aside": 0}
         self.by_model: dict = {}  # model -> [count, score sum]
+        self.refuses = lambda source: False  # a source set aside (proxray.monitor.sources): counted, not kept
 
     def apply(self, e: dict) -> None:
-        """A feedback entry: {"seq", "t", "kind": "feedback", "key", "prompt", "model", "score", "cost", "comment"}."""
+        """A feedback entry: {"seq", "t", "kind": "feedback", "key", "prompt", "model", "score", "cost", "comment",
+        "source"}."""
         self.stats["received"] += 1
         n = self.by_model.setdefault(e["model"], [0, 0.0])
         n[0], n[1] = n[0] + 1, n[1] + e["score"]
+        if self.refuses(e.get("source") or ANONYMOUS):
+            self.stats["set_aside"] = self.stats.get("set_aside", 0) + 1
+            return
         item = self.pending.get(e["key"])
         if item is None:
             if len(self.pending) >= self.max_pending:
                 self.stats["dropped_full"] += 1
                 return
             item = self.pending[e["key"]] = {"prompt": e["prompt"], "t": e["t"], "labels": {}}
-        item["labels"][e["model"]] = {"score": e["score"], "cost": e.get("cost"), "comment": e.get("comment")}
+        item["labels"][e["model"]] = {"score": e["score"], "cost": e.get("cost"), "comment": e.get("comment"),
+                                      "source": e.get("source") or ANONYMOUS}
+
+    def drop_refused(self) -> None:
+        """Scores waiting from sources set aside since they came: counted (``set_aside``), not kept."""
+        for k in list(self.pending):
+            labels = self.pending[k]["labels"]
+            for m in [m for m, lab in labels.items() if self.refuses(lab.get("source") or ANONYMOUS)]:
+                del labels[m]
+                self.stats["set_aside"] = self.stats.get("set_aside", 0) + 1
+            if not labels:
+                del self.pending[k]
 
     def due(self, now: float, batch: int, max_wait_s: float, waiting: set) -> list:
         """Keys to add on their own now: ``batch`` of those not ``waiting`` for an evaluation, or fewer once the oldest
@@ -61,14 +79,15 @@ class FeedbackBook:
         self.stats["absorbed"] += len(items)
         return items
 
-    def merge_into(self, query_ids: list, models: list, acc, cost, graders) -> int:
+    def merge_into(self, query_ids: list, models: list, acc, cost, graders, pairs: list | None = None) -> int:
         """Replace the judge's labels in ``acc``/``cost``/``graders`` (rows ``query_ids``, columns ``models``) with the
-        users' scores of the queries that have them (taken from ``pending``); returns how many queries had scores."""
+        users' scores of the queries that have them (taken from ``pending``); returns how many queries had scores.
+        ``pairs`` collects (source, user's score, judge's label) of each replaced label."""
         merged = 0
         for i, k in enumerate(query_ids):
             item = self.pending.pop(k, None)
             if item is not None:
-                self.stats["unknown_model"] += put_scores(item, i, models, acc, cost, graders)
+                self.stats["unknown_model"] += put_scores(item, i, models, acc, cost, graders, pairs)
                 merged += 1
         self.stats["merged"] += merged
         return merged
@@ -100,19 +119,22 @@ class FeedbackLabels:
                    if e["kind"] == "drift" and e["status"] in ("SUBMITTING", "RUNNING")]
         return set(self.traffic.drift_queue).union(*(e["meta"] for e in running))
 
-    def merge(self, e: dict, table, models: list, acc, cost) -> None:
+    def merge(self, e: dict, table, models: list, acc, cost) -> list:
         """A finished drift evaluation's labels (``acc``/``cost``, changed in place) with the users' scores of its
-        queries in place of the judge's; its labels written again (``out/labelled``) with their sources."""
+        queries in place of the judge's; its labels written again (``out/labelled``) with their sources. Returns
+        (source, user's score, judge's label) of each label replaced: a free spot check of both."""
         graders = np.full(acc.shape, "judge", dtype=object)
-        if not self.book.merge_into(list(table.query_ids), models, acc, cost, graders):
-            return
+        pairs: list = []
+        if not self.book.merge_into(list(table.query_ids), models, acc, cost, graders, pairs):
+            return pairs
         write_labels(join(e["out"], "labelled"), labels_frame(list(table.query_ids), list(table.prompts), e["id"],
                                                               models, acc, np.zeros_like(acc) if cost is None else cost,
                                                               graders))
+        return pairs
 
     def batch(self, now: float, cfg, publisher, encoder):
         """The scored queries due to be added on their own (``FeedbackBook.due``), labelled and written as a table:
-        (its id, keys, prompts, embeddings, acc, cost), or None when none is due. They leave the drift queue: the
+        (its id, keys, prompts, embeddings, acc, cost, the scores taken), or None when none is due. They leave the drift queue: the
         users' labels stand for them now, the judge does not re-run them."""
         if not self.book.pending:  # nothing scored: not even the queues to look at
             return None
@@ -129,7 +151,7 @@ class FeedbackLabels:
         self.book.stats["unknown_model"] += unknown
         fid = f"{cfg.name}-feedback-v{publisher.version + 1:04d}"  # the router version it makes
         write_labels(join(self.folder, fid), labels_frame(keys, prompts, "feedback", models, acc, cost, graders))
-        return fid, keys, prompts, X, acc, cost
+        return fid, keys, prompts, X, acc, cost, items
 
 
 def write_labels(folder: str, df) -> None:
@@ -148,16 +170,21 @@ def feedback_labels(items: list, models: list, acc_hat, cost_hat):
     return np.clip(acc, 0.0, 1.0), np.maximum(cost, 0.0), graders, unknown
 
 
-def put_scores(item: dict, i: int, models: list, acc, cost, graders) -> int:
+def put_scores(item: dict, i: int, models: list, acc, cost, graders, pairs: list | None = None) -> int:
     """Row ``i`` of ``acc``/``cost``/``graders`` takes the users' scores of ``item`` (and the answers' costs, where
-    known and ``cost`` is not None), marked ``feedback``; returns how many scores name a model not in ``models``."""
+    known and ``cost`` is not None), marked ``feedback:<source>``; returns how many scores name a model not in
+    ``models``. ``pairs`` (where given) collects (source, score, the label it replaced) where a judge's label is
+    replaced."""
     unknown = 0
     for model, lab in item["labels"].items():
         if model not in models:
             unknown += 1
             continue
         j = models.index(model)
-        acc[i, j], graders[i, j] = lab["score"], "feedback"
+        source = lab.get("source") or ANONYMOUS
+        if pairs is not None and graders[i, j] == "judge":
+            pairs.append((source, lab["score"], float(acc[i, j])))
+        acc[i, j], graders[i, j] = lab["score"], f"feedback:{source}"
         if cost is not None and lab["cost"] is not None:
             cost[i, j] = lab["cost"]
     return unknown

@@ -32,9 +32,13 @@ class OverlapTracker:
         own = [np.mean([jaccard(s, o) for u, o in sets.items() if u != t]) for t, s in sets.items()]
         return float(0.5 * np.mean(own))
 
+    def top_of(self, acc, cost) -> list:
+        """The top-z models of labelled queries (``acc``/``cost`` (n, M)) by the mean objective."""
+        return sorted(int(m) for m in top_z(objective(acc, cost, self.lam).mean(0), self.z))
+
     def add_task(self, name: str, acc, cost) -> None:
         """Labelled traffic absorbed into the router is a training "task" now: its top-z joins the reference sets."""
-        self.task_sets[name] = sorted(top_z(objective(acc, cost, self.lam).mean(0), self.z))
+        self.task_sets[name] = self.top_of(acc, cost)
 
     def observe(self, key: str, meta: dict, acc, cost) -> None:
         """One shadow-evaluated query: its observed objective per model."""

@@ -50,18 +50,48 @@ class RouterPublisher:
                              col.loc[order, "cost"].to_numpy(float) if router.has_cost_ else None)
         return router
 
-    def publish(self, router, **why) -> str:
-        """Save ``router`` as the next version and serve it; returns its path. ``why``: what made it."""
+    def save(self, router, status: str, **why) -> tuple[int, str]:
+        """Save ``router`` as the next version with ``status`` (served, candidate, rejected); (its number, its path).
+        ``why``: what made it (and the gate's figures)."""
         self.version += 1
         path = join(self.folder, f"v{self.version:04d}")
         router.save(path)
+        gate = why.pop("gate", None)
+        self.versions.append({"version": self.version, "path": path, "status": status, "at": time.time(),
+                              "why": why, "n_train": int(router.n_train_), "parent": self.served,
+                              **({"gate": gate} if gate else {})})
+        if status == "served":
+            self._serve(self.versions[-1], router)
+        return self.version, path
+
+    def publish(self, router, **why) -> str:
+        """Save ``router`` as the next version and serve it; returns its path."""
+        return self.save(router, "served", **why)[1]
+
+    def promote(self, version: int, router=None, **why) -> None:
+        """Serve candidate ``version`` (``router``: it, loaded; else loaded from its path)."""
+        from proxray.routing.registry import load_router
+
+        v = self.get(version)
+        router = router if router is not None else load_router(v["path"])
+        v.setdefault("gate", {}).update(why)
+        self._serve(v, router)
+
+    def reject(self, version: int, **why) -> None:
+        """Mark ``version`` rejected, kept with why (and its figures)."""
+        v = self.get(version)
+        v["status"] = "rejected"
+        v.setdefault("gate", {}).update(why)
+
+    def get(self, version: int) -> dict:
+        return next(v for v in self.versions if v["version"] == version)
+
+    def _serve(self, record: dict, router) -> None:
         for v in self.versions:
-            if v["status"] == "served":
+            if v["status"] == "served" and v is not record:
                 v["status"] = "replaced"
-        self.versions.append({"version": self.version, "path": path, "status": "served", "at": time.time(),
-                              "why": why, "n_train": int(router.n_train_)})
-        self.router, self.path = router, path
-        return self.path
+        record["status"] = "served"
+        self.router, self.path = router, record["path"]
 
     def rollback(self, to: int | None = None) -> dict:
         """Serve version ``to`` again (default: the last one the served version replaced); the served one is marked
@@ -76,9 +106,10 @@ class RouterPublisher:
             target = earlier[-1]
         else:
             target = next((v for v in self.versions if v["version"] == to), None)
-            if target is None or to == current:
+            if target is None or to == current or target["status"] in ("candidate", "rejected"):
                 known = [v["version"] for v in self.versions]
-                raise ValueError(f"--to {to}: not a version other than the served one ({current}); versions: {known}")
+                raise ValueError(f"--to {to}: not a version that served, other than the served one ({current}); "
+                                 f"versions: {known}")
         router = load_router(target["path"])  # before anything changes: an unreadable artifact changes nothing
         for v in self.versions:
             if v["version"] == current:

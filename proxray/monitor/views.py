@@ -22,6 +22,7 @@ def status_of(m) -> dict:
         "router_version": m.publisher.version, "router_path": m.publisher.path, "served_version": m.publisher.served,
         "models": m.publisher.models, "judge": m.config.job.grader.model,
         "feedback": m.feedback_book.status(), "scheduler": m.scheduler.alive, "events": book.events[-10:],
+        "gate": {"enabled": m.config.gate.enabled, **m.candidates.status()}, "label_sources": m.sources.status(),
         "jobs_api": jobs_api(m.evaluations.runner)}
 
 
@@ -46,9 +47,60 @@ def prometheus_text(s: dict) -> str:
     lines += [f"proxray_monitor_feedback_received_total {fb['received']}",
               f"proxray_monitor_feedback_absorbed_total {fb['absorbed'] + fb['merged']}",
               f"proxray_monitor_feedback_pending {fb['pending']}"]
+    gate = s.get("gate") or {}
+    cand = gate.get("candidate")
+    lines.append(f"proxray_monitor_candidate_version {cand['version'] if cand else -1}")
+    for decision, n in (gate.get("decisions") or {}).items():
+        lines.append(f'proxray_monitor_gate_decisions_total{{decision="{decision}"}} {n}')
+    last = gate.get("last_decision")
+    if last:
+        lines.append(f'proxray_monitor_gate_last_decision{{version="{last["version"]}",decision="{last["decision"]}"}} 1')
+    for source, t in (s.get("label_sources") or {}).items():
+        name = source.replace("\\", "").replace('"', "")
+        if t["agreement"] is not None:
+            lines.append(f'proxray_monitor_label_source_agreement{{source="{name}"}} {t["agreement"]}')
+        lines.append(f'proxray_monitor_label_source_checked{{source="{name}"}} {t["checked"]}')
+        lines.append(f'proxray_monitor_label_source_set_aside{{source="{name}"}} {int(t["set_aside"])}')
     for kind, o in s["overlap"].items():
         if o["j"] is not None:
             lines.append(f'proxray_monitor_topz_overlap{{traffic="{kind}"}} {o["j"]}')
     for g, o in s["groups"].items():
         lines.append(f'proxray_monitor_group_topz_overlap{{group="{g}"}} {o["j"]}')
     return "\n".join(lines) + "\n"
+
+
+class GateGauges:
+    """The versions and gate of ``status_of`` as ``ray.util.metrics`` gauges (the monitor application's replica sets
+    them on every health check)."""
+
+    def __init__(self):
+        from ray.util.metrics import Gauge
+
+        self.served = Gauge("proxray_monitor_served_version", "router version served")
+        self.candidate = Gauge("proxray_monitor_candidate_version", "router version in its shadow window (-1: none)")
+        self.decisions = Gauge("proxray_monitor_gate_decisions", "gate decisions so far", tag_keys=("decision",))
+        self.last = Gauge("proxray_monitor_gate_last_decision", "the last gate decision (1), its version and reason",
+                          tag_keys=("version", "decision", "why"))
+        self.agreement = Gauge("proxray_monitor_label_source_agreement", "a label source's agreement with its spot "
+                               "checks", tag_keys=("source",))
+        self.set_aside = Gauge("proxray_monitor_label_source_set_aside", "1: the source trains nothing more",
+                               tag_keys=("source",))
+        self._last = None
+
+    def set(self, s: dict) -> None:
+        gate = s.get("gate") or {}
+        self.served.set(s["served_version"])
+        self.candidate.set((gate.get("candidate") or {}).get("version", -1))
+        for decision, n in (gate.get("decisions") or {}).items():
+            self.decisions.set(n, {"decision": decision})
+        last = gate.get("last_decision")
+        if last:
+            tags = {"version": str(last["version"]), "decision": last["decision"], "why": str(last["why"])[:160]}
+            if self._last and self._last != tags:
+                self.last.set(0, self._last)
+            self.last.set(1, tags)
+            self._last = tags
+        for source, t in (s.get("label_sources") or {}).items():
+            if t["agreement"] is not None:
+                self.agreement.set(t["agreement"], {"source": source})
+            self.set_aside.set(int(t["set_aside"]), {"source": source})

@@ -145,9 +145,13 @@ class SimEngine:
     ``fail_mid_stream`` (serving) fails a stream after its first word; ``word_latency_s`` (serving) sleeps
     before each streamed word (a long generation, for client-disconnect tests).
 
+    ``table`` (a routing table's path or URI, or ``embedded``): the prompts it holds are answered right or wrong as it records for this
+    model — a model that answers a prompt it was evaluated on as it did then.
+
     Live traffic (rows without an answer key): the task is recognised from the text
     (``recognize_task``), so a routed prompt is as hard for each model as in the table; the
-    response says, in a bracket a judge can read, whether the simulated answer is right:
+    response says, in a bracket a judge can read, whether the simulated answer is right (drawn from the text, so
+    the answer a user was served and the one an evaluation of the same prompt gets are right or wrong alike):
     ``[<model>, simulated, correct] …``. As a **judge** (a prompt that quotes such a response, e.g. the
     evaluation job's rubric prompt) the model answers ``Score: 1`` or ``Score: 0`` — the verdict in the
     bracket, flipped with probability ``judge_error`` (a judge is not perfect). A rubric prompt (one that asks
@@ -158,8 +162,9 @@ class SimEngine:
     def __init__(self, model: str, seed: int = 0, fail_query_ids=(), crash_marker: str | None = None,
                  crash_after_rows: int = 0, latency_s: float = 0.0, fail_always: bool = False,
                  fail_mid_stream: bool = False, judge_error: float = 0.05, word_latency_s: float = 0.0,
-                 generic: bool = False):
+                 generic: bool = False, table: str | None = None):
         self.model, self.seed = model, seed
+        self.replay = _replay(table, model) if table else {}
         self.pool = SimulatedPool(models=[model], seed=seed, generic=generic)
         self.fail_query_ids = set(fail_query_ids)
         self.crash_marker, self.crash_after_rows = crash_marker, crash_after_rows
@@ -213,7 +218,10 @@ class SimEngine:
                 n_out[i] = 4
             elif _has_key(r):
                 text = _sim_answer(r["answer"], r["answer_type"], right, r["query_id"])
-            else:  # live traffic has no key: say (for a judge) whether the simulated answer is right
+            else:  # live traffic has no key: say (for a judge) whether the simulated answer is right — the same
+                # verdict for the same text, served or evaluated (a model answers one prompt one way)
+                right = self.replay[r["prompt"]] if r["prompt"] in self.replay else \
+                    unit_hash(self.seed, self.model, "text", str(r["prompt"]), "correct") < p[i]
                 text = f"[{self.model}, simulated, {'correct' if right else 'incorrect'}] An answer to: {r['prompt'][:60]}"
             out.append({"response": text,
                         "input_tokens": int(n_in[i]), "output_tokens": int(min(n_out[i, 0], sampling.max_tokens * 4))})
@@ -244,6 +252,15 @@ class SimEngine:
 
 
 _SIM_VERDICT = re.compile(r"\[[^,\]\n]+, simulated, (correct|incorrect)\]")
+def _replay(path: str, model: str) -> dict:
+    """prompt → right? of ``model`` in the routing table at ``path`` (a path or a URI; ``embedded``: ``make_table()``)."""
+    from proxray.data.table import RoutingTable
+
+    df = (make_table() if path == "embedded" else RoutingTable.read(path)).df
+    df = df[df["model"] == model]
+    return {p: bool(c > 0.5) for p, c in zip(df["prompt"], df["correct"])}
+
+
 _JUDGE_ASK = re.compile(r"['\"]?Score: X['\"]?")  # a rubric prompt (the evaluation job's default asks so)
 
 

@@ -250,7 +250,7 @@ class RouterIngress:
                 raise RequestError(403, f"key {key.name!r} may not send feedback (feedback: off in the keys file)",
                                    kind="permission_error")
             return await self.answers.take(fb, key and key.owner, self.metrics, self.monitor,
-                                           trains=key is None or key.feedback == "train")
+                                           trains=key is None or key.feedback == "train", source=key and key.name)
         except RequestError as e:
             self.metrics.error(e.status)
             return error_response(e)

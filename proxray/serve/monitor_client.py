@@ -36,9 +36,11 @@ class MonitorClient(SharedActorClient):
         if not self.send("report", text, x, outlier):
             self.dropped += 1
 
-    def feedback(self, text: str, model: str, score: float, cost: float | None, comment: str | None = None) -> bool:
-        """A user's score of ``model``'s answer to ``text``, fire and forget; False where the monitor is not there."""
-        return self.send("feedback", text, model, score, cost, comment)
+    def feedback(self, text: str, model: str, score: float, cost: float | None, comment: str | None = None,
+                 source: str | None = None) -> bool:
+        """A user's score of ``model``'s answer to ``text`` from key ``source`` (its name in the keys file), fire and
+        forget; False where the monitor is not there."""
+        return self.send("feedback", text, model, score, cost, comment, source)
 
     async def _watch(self):
         """Switch to the monitor's newest router artifact: load it off the event loop, then hand it over in

@@ -169,10 +169,12 @@ class FeedbackClient(SharedActorClient):
         if not self.spec.enabled:
             raise RequestError(404, "feedback is off for this endpoint (feedback.enabled: false)", kind="not_found_error")
 
-    async def take(self, fb: FeedbackRequest, key: str | None, metrics, monitor, trains: bool = True) -> dict:
+    async def take(self, fb: FeedbackRequest, key: str | None, metrics, monitor, trains: bool = True,
+                   source: str | None = None) -> dict:
         """``POST /v1/feedback`` once its body is parsed: the answer found (404 otherwise), the score counted and — from
         a key that ``trains`` (``feedback: train``; the app's single key, or an app without keys) — handed to the
-        monitor. Returns the answer to send."""
+        monitor, named as from ``source`` (the key's name: the monitor spot-checks each key's feedback). Returns the
+        answer to send."""
         from proxray.serve.request.errors import RequestError
 
         try:
@@ -185,6 +187,6 @@ class FeedbackClient(SharedActorClient):
                                "key", "id", kind="not_found_error")
         metrics.feedback(record["model"], fb.score)
         learned = trains and monitor is not None and monitor.feedback(record["text"], record["model"], fb.score,
-                                                                      record["cost"], fb.comment)
+                                                                      record["cost"], fb.comment, source)
         return {"object": "feedback", "id": fb.id, "model": record["model"], "score": fb.score,
                 "learned": bool(learned)}

@@ -1,0 +1,125 @@
+"""The gate a router version passes before it serves: a candidate (labelled queries added, a model added) is scored
+against the served version by one objective, the mean *realised* utility acc − λ·cost of the model each router
+chooses (``proxray.routing.objective.choose``, at the monitor's λ), on two sets of queries, each by a protocol that
+never scores a query with a router that saw its label:
+
+* **the training queries** (what the router already did well): a seeded sample of the table's queries, each estimated
+  by both routers with itself left out (kNN: its k nearest *other* references; KMeans: its cluster's mean without its
+  own labels) — ``loo_estimate``;
+* **the new labels** (what the candidate learned): K folds of the batch; each fold is estimated by the served version
+  plus the other folds (a router that never saw that fold), beside the served version itself — ``held_out``.
+
+Rule (``decide``): promote when the candidate loses at most ``train_tolerance`` on the training queries and at most
+``new_tolerance`` on the new labels — point estimates of the mean paired difference, shown with its standard error
+(one training query of 270 routed worse is −0.0037; a 10-query batch's folds move by 0.1 a query). Labels that lie
+agree with a candidate fitted on them: this gate cannot see poison; the label sources' spot checks
+(``proxray.monitor.sources``) do.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from proxray.routing.objective import choose
+
+
+def realised(acc_hat, cost_hat, acc, cost, lam: float) -> np.ndarray:
+    """acc − λ·cost (q,) of the model chosen from the estimates, under the labels ``acc``/``cost`` (q, M)."""
+    pick = choose(acc_hat, cost_hat, lam)
+    rows = np.arange(len(acc))
+    return acc[rows, pick] - lam * cost[rows, pick]
+
+
+def compare(served: np.ndarray, candidate: np.ndarray) -> dict:
+    """Mean utility of each and their paired difference with its standard error (how wide the evidence is)."""
+    d = candidate - served
+    se = float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None
+    return {"n": int(len(d)), "served": round(float(np.mean(served)), 5), "candidate": round(float(np.mean(candidate)), 5),
+            "delta": round(float(np.mean(d)), 5), "se": None if se is None else round(se, 5)}
+
+
+def loo_estimate(router, X, rows, acc, cost):
+    """Estimates (acc_hat, cost_hat) of training queries ``X`` — rows ``rows`` of ``router``'s training queries, with
+    labels ``acc``/``cost`` (columns the router's models) — each with its own labels left out."""
+    from proxray.routing.index import as_matrix, prepare
+
+    R = prepare(as_matrix(X, dim=router.dim_), router.metric)
+    rows = np.asarray(rows)
+    if hasattr(router, "index_"):  # kNN: the k nearest other references
+        k = router.k_
+        dist, idx = router.index_.search(R, min(k + 1, router.n_train_))
+        own = idx == rows[:, None]
+        keep = ~own
+        keep[~own.any(1), -1] = False  # itself not found among the k + 1: drop the farthest instead
+        phi = dist[keep].reshape(len(R), -1)
+        ref = idx[keep].reshape(len(R), -1)
+        w = router.temperature_.weights(phi, None, router)
+        return router.estimate_at(w, ref)
+    phi, _, prior = router._phi(R)  # KMeans: every cluster; the query's own loses its labels
+    w = router.temperature_.weights(phi, prior, router)
+    a_hat, c_hat = router.estimate_at(w, None)
+    own = router.labels_[rows]
+    n = router.sizes_[own][:, None]
+    wo = w[np.arange(len(R)), own][:, None]
+    gone = n > 1  # a cluster of one: nothing left, its weight stays (estimate unchanged)
+    a_hat = a_hat + np.where(gone, wo * (router.acc_values_[own] - acc) / np.maximum(n - 1, 1), 0.0)
+    c_hat = c_hat + np.where(gone, wo * (router.cost_values_[own] - cost) / np.maximum(n - 1, 1), 0.0)
+    return a_hat, c_hat
+
+
+def on_training(served, candidate, X, rows, acc, cost, lam: float) -> dict:
+    """Both routers on the training sample, each query left out; ``acc``/``cost`` the candidate's columns (the served
+    router's models first: a model added is the last column), the served router choosing among its own."""
+    M = len(served.models_)
+    a_s, c_s = loo_estimate(served, X, rows, acc[:, :M], cost[:, :M])
+    a_c, c_c = loo_estimate(candidate, X, rows, acc, cost)
+    return compare(realised(a_s, c_s, acc[:, :M], cost[:, :M], lam), realised(a_c, c_c, acc, cost, lam))
+
+
+def held_out(served, grow, X, acc, cost, lam: float, folds: int, seed: int = 0) -> dict:
+    """The new labels in ``folds`` folds: each fold estimated by ``grow(mask)`` (the served version plus the batch's
+    rows where ``mask``) and by the served version; realised utility under the new labels."""
+    n = len(X)
+    if n == 0:
+        return {"n": 0, "folds": 0, "served": None, "candidate": None, "delta": None, "se": None}
+    k = int(min(folds, n))
+    part = np.random.default_rng(seed).permutation(n) % k
+    a_c, c_c = np.zeros_like(acc), np.zeros_like(cost)
+    for f in range(k):
+        a_c[part == f], c_c[part == f] = grow(part != f).estimate(X[part == f])
+    a_s, c_s = served.estimate(X)
+    return {**compare(realised(a_s, c_s, acc, cost, lam), realised(a_c, c_c, acc, cost, lam)), "folds": k}
+
+
+def decide(figures: dict, spec) -> tuple[bool, str]:
+    """(promote?, why) from the two parts' figures under the gate's tolerances (``GateSpec``)."""
+    train, new = figures.get("train"), figures.get("new")
+    if train and train["delta"] < -spec.train_tolerance:
+        return False, (f"it routes the training queries worse: utility {train['candidate']:.4f} vs "
+                       f"{train['served']:.4f} served (Δ {train['delta']:+.4f} < −{spec.train_tolerance})")
+    if new and new["delta"] is not None and new["delta"] < -spec.new_tolerance:
+        return False, (f"it routes the new labels worse held out: utility {new['candidate']:.4f} vs "
+                       f"{new['served']:.4f} served (Δ {new['delta']:+.4f} < −{spec.new_tolerance})")
+    parts = [f"{name} Δ {f['delta']:+.4f}" for name, f in (("training", train), ("new labels", new))
+             if f and f.get("delta") is not None]
+    return True, "held-out evidence within tolerance (" + ", ".join(parts) + ")"
+
+
+class TrainingSample:
+    """The training queries the gate scores (and the judge's canaries come from): a seeded sample of at most ``n`` of
+    the table's queries — ``rows`` their places in the router's training order, ``X`` their embeddings,
+    ``acc``/``cost`` their labels (the table's, columns the router's models)."""
+
+    def __init__(self, X, acc, cost, n: int, seed: int = 0):
+        total = len(X)
+        self.rows = np.sort(np.random.default_rng(seed).permutation(total)[: min(n, total)])
+        self.X, self.acc, self.cost = np.asarray(X)[self.rows], np.asarray(acc)[self.rows], np.asarray(cost)[self.rows]
+
+    def with_models(self, parts, models: list):
+        """(acc, cost) of the sample with a column per added model from a growth evaluation's rows ``parts`` (query ids
+        ``train-<row>``)."""
+        parts = parts.drop_duplicates(["model", "query_id"], keep="last")
+        ids = [f"train-{r}" for r in self.rows]
+        cols = [parts[parts["model"] == m].set_index("query_id").loc[ids] for m in models]
+        acc = np.hstack([self.acc] + [c["correct"].to_numpy(float)[:, None] for c in cols])
+        cost = np.hstack([self.cost] + [c["cost"].fillna(0).to_numpy(float)[:, None] for c in cols])
+        return acc, cost
