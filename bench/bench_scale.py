@@ -10,7 +10,9 @@ re-normalized; seeded), so the neighbourhoods keep the tables' structure. Querie
 prompts. Ten models' accuracy and cost per reference are random (they do not change the timings). Each router
 fits with its defaults — ``KNNRouter(k=100)`` (index auto), ``KMeansRouter()`` — beside the exact kNN index up to
 100k; latency is measured on one thread (faiss and BLAS), as the serving replicas search. The kNN router's recall@100
-is reported twice: as its fit measured it (references held out of the index) and on the held queries (fresh texts).
+is reported twice: as its fit measured it (references held out of the index) and on the held queries (fresh texts),
+and so is the share of its decisions (at the λ range its costs span) that differ from exact search's: what the index
+is chosen by. ``--structureless`` draws references and queries at random on the sphere instead.
 """
 from __future__ import annotations
 
@@ -69,6 +71,32 @@ def world(seed: int = 0):
     return base, held, enc
 
 
+def unit_rows(rng, n: int, d: int) -> np.ndarray:
+    """``n`` rows drawn uniformly on the unit sphere (no structure), in chunks."""
+    out = np.empty((n, d), np.float32)
+    for i in range(0, n, 100_000):
+        j = slice(i, min(n, i + 100_000))
+        out[j] = rng.normal(size=(j.stop - i, d)).astype(np.float32)
+    out /= np.linalg.norm(out, axis=1, keepdims=True)
+    return out
+
+
+def held_decisions(router, Xq) -> tuple[float, float]:
+    """(share of decisions different from exact search's, their mean regret) for queries ``Xq`` at the router's λ range:
+    what the index was chosen by, on fresh queries."""
+    from proxray.routing.index import DecisionCheck, exact_neighbours
+    from proxray.routing.knn import decision_lams
+
+    R = router.reference_
+    dist, idx = exact_neighbours(Xq, R, router.k_, router.metric, distances=True)
+
+    def estimate(d, i):
+        return router.estimate_at(router.temperature_.weights(d, None, router), i)
+
+    check = DecisionCheck(estimate, decision_lams(router.cost_values_), dist, idx)
+    return check.measure(*router.index_.search(Xq, router.k_))
+
+
 def timed_queries(fn, queries, rounds=1):
     ts = []
     for _ in range(rounds):
@@ -90,6 +118,8 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--figure", default=None)
     p.add_argument("--minilm", action="store_true", help="also time MiniLM's encode (the default encoder)")
+    p.add_argument("--structureless", action="store_true", help="references and queries drawn at random on the "
+                   "sphere (no neighbourhood structure): the kNN router alone")
     a = p.parse_args(argv)
     import faiss
 
@@ -99,12 +129,15 @@ def main(argv=None):
     base, held, enc = world()
     Xq = jittered(enc.encode(held).astype(np.float32), len(held), seed=1)
     rows = []
+    if a.structureless:
+        Xq = unit_rows(np.random.default_rng(1), len(held), base.shape[1])
     for n in [int(s) for s in a.sizes.split(",")]:
-        R = jittered(base, n, seed=n)
+        R = unit_rows(np.random.default_rng(n), n, base.shape[1]) if a.structureless else jittered(base, n, seed=n)
         rng = np.random.default_rng(n)
         acc = (rng.uniform(size=(n, M)) < rng.uniform(0.2, 0.9, M)).astype(np.float32)
         cost = np.tile(rng.uniform(1e-6, 3e-5, M).astype(np.float32), (n, 1))
-        configs = [("knn", {"k": 100}), ("km", {})] + ([("knn-flat", {"k": 100, "index": "flat"})] if n <= 100_000 else [])
+        configs = [("knn", {"k": 100})] + ([("km", {})] if not a.structureless else []) + \
+            ([("knn-flat", {"k": 100, "index": "flat"})] if n <= 100_000 else [])
         for name, kw in configs:
             faiss.omp_set_num_threads(os.cpu_count() or 1)  # fitting uses the machine
             t0 = time.perf_counter()
@@ -114,11 +147,13 @@ def main(argv=None):
             route = timed_queries(lambda x: router.route(x[None, :], lam=1e3), Xq)
             path = timed_queries(lambda t: router.route(enc.encode([t]), lam=1e3), held)
             info = router.index_info_ if name.startswith("knn") else {"kind": f"{router.n_clusters} clusters"}
-            if name == "knn":  # recall@100 on the held queries too (fresh texts, not references)
+            if name == "knn":  # recall@100 and the decisions on the held queries too (fresh texts, not references)
                 _, approx = router.index_.search(Xq, 100)
                 _, exact = faiss.knn(Xq, router.reference_, 100, metric=faiss.METRIC_INNER_PRODUCT)
+                differ, regret = held_decisions(router, Xq)
                 info = {**info, "held_recall_at_k": round(float(np.mean(
-                    [len(np.intersect1d(x, y)) / 100 for x, y in zip(approx, exact)])), 4)}
+                    [len(np.intersect1d(x, y)) / 100 for x, y in zip(approx, exact)])), 4),
+                        "held_decisions_differ": round(differ, 5), "held_decision_regret": round(regret, 6)}
             row = {"n": n, "router": name, "fit_s": round(fit_s, 1), "route_p50_ms": route[0], "route_p99_ms": route[1],
                    "path_p50_ms": path[0], "path_p99_ms": path[1], "index": info, "peak_rss_gb": peak_gb()}
             rows.append(row)

@@ -1,8 +1,8 @@
 """The kNN router's index chosen by size: exact search up to EXACT_MAX references, an approximate index above whose
-search is tuned to the recall floor (measured against exact search on a sample), recorded in the artifact and read
-back without a rebuild; live growth keeps it valid; KMeans on a sample above its row limit. Sizes here are small: the
-limits are lowered for the test (bench/bench_scale.py measures the real sizes). The recall is measured on references
-held out of the index while it is built, then added."""
+search is tuned to the router's *decisions* (the share routed differently from exact search, on references held out
+of the index while it is built, then added, at the λ its costs span) and an optional recall floor, recorded in the
+artifact and read back without a rebuild; live growth keeps it valid; KMeans on a sample above its row limit. Sizes
+here are small: the limits are lowered for the test (bench/bench_scale.py measures the real sizes)."""
 import json
 
 import numpy as np
@@ -37,7 +37,8 @@ def test_above_the_limit_an_approximate_index_reaches_the_floor_and_the_artifact
     X, acc, cost = refs(rng)
     r = KNNRouter(k=20).fit(X, acc, cost)
     info = r.index_info_
-    assert info["kind"] == index_mod.AUTO_APPROX and info["recall_at_k"] >= 0.95 and info["sample"] == 256
+    assert info["kind"] == index_mod.AUTO_APPROX and info["sample"] == 300 and info["lams"] == 16
+    assert info["decisions_differ"] <= 0.005 and info["tolerance"] == 0.005 and info["recall_at_k"] >= 0.9
     # on fresh queries near the references it holds too (a margin for the sample's 256)
     Q = normalize(X[rng.choice(len(X), 200)] + 0.05 * rng.normal(size=(200, X.shape[1])).astype(np.float32))
     _, approx = r.index_.search(Q, 20)
@@ -53,6 +54,26 @@ def test_above_the_limit_an_approximate_index_reaches_the_floor_and_the_artifact
     assert loaded.index_info_ == info
     for x, y in zip(loaded.estimate(Q), before):
         np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
+def test_the_index_is_chosen_by_the_decisions_it_changes_not_by_recall(rng, small_limits, monkeypatch):
+    """Structureless references: where every neighbour carries the same labels, any neighbours route the same — the
+    narrowest search is kept whatever its recall, no exact-search fall-back; where each reference's labels are its own,
+    the search widens until the decisions hold, and the recall it reaches then is what they needed."""
+    monkeypatch.setattr(index_mod, "MIN_EF_SEARCH", 4)  # a narrow first search, below what recall asks for
+    R = normalize(rng.normal(size=(3000, 64)).astype(np.float32))
+    flat = np.tile([[0.9, 0.5, 0.2]], (3000, 1))
+    same = KNNRouter(k=20).fit(R, flat, np.tile([[3e-3, 1e-3, 1e-4]], (3000, 1)))
+    info = same.index_info_
+    print("same labels:", info)
+    assert info["kind"] == "hnsw" and info["ef_search"] == index_mod.MIN_EF_SEARCH and info["decisions_differ"] == 0
+    assert info["recall_at_k"] < 0.95  # a recall floor of 0.95 would have widened it for nothing
+    own = KNNRouter(k=20).fit(R, rng.uniform(size=(3000, 3)), rng.uniform(size=(3000, 3)) * 1e-3)
+    info = own.index_info_
+    print("own labels:", info)
+    assert info["kind"] == "hnsw" and info["ef_search"] > index_mod.MIN_EF_SEARCH and info["decisions_differ"] <= 0.005
+    strict = KNNRouter(k=20, decision_tolerance=0.0, recall_floor=0.9).fit(R, flat, flat * 1e-3)
+    assert strict.index_info_["recall_at_k"] >= 0.9  # a floor asked for still holds
 
 
 def test_live_growth_keeps_the_index_valid(rng, small_limits):

@@ -282,8 +282,11 @@ def test_the_shipped_mixed_pool_end_to_end(vllm_server, proxy, tmp_path, monkeyp
     mon.tick()
     st = mon.status()
     (evaluation,) = [j for j in st["jobs"] if j["kind"] == "drift"]
-    assert evaluation["status"] == "DONE" and evaluation["n"] == 8 and st["router_version"] == 1
-    assert load_router(st["router_path"]).n_train_ == router.n_train_ + 8
+    canaries = [k for k in mon.evaluations.items[0]["meta"] if k.startswith("canary-")]  # the judge's spot checks
+    assert evaluation["status"] == "DONE" and evaluation["n"] == 8 + len(canaries) and st["router_version"] == 1
+    v1 = mon.versions()[1]  # grown by the 8; a candidate, or kept rejected with why (the gate)
+    assert v1["n_train"] == router.n_train_ + 8 and v1["status"] in ("candidate", "rejected") and v1["gate"]["why"]
+    print("gate:", v1["status"], v1["gate"]["why"], json.dumps(st["label_sources"]))
     assert sum(proxy.forwarded().get(p, 0) >= 1 for p in new) == 8  # the external model answered what was evaluated
     for path in tmp_path.rglob("*"):
         if path.is_file() and path.stat().st_size < 50_000_000:

@@ -48,11 +48,11 @@ def _cmd_fit(a):
         r.encoder_choice_ = choice
     r.save(a.out)
     print(f"fitted {r!r} on {table} -> {a.out}")
-    info = getattr(r, "index_info_", None)
-    if info:
-        knobs = ", ".join(f"{k}={info[k]}" for k in ("nlist", "nprobe", "hnsw_m", "ef_search") if k in info)
-        print(f"index: {info['kind']}{f' ({knobs})' if knobs else ''}, recall@{info['k']} {info['recall_at_k']} "
-              f"against exact search — {info['chosen']}")
+    from proxray.routing.index import describe_index
+
+    line = describe_index(getattr(r, "index_info_", None))
+    if line:
+        print(line)
 
 
 def _cmd_explain(a):
@@ -194,7 +194,7 @@ def add_fit_explain(sub) -> None:
     fit.add_argument("--models", type=comma_list(), default=None, help="comma-separated subset of the table's models")
     fit.add_argument("--router", choices=["km", "knn"], default="km", help="KMeans clusters (default, as in eval) "
                      "or the k nearest training queries")
-    add_options(fit, ("weighting", "k", "n_clusters", "recall_floor"))
+    add_options(fit, ("weighting", "k", "n_clusters", "decision_tolerance", "recall_floor"))
     add_temperature_options(fit)
     fit.add_argument("--encoder", default=None, help=ENCODER_HELP + "; auto: measure static against MiniLM on this "
                      "table's held-out tasks and keep static when it is within --encoder-tolerance")

@@ -51,8 +51,9 @@ def _router_info(path):
     if m.encoder_choice:
         print(format_choice(m.encoder_choice))
     if m.index:
-        print(f"index: {m.index.get('kind')}, recall@{m.index.get('k')} {m.index.get('recall_at_k')} — "
-              f"{m.index.get('chosen')}")
+        from proxray.routing.index import describe_index
+
+        print(describe_index({"recall_at_k": None, "k": None, "chosen": None, **m.index}))
 
 
 def _cmd_make_tiny_model(a) -> None:

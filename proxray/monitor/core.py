@@ -119,7 +119,10 @@ class DriftMonitor:
                      "drifted": drifted, "score": float(outlier_score),
                      "shadow": bool(unit_hash(key, "shadow") < self.config.shadow_rate)}
             self.journal.record(entry)
-            self.candidates.shadow(self.publisher.router, embedding)  # a candidate in its window, beside the served
+            try:  # a candidate in its window, routed beside the served router
+                self.candidates.shadow(self.publisher.router, embedding)
+            except Exception:  # noqa: BLE001 - a shadow that fails must not lose the report
+                logger.exception("proxray monitor: shadowing the candidate failed")
         return drifted
 
     def feedback(self, prompt: str, model: str, score: float, cost: float | None = None, comment: str | None = None,

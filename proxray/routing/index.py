@@ -26,8 +26,10 @@ METRICS = ("cosine", "euclidean")
 INDEX_KINDS = ("auto", "flat", "ivf", "hnsw")
 EXACT_MAX = 8_000  # auto: exact search up to this many references, ~1 ms on one thread (bench/bench_scale.py: 1.2 ms
 # at 10k, while HNSW routes 100k in 0.75 ms and 1M in 0.85 ms)
-RECALL_FLOOR = 0.95  # the recall@k an approximate index must reach against exact search on the held sample
+RECALL_FLOOR = 0.0  # the recall@k an approximate index must also reach against exact search (0: decisions alone)
 RECALL_SAMPLE = 256  # references held out of the index, then asked for their neighbours, to measure it
+DECISION_SAMPLE = 512  # the same, where the router's decisions are what is measured (× its λ range)
+DECISION_TOL = 0.005  # the share of held decisions an approximate index may route differently from exact search
 TRAIN_PER_LIST = 40  # IVF: training sample per list (faiss warns below 39)
 AUTO_APPROX = "hnsw"  # auto's index above EXACT_MAX (bench/bench_scale.py: at 1M, ivf needs 3.6 ms for recall 0.95)
 MIN_EF_SEARCH, MAX_EF_SEARCH = 64, 1024  # HNSW: the search breadths tuning tries (× 1.5 a step)
@@ -205,26 +207,53 @@ class NeighborIndex:
         return dist, idx.astype(np.int64)
 
 
-def exact_neighbours(Xq: np.ndarray, R: np.ndarray, k: int, metric: str) -> np.ndarray:
-    """Indices (q, k) of the exact k nearest references (faiss's brute force, no index copy of R)."""
+def exact_neighbours(Xq: np.ndarray, R: np.ndarray, k: int, metric: str, distances: bool = False):
+    """Indices (q, k) of the exact k nearest references (faiss's brute force, no index copy of R); with ``distances``,
+    (distances (q, k) as ``NeighborIndex.search`` gives them, indices)."""
     import faiss
 
-    _, idx = faiss.knn(Xq, R, k, metric=faiss.METRIC_INNER_PRODUCT if metric == "cosine" else faiss.METRIC_L2)
-    return idx
+    sims, idx = faiss.knn(Xq, R, k, metric=faiss.METRIC_INNER_PRODUCT if metric == "cosine" else faiss.METRIC_L2)
+    if not distances:
+        return idx
+    sims = sims.astype(np.float64)
+    dist = np.clip(1.0 - sims, 0.0, 2.0) if metric == "cosine" else np.sqrt(np.maximum(sims, 0.0))
+    return dist, idx.astype(np.int64)
 
 
-def held_recall(index: NeighborIndex, Q: np.ndarray, exact: np.ndarray, k: int) -> float:
-    """recall@k of ``index`` for queries ``Q`` whose exact k nearest references are ``exact`` (q, k)."""
-    return recall_at_k(index.search(Q, k)[1], exact)
+class DecisionCheck:
+    """How an approximate index's neighbours change a router's *decisions* against exact search, on held queries:
+    ``estimate(dist, idx)`` is the router's (acc_hat, cost_hat) from neighbours, ``lams`` the λ range it routes at.
+    ``disagreement``: the share of (query, λ) whose chosen model differs from exact search's; ``regret``: the mean
+    utility (acc − λ·cost, by the exact estimates) those changes lose."""
+
+    def __init__(self, estimate, lams, exact_dist, exact_idx):
+        self.estimate, self.lams = estimate, np.asarray(lams, dtype=np.float64)
+        acc, cost = estimate(exact_dist, exact_idx)
+        self.u = np.stack([acc - lam * cost for lam in self.lams], 1)  # (q, L, M) by exact estimates
+        self.pick = self._choose(acc, cost)
+
+    def _choose(self, acc, cost) -> np.ndarray:
+        from proxray.routing.objective import choose
+
+        return np.stack([choose(acc, cost, lam) for lam in self.lams], 1)  # (q, L)
+
+    def measure(self, dist, idx) -> tuple[float, float]:
+        pick = self._choose(*self.estimate(dist, idx))
+        q, L = np.indices(pick.shape)
+        regret = self.u[q, L, self.pick] - self.u[q, L, pick]
+        return float(np.mean(pick != self.pick)), float(np.mean(regret))
 
 
 def fit_index(R: np.ndarray, metric: str, kind: str, k: int, floor: float = RECALL_FLOOR, nprobe: int | None = None,
-              nlist: int | None = None, hnsw_m: int = 32, ef_search: int | None = None, seed: int = 0):
+              nlist: int | None = None, hnsw_m: int = 32, ef_search: int | None = None, seed: int = 0,
+              decisions=None, tolerance: float = DECISION_TOL):
     """The index a router searches ``R`` (n, d, prepared) with, and what the artifact records of it: its params, and
-    for an approximate one the recall@k reached on a sample. ``auto``: exact up to ``EXACT_MAX`` references, else
-    ``AUTO_APPROX``. An approximate index whose search knob is not given (IVF ``nprobe``, HNSW ``ef_search``) searches
-    the least that reaches ``floor`` (1, 2, 4, ... lists; 64, 96, 144, ... breadth); where nothing does, auto falls back to
-    exact search and a kind asked for by name is an error naming the fix."""
+    for an approximate one the recall@k reached on a sample — and, with ``decisions`` ((estimate, lams): the router's
+    estimate from neighbours and its λ range), how far its decisions are from exact search's there
+    (``DecisionCheck``). ``auto``: exact up to ``EXACT_MAX`` references, else ``AUTO_APPROX``. An approximate index
+    whose search knob is not given (IVF ``nprobe``, HNSW ``ef_search``) searches the least (1, 2, 4, ... lists; 64, 96,
+    144, ... breadth) that reaches ``floor`` and routes at most ``tolerance`` of the held decisions differently; where
+    nothing does, auto falls back to exact search and a kind asked for by name is an error naming the fix."""
     n, d = R.shape
     if kind == "auto" and n <= EXACT_MAX or kind == "flat":
         index = NeighborIndex(d, metric, "flat")
@@ -237,31 +266,58 @@ def fit_index(R: np.ndarray, metric: str, kind: str, k: int, floor: float = RECA
                           nlist=nlist, seed=seed)
     # a held sample of the references: the index is built without it, asked for its neighbours, then given it
     held = np.zeros(n, bool)
-    held[np.random.default_rng(seed).choice(n, min(RECALL_SAMPLE, n // 10), replace=False)] = True
+    held[np.random.default_rng(seed).choice(n, min(RECALL_SAMPLE if decisions is None else DECISION_SAMPLE, n // 10),
+                                            replace=False)] = True
     rest = np.flatnonzero(~held)
     index.add(R[rest], rest)
     Q = R[held]
-    exact = rest[exact_neighbours(Q, R[rest], min(k, len(rest)), metric)]
-    recall = held_recall(index, Q, exact, k)
-    while tune and recall < floor and index.widen():
-        recall = held_recall(index, Q, exact, k)
+    kk = min(k, len(rest))
+    exact_dist, exact = exact_neighbours(Q, R[rest], kk, metric, distances=True)
+    exact = rest[exact]
+    check = None if decisions is None else DecisionCheck(decisions[0], decisions[1], exact_dist, exact)
+
+    def measure():
+        dist, idx = index.search(Q, kk)
+        recall = recall_at_k(idx, exact)
+        return (recall, *check.measure(dist, idx)) if check else (recall, 0.0, 0.0)
+
+    recall, differ, regret = measure()
+    while tune and (recall < floor or differ > tolerance) and index.widen():
+        recall, differ, regret = measure()
     index.add(Q, np.flatnonzero(held))
     info = {**index.params(), "recall_at_k": round(float(recall), 4), "k": k, "floor": floor,
             "sample": len(Q), "chosen": f"auto: {n} references > {EXACT_MAX}" if kind == "auto" else approx}
-    if recall >= floor:
+    if check is not None:
+        info.update(decisions_differ=round(differ, 5), decision_regret=round(regret, 6), tolerance=tolerance,
+                    lams=len(check.lams))
+    if recall >= floor and differ <= tolerance:
         return index, info
+    what = (f"recall@{k} against exact search is {recall:.3f} on {len(Q)} held-out references, below recall_floor="
+            f"{floor}" if recall < floor else f"{differ:.2%} of the decisions on {len(Q)} held-out references × "
+            f"{len(check.lams)} λ routed differently from exact search's, above decision_tolerance={tolerance}")
     if kind == "auto":
         index = NeighborIndex(d, metric, "flat")
         index.add(R)
-        return index, {"kind": "flat", "recall_at_k": 1.0, "k": k, "chosen": f"auto: {approx} reached recall@{k} "
-                       f"{recall:.3f} < floor {floor} at its widest search; exact search instead"}
+        return index, {"kind": "flat", "recall_at_k": 1.0, "k": k, "chosen": f"auto: {approx} reached {what} "
+                       "at its widest search; exact search instead", **({"decisions_differ": 0.0} if check else {})}
     knob = {"ivf": "nprobe", "hnsw": "ef_search"}[approx]
-    raise ValueError(f"index={kind!r}: recall@{k} against exact search is {recall:.3f} on {len(Q)} held-out "
-                     f"references, below recall_floor={floor}; raise {knob} (or leave it unset: tuned to the floor), "
-                     "use index='auto' or 'flat', or lower recall_floor")
+    raise ValueError(f"index={kind!r}: {what}; raise {knob} (or leave it unset: tuned), use index='auto' or 'flat', "
+                     "or lower recall_floor / raise decision_tolerance")
 
 
 def recall_at_k(approx_idx: np.ndarray, exact_idx: np.ndarray) -> float:
     """Fraction of the exact k nearest neighbours that the approximate search also returned."""
     hits = sum(len(np.intersect1d(a[a >= 0], e[e >= 0])) for a, e in zip(approx_idx, exact_idx))
     return hits / max(1, int((exact_idx >= 0).sum()))
+
+
+def describe_index(info: dict | None) -> str | None:
+    """What a kNN router's artifact records of its index, in one line (``fit`` and ``info`` print it)."""
+    if not info:
+        return None
+    knobs = ", ".join(f"{k}={info[k]}" for k in ("nlist", "nprobe", "hnsw_m", "ef_search") if k in info)
+    decided = (f", decisions {info['decisions_differ']:.2%} different from exact search's (regret "
+               f"{info.get('decision_regret', 0.0):.2g}, tolerance {info.get('tolerance', 0):.2%}, {info.get('sample')} "
+               f"held-out references × {info.get('lams')} λ)" if "decisions_differ" in info and "tolerance" in info else "")
+    return (f"index: {info['kind']}{f' ({knobs})' if knobs else ''}, recall@{info['k']} {info['recall_at_k']} against "
+            f"exact search{decided} — {info['chosen']}")

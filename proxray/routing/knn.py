@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from proxray.routing.index import NeighborIndex, as_matrix, fit_index, prepare
+from proxray.routing.index import DECISION_TOL, NeighborIndex, as_matrix, fit_index, prepare
 from proxray.routing.params import SPECS
 from proxray.routing.prox import ProxRouter, check_targets
 
@@ -21,13 +21,15 @@ class KNNRouter(ProxRouter):
         (spread:0.2, 1/tau(x) = 0.2 / std of the query's k distances), a number a fixed 1/tau (the paper's 20), or
         a ``Fixed`` / ``Spread`` value or its string ("spread:0.2").
     metric : "cosine" | "euclidean".
-    index : "auto" (default: exact search up to 8k references, an HNSW graph above, tuned to recall_floor) |
+    index : "auto" (default: exact search up to 8k references, an HNSW graph above, tuned to decision_tolerance) |
         "flat" (exact) | "ivf" | "hnsw" (approximate, for large reference sets; see ``proxray.routing.index``).
-    recall_floor : recall@k against exact search an approximate index must reach on a sample of the references
-        (auto falls back to exact search below it; ivf / hnsw by name are an error). 0 accepts any.
-    nprobe : IVF lists searched; None (default) tunes it: the fewest that reach recall_floor.
+    decision_tolerance : the share of this router's decisions — on references held out of the index, at λ over the
+        range its costs span (``decision_lams``) — an approximate index may route differently from exact search
+        (auto falls back to exact search above it; ivf / hnsw by name are an error). Default 0.005.
+    recall_floor : recall@k against exact search an approximate index must also reach. Default 0: decisions decide.
+    nprobe : IVF lists searched; None (default) tunes it: the fewest that meet both.
     nlist : IVF lists; None: ~2 sqrt(n). hnsw_m : HNSW graph degree.
-    ef_search : HNSW search breadth; None (default) tunes it: the least (64, 96, 144, ...) that reaches recall_floor.
+    ef_search : HNSW search breadth; None (default) tunes it: the least (64, 96, 144, ...) that meets both.
 
     Learned: ``acc_values_``, ``cost_values_`` (n_train, M), ``models_``, ``k_``, ``temperature_``,
     ``index_`` (faiss), ``index_info_`` (its kind, parameters and the recall it reached), ``reference_``
@@ -37,8 +39,8 @@ class KNNRouter(ProxRouter):
     kind = "knn"
 
     def __init__(self, k=D["k"], weighting=D["weighting"], temperature=D["temperature"], metric=D["metric"],
-                 index=D["index"], recall_floor=D["recall_floor"], nprobe=D["nprobe"], nlist=D["nlist"],
-                 hnsw_m=D["hnsw_m"], ef_search=D["ef_search"], **deprecated):
+                 index=D["index"], decision_tolerance=D["decision_tolerance"], recall_floor=D["recall_floor"],
+                 nprobe=D["nprobe"], nlist=D["nlist"], hnsw_m=D["hnsw_m"], ef_search=D["ef_search"], **deprecated):
         self._store(dict(locals()))
 
     def fit(self, X, acc, cost=None, models=None, encoder_id=None, query_ids=None, tasks=None):
@@ -53,9 +55,14 @@ class KNNRouter(ProxRouter):
         return self
 
     def _build_index(self):
+        def estimate(dist, idx):  # this router's estimate from given neighbours
+            return self._values_at(self.temperature_.weights(dist, None, self), idx)
+
+        decisions = (estimate, decision_lams(self.cost_values_)) if hasattr(self, "temperature_") else None
         self.index_, self.index_info_ = fit_index(self.reference_, self.metric, self.index, self.k_,
                                                   float(self.recall_floor), self.nprobe, self.nlist, self.hnsw_m,
-                                                  self.ef_search)
+                                                  self.ef_search, decisions=decisions,
+                                                  tolerance=float(getattr(self, "decision_tolerance", DECISION_TOL)))
 
     @property
     def n_train_(self):
@@ -129,4 +136,10 @@ class KNNRouter(ProxRouter):
         else:  # saved before indexes were recorded: built as its parameters say
             self._build_index()
 
+
+def decision_lams(cost) -> np.ndarray:
+    """The λ an index's decisions are checked at: 0 and 15 values from where cost weighs 1 % of accuracy to where it
+    weighs 10× (λ · mean cost from 0.01 to 10, geometric) — the range a routing curve sweeps. No cost: λ = 0 alone."""
+    c = float(np.mean(cost)) if cost is not None and np.size(cost) else 0.0
+    return np.concatenate([[0.0], np.geomspace(0.01, 10.0, 15) / c]) if c > 0 else np.zeros(1)
 

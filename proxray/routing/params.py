@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from proxray.routing.index import INDEX_KINDS, METRICS, RECALL_FLOOR
+from proxray.routing.index import DECISION_TOL, INDEX_KINDS, METRICS, RECALL_FLOOR
 
 WEIGHTINGS = ("base", "prox")
 
@@ -73,12 +73,17 @@ SPECS: dict[str, dict[str, Param]] = {
         WEIGHTING, TEMPERATURE, METRIC,
         _p("index", str, "auto", "nearest-neighbour search: auto (exact up to 8k references, HNSW above), flat "
            "(exact), ivf or hnsw", choices=INDEX_KINDS),
-        _p("recall_floor", float, RECALL_FLOOR, "recall@k against exact search an approximate index must reach "
-           "(tables over 8k queries; below it, exact search)", low=0.0, high=1.0, cli="--recall-floor"),
-        _p("nprobe", int, None, "IVF lists searched; None: the fewest that reach recall_floor", low=1, none=True),
+        _p("decision_tolerance", float, DECISION_TOL, "the share of decisions (held-out references × the λ range) "
+           "an approximate index may route differently from exact search (tables over 8k queries; above it, exact "
+           "search)", low=0.0, high=1.0, cli="--decision-tolerance"),
+        _p("recall_floor", float, RECALL_FLOOR, "recall@k against exact search an approximate index must also reach "
+           "(0: its decisions alone decide)", low=0.0, high=1.0, cli="--recall-floor"),
+        _p("nprobe", int, None, "IVF lists searched; None: the fewest that meet decision_tolerance and recall_floor",
+           low=1, none=True),
         _p("nlist", int, None, "IVF lists; None: about 2 sqrt(n)", low=1, none=True),
         _p("hnsw_m", int, 32, "HNSW graph degree", low=2),
-        _p("ef_search", int, None, "HNSW search breadth; None: the least that reaches recall_floor", low=1,
+        _p("ef_search", int, None, "HNSW search breadth; None: the least that meets decision_tolerance and "
+           "recall_floor", low=1,
            none=True))},
     "km": {p.name: p for p in (
         _p("n_clusters", int, 32, "KMeans clusters", low=1, high="n", cli="--clusters"),
