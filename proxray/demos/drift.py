@@ -297,7 +297,7 @@ def feedback_rounds(client, port, rows, full, acc, cost, batch, status, timeout_
         while time.time() < deadline:
             st = status()
             fb = st["feedback"]
-            if fb["absorbed"] + fb.get("set_aside", 0) >= want and _settled(st):
+            if fb["absorbed"] + fb["set_aside"] >= want and _settled(st):
                 break
             client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": probes[
                 int(time.time() * 2) % len(probes)]}])

@@ -43,7 +43,7 @@ class FeedbackBook:
         n = self.by_model.setdefault(e["model"], [0, 0.0])
         n[0], n[1] = n[0] + 1, n[1] + e["score"]
         if self.refuses(e.get("source") or ANONYMOUS):
-            self.stats["set_aside"] = self.stats.get("set_aside", 0) + 1
+            self.stats["set_aside"] += 1
             return
         item = self.pending.get(e["key"])
         if item is None:
@@ -60,7 +60,7 @@ class FeedbackBook:
             labels = self.pending[k]["labels"]
             for m in [m for m, lab in labels.items() if self.refuses(lab.get("source") or ANONYMOUS)]:
                 del labels[m]
-                self.stats["set_aside"] = self.stats.get("set_aside", 0) + 1
+                self.stats["set_aside"] += 1
             if not labels:
                 del self.pending[k]
 
@@ -103,7 +103,7 @@ class FeedbackBook:
         fb = snap.get("feedback")  # a snapshot from before feedback: nothing to restore
         if fb:
             self.pending.update((k, v) for k, v in fb["pending"])
-            self.stats, self.by_model = fb["stats"], fb["by_model"]
+            self.stats, self.by_model = {**self.stats, **fb["stats"]}, fb["by_model"]  # counters added since: 0
 
 
 class FeedbackLabels:
