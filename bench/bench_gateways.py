@@ -1,7 +1,7 @@
 """The gateway's own cost beside LiteLLM's, on one stand-in upstream in one run (not a timed test).
 
     python bench/bench_gateways.py --litellm /path/to/venv/bin/litellm [--requests 300] [--concurrency 1,8]
-        [--nagle] [--rounds 3] [--json out.json]
+        [--nagle] [--rounds 3] [--front haproxy|proxy] [--json out.json]
     python bench/bench_gateways.py --summarize research/benchmarks/gateways/*.json
 
 One stand-in OpenAI upstream on 127.0.0.1 answers chat completions at once (``bench_relay_stall.standin``: headers
@@ -13,8 +13,11 @@ Three ways to it, requests interleaved round by round at each concurrency:
 * **proxray, named**: the CPU demo app with a keys file, the upstream an ``engine: openai`` pool member the request
   names (a pure pass-through: key, policy, hold and charge, the relay).
 
-Also measured, against another baseline: **proxray, co-hosted** (a simulated model the request names) and
-**proxray, routed** (``model: proxray``). The client is httpx on ``proxray.common.quickack`` (so the client itself
+Also measured, to say where the time goes: **Serve, empty app** (an application beside proxray's on the same Serve
+that reads the body and answers a fixed completion: what Serve's front costs by itself), **proxray, co-hosted** (a
+simulated model the request names: the model deployment's handle on the path) and **proxray, routed**
+(``model: proxray``: the encoder and the router too). ``--front`` picks how HTTP reaches the replicas: Serve's
+HAProxy ingress (the default proxray's clusters run, ``proxray.serve.front``) or Serve's Python proxy. The client is httpx on ``proxray.common.quickack`` (so the client itself
 never meets the delayed-ACK stall), one connection pool per target. LiteLLM: ``pip install 'litellm[proxy]==1.108.7'``
 in an environment of its own (its pins conflict with the dev lock). Prints p50 / p95 / p99 and each gateway's added
 latency over direct, with the hardware.
@@ -71,15 +74,36 @@ def litellm_proxy(binary: str, upstream: str) -> tuple[str, subprocess.Popen]:
     raise RuntimeError(f"LiteLLM's proxy did not start: see {log.name}")
 
 
-def proxray_app(upstream: str) -> tuple[str, str, callable]:
+def empty_app() -> None:
+    """A Serve application at ``/empty`` that reads the body and answers a fixed completion: Serve's own path."""
+    from ray import serve
+    from starlette.responses import Response
+
+    answer = json.dumps({"id": "x", "object": "chat.completion", "model": "standin", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "391"}, "finish_reason": "stop"}]}).encode()
+
+    @serve.deployment
+    class Empty:
+        async def __call__(self, request):
+            await request.body()
+            return Response(answer, media_type="application/json")
+
+    serve.run(Empty.bind(), name="empty", route_prefix="/empty")
+
+
+def proxray_app(upstream: str, front: str) -> tuple[str, str, callable]:
     from bench_serve import start_demo_app
+    from proxray.serve.front import FRONT
     from proxray.serve.tenancy.keys import new_key_entry
+
+    os.environ.update({name: ("1" if front == "haproxy" else "0") for name in FRONT})  # before Ray starts
 
     keys = os.path.join(tempfile.mkdtemp(), "keys.yaml")
     key = new_key_entry(keys, "bench", budget={"usd": 1e6})
     model = {"id": "standin", "engine": "openai", "base_url": upstream, "timeout_s": 10,
              "price": {"input_per_mtok": 1.0, "output_per_mtok": 1.0}}
     chat_url, _, stop = start_demo_app(encoder="static", extra_models=[model], new_models=["standin"], keys_file=keys)
+    empty_app()
     return chat_url.replace("/v1/chat/completions", ""), key, stop
 
 
@@ -89,14 +113,33 @@ def run(target: dict, n: int, concurrency: int) -> list:
 
     def one(_):
         t0 = time.perf_counter()
-        r = target["client"].post("/v1/chat/completions", content=body)
+        r = target["client"].post(target.get("path", "/v1/chat/completions"), content=body)
+        total = 1e3 * (time.perf_counter() - t0)
         ok = r.status_code == 200
-        return 1e3 * (time.perf_counter() - t0), ok
+        if ok and "stages" in target:  # the ingress's own account: its time, and the model's (or relay's) in it
+            report = r.json()["proxray"]
+            target["stages"].append((total, 1e3 * report["latency_s"], report["timings"]))
+        return total, ok
 
     with ThreadPoolExecutor(concurrency) as pool:
         res = list(pool.map(one, range(n)))
     target["errors"] += sum(not ok for _, ok in res)
     return [t for t, _ in res]
+
+
+def stages(samples: list, direct_p50: float) -> dict:
+    """Where a proxray request's time goes, medians in ms, from the ingress's report on each answer: ``front`` (the
+    client's time less the ingress handler's: Serve's front, HTTP, the answer's serialisation and charge),
+    ``ingress`` (the handler before the model: key, body, policy, hold, the encoder and router when routed),
+    ``model`` (the model's answer through the relay or the deployment's handle) less a direct call's p50."""
+    med = lambda xs: round(statistics.median(xs), 2)  # noqa: E731
+    out = {"front_ms": med([t - lat for t, lat, _ in samples]),
+           "ingress_ms": med([lat - tm["model_ms"] for _, lat, tm in samples]),
+           "model_over_direct_ms": med([tm["model_ms"] - direct_p50 for _, _, tm in samples])}
+    for name in ("read_ms", "parse_ms", "embed_ms", "estimate_ms"):
+        if any(name in tm for _, _, tm in samples):
+            out[name] = med([tm.get(name, 0.0) for _, _, tm in samples])
+    return out
 
 
 def pct(lat, q):
@@ -105,20 +148,26 @@ def pct(lat, q):
 
 
 def summarize(paths: list) -> None:
-    """The runs' figures side by side, and the median over runs of proxray's added latency ÷ LiteLLM's."""
+    """The runs' figures side by side, and the median over runs of proxray's added latency ÷ LiteLLM's (runs made
+    before ``--front`` existed went through Serve's Python proxy)."""
     runs = [json.load(open(p)) for p in paths]
-    for upstream in sorted({r["upstream"] for r in runs}):
-        mine = [r for r in runs if r["upstream"] == upstream]
-        print(f"\n{upstream} ({len(mine)} runs; {mine[0]['hardware']})")
-        print("| c | LiteLLM added p50 / p95 | proxray named added p50 / p95 | ratio p50 | ratio p95 | proxray routed added p50 |")
-        print("|---|---|---|---|---|---|")
+    for front, upstream in sorted({(r.get("front", "proxy"), r["upstream"]) for r in runs}):
+        mine = [r for r in runs if r.get("front", "proxy") == front and r["upstream"] == upstream]
+        print(f"\nfront {front}, upstream {upstream} ({len(mine)} runs; {mine[0]['hardware']})")
+        print("| c | LiteLLM added p50 / p95 | proxray named added p50 / p95 | ratio p50 | ratio p95 | "
+              "Serve empty app added p50 | proxray co-hosted added p50 | proxray routed added p50 |")
+        print("|---|---|---|---|---|---|---|---|")
         for c in mine[0]["by_concurrency"]:
             rows = [r["by_concurrency"][c] for r in mine]
             ratio = {q: statistics.median(x["proxray, named"][f"added_{q}_ms"] / x["LiteLLM"][f"added_{q}_ms"]
                                           for x in rows) for q in ("p50", "p95")}
-            cell = lambda name, q: "/".join(f"{x[name][f'added_{q}_ms']:.1f}" for x in rows)  # noqa: E731
+
+            def cell(name, q):
+                return "/".join(f"{x[name][f'added_{q}_ms']:.1f}" if name in x else "–" for x in rows)
+
             print(f"| {c} | {cell('LiteLLM', 'p50')} / {cell('LiteLLM', 'p95')} | {cell('proxray, named', 'p50')} / "
                   f"{cell('proxray, named', 'p95')} | {ratio['p50']:.2f} | {ratio['p95']:.2f} | "
+                  f"{cell('Serve, empty app', 'p50')} | {cell('proxray, co-hosted', 'p50')} | "
                   f"{cell('proxray, routed', 'p50')} |")
 
 
@@ -135,11 +184,13 @@ def main(argv=None):
     p.add_argument("--concurrency", default="1,8")
     p.add_argument("--rounds", type=int, default=3, help="interleaving: each target's requests in this many turns")
     p.add_argument("--nagle", action="store_true", help="the upstream writes with Nagle on (default: TCP_NODELAY)")
+    p.add_argument("--front", default="haproxy", choices=["haproxy", "proxy"],
+                   help="how HTTP reaches Serve's replicas: its HAProxy ingress (proxray's default) or its Python proxy")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     upstream = f"http://127.0.0.1:{standin(nodelay=not a.nagle)}/v1"
     lite_url, lite = litellm_proxy(a.litellm, upstream)
-    base, key, stop = proxray_app(upstream)
+    base, key, stop = proxray_app(upstream, a.front)
     auth = {"Authorization": f"Bearer {key}"}
 
     def client(url, headers=None):
@@ -148,16 +199,20 @@ def main(argv=None):
 
     targets = {"direct": {"client": client(upstream.removesuffix("/v1")), "model": "standin"},
                "LiteLLM": {"client": client(lite_url, {"Authorization": f"Bearer {MASTER}"}), "model": "standin"},
-               "proxray, named": {"client": client(base, auth), "model": "standin"},
-               "proxray, co-hosted": {"client": client(base, auth), "model": SIM},
-               "proxray, routed": {"client": client(base, auth), "model": "proxray"}}
+               "Serve, empty app": {"client": client(base), "model": "standin", "path": "/empty/v1/chat/completions"},
+               "proxray, named": {"client": client(base, auth), "model": "standin", "stages": []},
+               "proxray, co-hosted": {"client": client(base, auth), "model": SIM, "stages": []},
+               "proxray, routed": {"client": client(base, auth), "model": "proxray", "stages": []}}
     results = {"hardware": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, {platform.system()}",
-               "upstream": "Nagle on, headers and body apart" if a.nagle else "TCP_NODELAY", "by_concurrency": {}}
+               "upstream": "Nagle on, headers and body apart" if a.nagle else "TCP_NODELAY", "front": a.front,
+               "by_concurrency": {}}
     try:
         for t in targets.values():  # warm-up: connections, the app's first requests
             t["errors"] = 0
             run(t, 30, 4)
             t["errors"] = 0
+            if "stages" in t:
+                t["stages"] = []
         for conc in [int(c) for c in a.concurrency.split(",")]:
             lat = {name: [] for name in targets}
             for _ in range(a.rounds):
@@ -169,6 +224,9 @@ def main(argv=None):
                 row = {f"p{int(q * 100)}_ms": round(pct(values, q), 2) for q in (0.5, 0.95, 0.99)}
                 row.update({f"added_p{int(q * 100)}_ms": round(pct(values, q) - d[q], 2) for q in (0.5, 0.95, 0.99)})
                 row["errors"] = targets[name]["errors"]
+                if "stages" in targets[name]:
+                    row["stages"] = stages(targets[name]["stages"], d[0.5])
+                    targets[name]["stages"] = []
                 rows[name] = row
             results["by_concurrency"][conc] = rows
             print(f"\n| c={conc} ({results['upstream']}; {results['hardware']}) | p50 | p95 | p99 | added p50 | "
@@ -179,6 +237,10 @@ def main(argv=None):
                       f"{r['added_p95_ms']} | {r['errors']} |")
             lp, pp = rows["LiteLLM"]["added_p50_ms"], rows["proxray, named"]["added_p50_ms"]
             print(f"proxray named ÷ LiteLLM, added p50: {pp / lp:.2f}" if lp > 0 else "")
+            for name, r in rows.items():
+                if "stages" in r:
+                    print(f"  where {name}'s time goes (medians, ms): "
+                          + ", ".join(f"{k.removesuffix('_ms')} {v}" for k, v in r["stages"].items()))
     finally:
         stop()
         os.killpg(lite.pid, 15)

@@ -14,6 +14,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 NDIM_SCALAR = "error:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
 os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), NDIM_SCALAR]))
 
+# The serving front users' clusters run (Serve's HAProxy ingress, proxray.serve.front) for every Ray cluster the tests
+# start; its ingress replicas hold on for 2 s when they stop (Ray's default, 30 s, is for a load balancer elsewhere to
+# drop them; here HAProxy is on the same machine), so a test's Serve shuts down in seconds
+from proxray.serve.front import front_env  # noqa: E402
+
+os.environ.update(front_env())
+os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 

@@ -36,6 +36,7 @@ def _cmd_serve(a):
     import yaml
 
     from proxray.check import check, simulated_serve_config
+    from proxray.serve.front import front_env
 
     config = a.config
     if a.simulate:
@@ -48,8 +49,9 @@ def _cmd_serve(a):
     if not report.ok:
         raise SystemExit(2)
     serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
-    # Ray's token auth stays as configured (on by default in Ray 2.60: the local cluster makes a token)
-    raise SystemExit(subprocess.call([serve_bin, "run", config]))
+    # Ray's token auth stays as configured (on by default in Ray 2.60: the local cluster makes a token); a local
+    # cluster it starts puts Serve's HAProxy ingress in front (proxray.serve.front), a running one keeps its own
+    raise SystemExit(subprocess.call([serve_bin, "run", config], env={**os.environ, **front_env()}))
 
 
 def _cmd_demo(a):

@@ -117,6 +117,7 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     from proxray.routing.knn import KNNRouter
     from proxray.routing.registry import load_router
     from proxray.serve.app import build_app
+    from proxray.serve.front import front_env
 
     state = Path(state_dir or tempfile.mkdtemp(prefix="proxray-drift-"))
     state.mkdir(parents=True, exist_ok=True)
@@ -141,6 +142,7 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     before = auc_on(router0, X[t_test], acc[t_test], cost[t_test])
     log(f"router v0 fitted without {task}: AUC on held-out {task} queries = {before:.2f}%")
 
+    os.environ.update(front_env())  # the serving front proxray's clusters run (proxray.serve.front)
     ctx = ray.init(include_dashboard=True, log_to_driver=False, num_cpus=max(4, os.cpu_count() or 1))
     jobs_address = f"http://{ctx.dashboard_url}"  # the Ray Jobs API is served by the dashboard
     port = _free_port()  # after Ray's own processes took theirs
