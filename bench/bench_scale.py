@@ -2,7 +2,7 @@
 the whole routing path (static encoder + index + estimate + decision) against MiniLM's (not a timed test).
 
     python bench/bench_scale.py [--sizes 10000,100000,1000000] [--json research/benchmarks/scale.json]
-                                [--figure docs/figures/scale_routing.png]
+                                [--figure docs/figures/scale_routing.png] [--knn-only] [--decision-tolerance T]
 
 References are real: the prompts of the shared routing tables (../shared/data, ~27k), embedded with the static
 encoder, and, past their number, copies of them jittered by Gaussian noise (σ = 0.02 a dimension, then
@@ -120,6 +120,9 @@ def main(argv=None):
     p.add_argument("--minilm", action="store_true", help="also time MiniLM's encode (the default encoder)")
     p.add_argument("--structureless", action="store_true", help="references and queries drawn at random on the "
                    "sphere (no neighbourhood structure): the kNN router alone")
+    p.add_argument("--decision-tolerance", type=float, default=None,
+                   help="the kNN router's decision_tolerance (default: the router's own)")
+    p.add_argument("--knn-only", action="store_true", help="the kNN router alone")
     a = p.parse_args(argv)
     import faiss
 
@@ -136,8 +139,9 @@ def main(argv=None):
         rng = np.random.default_rng(n)
         acc = (rng.uniform(size=(n, M)) < rng.uniform(0.2, 0.9, M)).astype(np.float32)
         cost = np.tile(rng.uniform(1e-6, 3e-5, M).astype(np.float32), (n, 1))
-        configs = [("knn", {"k": 100})] + ([("km", {})] if not a.structureless else []) + \
-            ([("knn-flat", {"k": 100, "index": "flat"})] if n <= 100_000 else [])
+        knn = {"k": 100} if a.decision_tolerance is None else {"k": 100, "decision_tolerance": a.decision_tolerance}
+        configs = [("knn", knn)] + ([("km", {})] if not (a.structureless or a.knn_only) else []) + \
+            ([("knn-flat", {"k": 100, "index": "flat"})] if n <= 100_000 and not a.knn_only else [])
         for name, kw in configs:
             faiss.omp_set_num_threads(os.cpu_count() or 1)  # fitting uses the machine
             t0 = time.perf_counter()
