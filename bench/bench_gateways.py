@@ -17,8 +17,9 @@ Also measured, to say where the time goes: **Serve, empty app** (an application 
 that reads the body and answers a fixed completion: what Serve's front costs by itself), **proxray, co-hosted** (a
 simulated model the request names: the model deployment's handle on the path) and **proxray, routed**
 (``model: proxray``: the encoder and the router too). ``--front`` picks how HTTP reaches the replicas: Serve's
-HAProxy ingress (the default proxray's clusters run, ``proxray.serve.front``) or Serve's Python proxy. The client is httpx on ``proxray.common.quickack`` (so the client itself
-never meets the delayed-ACK stall), one connection pool per target. LiteLLM: ``pip install 'litellm[proxy]==1.108.7'``
+HAProxy ingress (the default proxray's clusters run, ``proxray.serve.front``) or Serve's Python proxy. The client is
+httpx on ``proxray.common.quickack`` (so the client itself never meets the delayed-ACK stall), one connection pool per
+target. LiteLLM: ``pip install 'litellm[proxy]==1.108.7'``
 in an environment of its own (its pins conflict with the dev lock). Prints p50 / p95 / p99 and each gateway's added
 latency over direct, with the hardware.
 """

@@ -1,5 +1,7 @@
 """How HTTP reaches the ingress (proxray.serve.front): Serve's HAProxy ingress, the front proxray's clusters run and
-these tests' clusters too (conftest), ready only when it routes — and Serve's Python proxy where a caller keeps it."""
+these tests' clusters too (conftest), ready only when it routes. (Serve's Python proxy, which a caller may keep, is
+measured beside it by bench/bench_gateways.py --front proxy.)"""
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,8 +16,6 @@ from serve_helpers import KEY, STRONG, WEAK, fit_router, free_port
 def test_the_front_is_haproxy_unless_the_callers_environment_says_otherwise():
     assert front_env({}) == {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
     assert front_env({"RAY_SERVE_ENABLE_HA_PROXY": "0"}) == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
-    import os
-
     assert all(os.environ.get(name) == value for name, value in FRONT.items())  # the tests run what users run
 
 
