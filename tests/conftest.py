@@ -17,10 +17,26 @@ os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARN
 # The serving front users' clusters run (Serve's HAProxy ingress, proxray.serve.front) for every Ray cluster the tests
 # start; its ingress replicas hold on for 2 s when they stop (Ray's default, 30 s, is for a load balancer elsewhere to
 # drop them; here HAProxy is on the same machine), so a test's Serve shuts down in seconds
-from proxray.serve.front import front_env  # noqa: E402
+from proxray.serve.front import HAPROXY_PORTS, free_port, front_env  # noqa: E402
 
 os.environ.update(front_env())
 os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+
+
+def _fresh_front_ports():
+    """HAProxy's stats and metrics ports, free ones, for the clusters started next: the last cluster's HAProxy may
+    still hold its own while it exits (what ``front_env(local=True)`` does for users' local clusters)."""
+    os.environ.update({name: str(free_port("0.0.0.0")) for name in HAPROXY_PORTS})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _front_ports_per_module():
+    _fresh_front_ports()  # before the module's own fixtures start a cluster (autouse fixtures come first in a scope)
+
+
+@pytest.fixture(autouse=True)
+def _front_ports_per_test():
+    _fresh_front_ports()
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -47,6 +63,7 @@ def encoder():
 def _start_local_ray():
     import ray
 
+    _fresh_front_ports()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
 
 

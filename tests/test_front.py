@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from proxray.serve.front import FRONT, front_env
+from proxray.serve.front import FRONT, HAPROXY_PORTS, front_env
 from serve_helpers import KEY, STRONG, WEAK, fit_router, free_port
 
 
@@ -17,6 +17,24 @@ def test_the_front_is_haproxy_unless_the_callers_environment_says_otherwise():
     assert front_env({}) == {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
     assert front_env({"RAY_SERVE_ENABLE_HA_PROXY": "0"}) == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     assert all(os.environ.get(name) == value for name, value in FRONT.items())  # the tests run what users run
+    local = front_env({}, local=True)
+    ports = [int(local[name]) for name in HAPROXY_PORTS]
+    assert len(set(ports)) == 2 and all(1024 <= p < 65536 for p in ports)  # free ones, not Ray's 8404 and 9101
+    assert front_env({"RAY_SERVE_HAPROXY_STATS_PORT": "8404"}, local=True)["RAY_SERVE_HAPROXY_STATS_PORT"] == "8404"
+
+
+def _hold(port: int):
+    """A plain listener on ``port`` (another Serve's HAProxy, say), or None where something here holds it already."""
+    import socket
+
+    s = socket.socket()
+    try:
+        s.bind(("0.0.0.0", port))
+    except OSError:
+        s.close()
+        return None
+    s.listen()
+    return s
 
 
 def _listeners():
@@ -30,13 +48,20 @@ def _listeners():
 @pytest.mark.slow
 def test_health_says_200_only_once_the_routes_answer(tmp_path, encoder, monkeypatch):
     """Deployed while a probe asks /health every 20 ms: the moment it first says 200, 24 chat completions go at once,
-    and every one is answered — none refused for a missing route (404) or a backend not up yet (503)."""
+    and every one is answered — none refused for a missing route (404) or a backend not up yet (503). Ray's own
+    HAProxy stats and metrics ports (8404, 9101) are held by another process meanwhile, as by a second Serve on the
+    machine: a cluster started with ``front_env(local=True)`` takes others."""
     import ray
     from ray import serve
 
     from proxray.serve.app import build_app
 
     monkeypatch.setenv("PROXRAY_TEST_KEY", KEY)
+    for name in HAPROXY_PORTS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in front_env(local=True).items():
+        monkeypatch.setenv(name, value)
+    held = [h for h in map(_hold, (8404, 9101)) if h is not None]
     fit_router(tmp_path / "router", encoder, [WEAK, STRONG])
     one = {"min_replicas": 1, "max_replicas": 1}
     models = [{"id": m, "engine": "sim", "autoscaling": one} for m in (WEAK, STRONG)]
@@ -76,6 +101,7 @@ def test_health_says_200_only_once_the_routes_answer(tmp_path, encoder, monkeypa
         print(f"/health before its first 200: {dict(Counter(before))}")
         listening = _listeners()
         assert "haproxy" in listening[port], listening.get(port)  # Serve's HAProxy ingress answered, not its proxy
+        assert all("haproxy" in listening.get(int(os.environ[name]), "") for name in HAPROXY_PORTS), listening
         # the ingress replica's own port, behind HAProxy: the key is checked in the replica, so the port is no way round
         own = [p for p, name in listening.items() if 30000 <= p <= 31000 and "RouterIngress" in name]
         assert own, {p: n for p, n in listening.items() if p >= 30000}
@@ -85,3 +111,5 @@ def test_health_says_200_only_once_the_routes_answer(tmp_path, encoder, monkeypa
     finally:
         serve.shutdown()
         ray.shutdown()
+        for h in held:
+            h.close()

@@ -85,6 +85,29 @@ def test_the_shadow_window_refuses_a_candidate_that_moves_the_served_routers_inl
     assert not ok and "inliers" in why and figs["inlier_agreement"] < 0.5
 
 
+def test_the_rule_rejects_what_is_worse_beyond_noise_not_a_batch_that_lost_one_query():
+    """decide: Δ + 1.645·SE under −tolerance rejects. A 5-label batch with one query routed worse (Δ −0.2, SE 0.2) is
+    noise and passes; the same Δ on every label (SE 0), 50 of 1,000 training queries routed worse, and a single query
+    routed worse (no SE) are not."""
+    from proxray.monitor.gate import compare, decide
+
+    spec, ones = GateSpec(), np.ones(5)
+    one_lost = compare(ones, np.array([0.0, 1, 1, 1, 1]))
+    assert one_lost["delta"] == pytest.approx(-0.2) and one_lost["se"] == pytest.approx(0.2)
+    ok, why = decide({"new": one_lost}, spec)
+    assert ok and "SE 0.2000" in why
+    ok, why = decide({"new": compare(ones, np.full(5, 0.8))}, spec)
+    assert not ok and "the new labels worse held out" in why and "SE 0.0000" in why
+    train = np.ones(1000)
+    fifty = compare(train, np.r_[np.zeros(50), np.ones(950)])  # Δ −0.05, SE 0.0069: bound −0.039
+    assert not decide({"train": fifty, "new": one_lost}, spec)[0]
+    twenty = compare(train, np.r_[np.zeros(20), np.ones(980)])  # Δ −0.02: at the tolerance, not beyond it
+    assert decide({"train": twenty, "new": one_lost}, spec)[0]
+    single = compare(np.ones(1), np.zeros(1))
+    assert single["se"] is None and not decide({"new": single}, spec)[0]
+    assert decide({"train": twenty, "new": {"n": 0, "delta": None, "se": None}}, spec)[0]
+
+
 def test_a_label_source_under_the_floor_is_set_aside_and_stays_aside():
     from proxray.monitor.sources import JUDGE, LabelSources
 

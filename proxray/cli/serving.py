@@ -50,8 +50,9 @@ def _cmd_serve(a):
         raise SystemExit(2)
     serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
     # Ray's token auth stays as configured (on by default in Ray 2.60: the local cluster makes a token); a local
-    # cluster it starts puts Serve's HAProxy ingress in front (proxray.serve.front), a running one keeps its own
-    raise SystemExit(subprocess.call([serve_bin, "run", config], env={**os.environ, **front_env()}))
+    # cluster it starts puts Serve's HAProxy ingress in front, on ports no other Serve here holds
+    # (proxray.serve.front); a running one keeps its own
+    raise SystemExit(subprocess.call([serve_bin, "run", config], env={**os.environ, **front_env(local=True)}))
 
 
 def _cmd_demo(a):

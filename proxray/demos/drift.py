@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -89,12 +88,6 @@ def monitor_config(state: Path, name: str, min_batch: int, judge_error=None, **o
             "gate": {"window_requests": 10, "window_s": 5.0}, **overrides}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _drift_jobs(jobs_address: str, prefix: str) -> list:
     from ray.job_submission import JobSubmissionClient
 
@@ -117,7 +110,7 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     from proxray.routing.knn import KNNRouter
     from proxray.routing.registry import load_router
     from proxray.serve.app import build_app
-    from proxray.serve.front import front_env
+    from proxray.serve.front import free_port, front_env
 
     state = Path(state_dir or tempfile.mkdtemp(prefix="proxray-drift-"))
     state.mkdir(parents=True, exist_ok=True)
@@ -142,10 +135,10 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     before = auc_on(router0, X[t_test], acc[t_test], cost[t_test])
     log(f"router v0 fitted without {task}: AUC on held-out {task} queries = {before:.2f}%")
 
-    os.environ.update(front_env())  # the serving front proxray's clusters run (proxray.serve.front)
+    os.environ.update(front_env(local=True))  # the serving front proxray's clusters run (proxray.serve.front)
     ctx = ray.init(include_dashboard=True, log_to_driver=False, num_cpus=max(4, os.cpu_count() or 1))
     jobs_address = f"http://{ctx.dashboard_url}"  # the Ray Jobs API is served by the dashboard
-    port = _free_port()  # after Ray's own processes took theirs
+    port = free_port()  # after Ray's own processes took theirs
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     auto = {"min_replicas": 1, "max_replicas": 1}
     serve.run(build_app({"router": str(state / "router_v0"), "monitor": name, "reload_every_s": 1.0,

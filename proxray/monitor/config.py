@@ -18,8 +18,9 @@ class GateSpec(StrictModel):
     folds: int = Field(5, ge=2, description="folds of the new labels: each scored by a router that never saw it")
     train_sample: int = Field(1000, ge=0, description="training queries scored, each left out (a seeded sample)")
     train_tolerance: float = Field(0.02, ge=0, description="utility (acc − λ·cost) the candidate may lose on the "
-                                   "training queries")
-    new_tolerance: float = Field(0.02, ge=0, description="utility the candidate may lose on the new labels, held out")
+                                   "training queries beyond noise (Δ + 1.645·SE)")
+    new_tolerance: float = Field(0.02, ge=0, description="utility the candidate may lose on the new labels, held "
+                                 "out, beyond noise (Δ + 1.645·SE)")
     window_requests: int = Field(50, ge=0, description="routed requests the candidate is shadowed on (0 with "
                                  "window_s 0: no window)")
     window_s: float = Field(600.0, ge=0, description="the shadow window ends after this long even with fewer requests")

@@ -9,10 +9,13 @@ never scores a query with a router that saw its label:
 * **the new labels** (what the candidate learned): K folds of the batch; each fold is estimated by the served version
   plus the other folds (a router that never saw that fold), beside the served version itself — ``held_out``.
 
-Rule (``decide``): promote when the candidate loses at most ``train_tolerance`` on the training queries and at most
-``new_tolerance`` on the new labels — point estimates of the mean paired difference, shown with its standard error
-(one training query of 270 routed worse is −0.0037; a 10-query batch's folds move by 0.1 a query). Labels that lie
-agree with a candidate fitted on them: this gate cannot see poison; the label sources' spot checks
+Rule (``decide``): reject when the candidate is worse than ``train_tolerance`` on the training queries, or worse than
+``new_tolerance`` on the new labels, *beyond noise*: the mean paired difference Δ with its standard error SE, rejected
+where even its one-sided 95 % upper bound Δ + 1.645·SE falls under −tolerance (with a single query, or differences all
+alike, SE is none or 0 and Δ decides alone). One training query of 270 routed worse is −0.0037; a 5-label feedback
+batch moves by 0.2 a query, so a point estimate would reject half of the batches that help on a coin flip, and their
+labels with them; what passes on thin evidence still meets the shadow window and the live-feedback rollback. Labels
+that lie agree with a candidate fitted on them: this gate cannot see poison; the label sources' spot checks
 (``proxray.monitor.sources``) do.
 """
 from __future__ import annotations
@@ -90,18 +93,27 @@ def held_out(served, grow, X, acc, cost, lam: float, folds: int, seed: int = 0) 
     return {**compare(realised(a_s, c_s, acc, cost, lam), realised(a_c, c_c, acc, cost, lam)), "folds": k}
 
 
+Z_ONE_SIDED_95 = 1.645  # Δ + Z·SE: the upper end of a one-sided 95 % interval of the mean paired difference
+
+
+def upper_bound(f: dict) -> float:
+    """Δ + Z·SE of one part's figures (Δ alone where SE is none: a single query)."""
+    return f["delta"] + Z_ONE_SIDED_95 * (f.get("se") or 0.0)
+
+
 def decide(figures: dict, spec) -> tuple[bool, str]:
-    """(promote?, why) from the two parts' figures under the gate's tolerances (``GateSpec``)."""
+    """(promote?, why) from the two parts' figures under the gate's tolerances (``GateSpec``): rejected where a part
+    is worse than its tolerance beyond noise (:func:`upper_bound` under −tolerance)."""
     train, new = figures.get("train"), figures.get("new")
-    if train and train["delta"] < -spec.train_tolerance:
-        return False, (f"it routes the training queries worse: utility {train['candidate']:.4f} vs "
-                       f"{train['served']:.4f} served (Δ {train['delta']:+.4f} < −{spec.train_tolerance})")
-    if new and new["delta"] is not None and new["delta"] < -spec.new_tolerance:
-        return False, (f"it routes the new labels worse held out: utility {new['candidate']:.4f} vs "
-                       f"{new['served']:.4f} served (Δ {new['delta']:+.4f} < −{spec.new_tolerance})")
-    parts = [f"{name} Δ {f['delta']:+.4f}" for name, f in (("training", train), ("new labels", new))
-             if f and f.get("delta") is not None]
-    return True, "held-out evidence within tolerance (" + ", ".join(parts) + ")"
+    for f, tol, what in ((train, spec.train_tolerance, "the training queries worse"),
+                         (new, spec.new_tolerance, "the new labels worse held out")):
+        if f and f.get("delta") is not None and upper_bound(f) < -tol:
+            return False, (f"it routes {what}: utility {f['candidate']:.4f} vs {f['served']:.4f} served "
+                           f"(Δ {f['delta']:+.4f}, SE {f.get('se') or 0:.4f}: Δ + {Z_ONE_SIDED_95}·SE "
+                           f"{upper_bound(f):+.4f} < −{tol})")
+    parts = [f"{name} Δ {f['delta']:+.4f} (SE {f.get('se') or 0:.4f})" for name, f in
+             (("training", train), ("new labels", new)) if f and f.get("delta") is not None]
+    return True, "held-out evidence not worse beyond tolerance and noise (" + ", ".join(parts) + ")"
 
 
 class TrainingSample:
