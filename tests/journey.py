@@ -72,6 +72,7 @@ def main() -> None:
 
     import ray
     from ray.cluster_utils import Cluster
+    from serve_helpers import node_front
 
     from proxray.common.storage import write_file
     from proxray.data.synthetic import generate_queries
@@ -81,7 +82,7 @@ def main() -> None:
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 3, "include_dashboard": True, "dashboard_port": dash,
         "env_vars": {"PROXRAY_CACHE": str(caches["head"])}})
-    worker = cluster.add_node(num_cpus=3, env_vars={"PROXRAY_CACHE": str(caches["worker"])})
+    worker = cluster.add_node(num_cpus=3, env_vars=node_front({"PROXRAY_CACHE": str(caches["worker"])}))
     cluster.wait_for_nodes()
     os.environ["RAY_ADDRESS"] = cluster.address
     dashboard = f"http://127.0.0.1:{dash}"

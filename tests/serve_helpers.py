@@ -18,6 +18,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+def node_front(env_vars: dict | None = None) -> dict:
+    """``env_vars`` for a node added to a many-node Ray cluster on this one machine, with its own ports for Serve's
+    HAProxy ingress (HTTP, stats, metrics), as each node of a real cluster has them on its own machine: without them
+    its HAProxy cannot bind the head's and fails over and over."""
+    from proxray.serve.front import HAPROXY_PORTS
+    from proxray.serve.front import free_port as free_anywhere
+
+    return {**(env_vars or {}), "RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(free_port()),
+            **{name: str(free_anywhere("0.0.0.0")) for name in HAPROXY_PORTS}}
+
+
 # model -> (probability of a right answer, cost per query): BROKEN looks best and cheap to the router,
 # STRONG good and dear, WEAK cheap and poor.
 PROFILE = {WEAK: (0.3, 1e-6), SLOW: (0.5, 4e-6), BROKEN: (1.0, 2e-6), STRONG: (0.9, 3e-5)}

@@ -4,7 +4,7 @@ node, each with its own proxray cache folder, nothing shared on local disk): the
 own node's cache, and routed answers come from both."""
 import numpy as np
 import pytest
-from serve_helpers import STRONG, WEAK, fit_router, free_port
+from serve_helpers import STRONG, WEAK, fit_router, free_port, node_front
 
 pytestmark = pytest.mark.slow
 
@@ -17,10 +17,11 @@ def two_nodes(tmp_path):
     caches = {name: tmp_path / f"cache-{name}" for name in ("head", "worker")}
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False,
                                                       "env_vars": {"PROXRAY_CACHE": str(caches["head"])}})
-    worker = c.add_node(num_cpus=2, env_vars={"PROXRAY_CACHE": str(caches["worker"])})
+    front = node_front({"PROXRAY_CACHE": str(caches["worker"])})
+    worker = c.add_node(num_cpus=2, env_vars=front)
     c.wait_for_nodes()
     ray.init(address=c.address, log_to_driver=False)
-    yield caches, {c.head_node.node_id: "head", worker.node_id: "worker"}
+    yield caches, {c.head_node.node_id: "head", worker.node_id: "worker"}, int(front["RAY_SERVE_WORKER_PROXY_HTTP_PORT"])
     from ray import serve
 
     serve.shutdown()
@@ -37,7 +38,7 @@ def test_two_ingress_replicas_on_two_nodes_route_with_one_router_from_s3(s3, two
     from proxray.serve.app import build_app
 
     uri, client, _ = s3
-    caches, names = two_nodes
+    caches, names, worker_port = two_nodes
     base, _, query = uri.partition("?")
     art = f"{base}/routers/served?{query}"
     fit_router(tmp_path / "local", encoder, [WEAK, STRONG])
@@ -53,10 +54,11 @@ def test_two_ingress_replicas_on_two_nodes_route_with_one_router_from_s3(s3, two
         # reference, accuracies, costs, the training queries' ids and tasks, the outlier threshold
         assert len(list((folder / "artifacts").iterdir())) == 6, node
     paths = set()
-    for i in range(8):
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+    for i in range(8):  # through the head's HAProxy and the worker node's, each reaching the replicas of both nodes
+        front = port if i % 2 == 0 else worker_port
+        r = httpx.post(f"http://127.0.0.1:{front}/v1/chat/completions", timeout=30,
                        json={"model": "proxray", "messages": [{"role": "user", "content": f"What is {i} plus 7?"}]})
-        assert r.status_code == 200, r.text
+        assert r.status_code == 200, (front, r.text)
         paths.add(r.json()["proxray"]["router_path"])
     assert paths == {art}
     assert np.isfinite(load_router(art).estimate(encoder.encode(["What is 2 plus 7?"]))[0]).all()
@@ -81,7 +83,7 @@ def test_routed_load_scales_a_model_out_onto_the_other_node_and_back(two_nodes, 
 
     from proxray.serve.app import build_app, deployment_name
 
-    caches, names = two_nodes
+    caches, names, _ = two_nodes
     fit_router(tmp_path / "router", encoder, [WEAK, STRONG])
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
