@@ -1,32 +1,23 @@
 """Start a real Serve app on 127.0.0.1 for tests: a kNN router over a small synthetic table and
 simulated model deployments."""
-import socket
 
 import numpy as np
 
 from proxray import KNNRouter, RoutingTable
 from proxray.data.synthetic import generate_queries
+from proxray.serve.front import HAPROXY_PORTS, free_port
 
 WEAK, STRONG = "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"
 SLOW, BROKEN = "google/gemma-7b-it", "microsoft/Phi-3-small-8k-instruct"
 KEY = "sk-test-not-a-real-key-123"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def node_front(env_vars: dict | None = None) -> dict:
     """``env_vars`` for a node added to a many-node Ray cluster on this one machine, with its own ports for Serve's
     HAProxy ingress (HTTP, stats, metrics), as each node of a real cluster has them on its own machine: without them
     its HAProxy cannot bind the head's and fails over and over."""
-    from proxray.serve.front import HAPROXY_PORTS
-    from proxray.serve.front import free_port as free_anywhere
-
     return {**(env_vars or {}), "RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(free_port()),
-            **{name: str(free_anywhere("0.0.0.0")) for name in HAPROXY_PORTS}}
+            **{name: str(free_port("0.0.0.0")) for name in HAPROXY_PORTS}}
 
 
 # model -> (probability of a right answer, cost per query): BROKEN looks best and cheap to the router,
