@@ -11,23 +11,18 @@ share nothing on local disk: each has its own proxray cache folder. Prints one J
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from proxray.serve.front import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 POOL = ["meta-llama/Llama-3.2-1B-Instruct", "google/gemma-7b-it", "meta-llama/Llama-3.3-70B-Instruct"]
 PRICES = {POOL[0]: (0.01, 0.02), POOL[1]: (0.03, 0.05), POOL[2]: (0.15, 0.30)}
 NEW_TASK = "medqa"  # left out of the evaluated query set: what drifted traffic brings
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def step(msg: str) -> None:

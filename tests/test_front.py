@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from proxray.serve.front import FRONT, HAPROXY_PORTS, front_env
+from proxray.serve.front import FRONT, HAPROXY_PORTS, PORT_CEILING, PORT_FLOOR, front_env
 from serve_helpers import KEY, STRONG, WEAK, fit_router, free_port
 
 
@@ -19,8 +19,32 @@ def test_the_front_is_haproxy_unless_the_callers_environment_says_otherwise():
     assert all(os.environ.get(name) == value for name, value in FRONT.items())  # the tests run what users run
     local = front_env({}, local=True)
     ports = [int(local[name]) for name in HAPROXY_PORTS]
-    assert len(set(ports)) == 2 and all(1024 <= p < 65536 for p in ports)  # free ones, not Ray's 8404 and 9101
+    assert len(set(ports)) == 2 and all(PORT_FLOOR <= p < PORT_CEILING for p in ports)  # free ones, not Ray's 8404 and 9101
     assert front_env({"RAY_SERVE_HAPROXY_STATS_PORT": "8404"}, local=True)["RAY_SERVE_HAPROXY_STATS_PORT"] == "8404"
+
+
+def test_free_ports_come_from_outside_the_range_every_connection_and_bind_0_draws_from(monkeypatch, tmp_path):
+    """A port chosen now is bound later (HAProxy's, minutes later, after a job); the system's own choice sits in the
+    ephemeral range, where outgoing connections and Ray's own servers take ports meanwhile."""
+    import socket
+
+    from proxray.serve import front
+
+    ports = [free_port() for _ in range(300)]
+    top = min(front.PORT_CEILING, int(front.EPHEMERAL_RANGE.read_text().split()[0]))  # Serve's replicas: 30000–31000
+    assert len(set(ports)) == 300 and all(front.PORT_FLOOR <= p < top for p in ports)
+    few = range(front.PORT_FLOOR, front.PORT_FLOOR + 20)  # a range where every port is taken: the system's choice
+    held = [s for s in map(_hold, few) if s]
+    try:
+        (tmp_path / "range").write_text(f"{few.stop}\t60999\n")
+        monkeypatch.setattr(front, "EPHEMERAL_RANGE", tmp_path / "range")
+        port = front.free_port()
+        assert port not in few
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    finally:
+        for s in held:
+            s.close()
 
 
 def _hold(port: int):

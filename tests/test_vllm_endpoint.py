@@ -7,7 +7,6 @@ beside it) is checked, evaluated, fitted, served and monitored with the shipped 
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -20,16 +19,12 @@ import yaml
 from conftest import ROOT
 from fault_proxy import FaultProxy
 
+from proxray.serve.front import free_port
+
 pytestmark = pytest.mark.slow
 
 NAME = "tiny-llama-b"  # the name vLLM serves it under
 SIM = "meta-llama/Llama-3.3-70B-Instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,50 @@ starts on this machine takes free ones instead (``local=True``); a cluster's nod
 from __future__ import annotations
 
 import os
+import random
 import socket
+from pathlib import Path
 
 FRONT = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
 
 
+# Where :func:`free_port` looks: above Ray's worker ports (``--min/max-worker-port``, 10002–19999 by default), under
+# Serve's direct-ingress ports (``RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT``, 30000–31000, each ingress replica's) and
+# under the system's ephemeral range, which every outgoing connection and every ``bind(0)`` — Ray's own servers among
+# them — draws from: a port chosen there can be taken before the process it is meant for binds it.
+PORT_FLOOR, PORT_CEILING = 20000, 30000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; macOS and Windows start theirs at 49152
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now (the system's choice)."""
+    """A TCP port free on ``host`` now, that nothing else is likely to take before its process binds it: drawn at
+    random from :data:`PORT_FLOOR` up to :data:`PORT_CEILING` or the system's ephemeral range, whichever comes first
+    (never one this process handed out already); the system's own choice only where that range is full."""
+    top = min(PORT_CEILING, _ephemeral_floor())
+    rng = random.Random()
+    for _ in range(200) if top > PORT_FLOOR else ():
+        port = rng.randrange(PORT_FLOOR, top)
+        if port not in _handed_out and _bindable(host, port):
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
