@@ -19,7 +19,7 @@ def test_the_front_is_haproxy_unless_the_callers_environment_says_otherwise():
     assert all(os.environ.get(name) == value for name, value in FRONT.items())  # the tests run what users run
     local = front_env({}, local=True)
     ports = [int(local[name]) for name in HAPROXY_PORTS]
-    assert len(set(ports)) == 2 and all(PORT_FLOOR <= p < PORT_CEILING for p in ports)  # free ones, not Ray's 8404 and 9101
+    assert len(set(ports)) == 2 and all(PORT_FLOOR <= p < PORT_CEILING for p in ports)  # not Ray's 8404 and 9101
     assert front_env({"RAY_SERVE_HAPROXY_STATS_PORT": "8404"}, local=True)["RAY_SERVE_HAPROXY_STATS_PORT"] == "8404"
 
 
@@ -31,9 +31,9 @@ def test_free_ports_come_from_outside_the_range_every_connection_and_bind_0_draw
     from proxray.serve import front
 
     ports = [free_port() for _ in range(300)]
-    top = min(front.PORT_CEILING, int(front.EPHEMERAL_RANGE.read_text().split()[0]))  # Serve's replicas: 30000–31000
-    assert len(set(ports)) == 300 and all(front.PORT_FLOOR <= p < top for p in ports)
-    few = range(front.PORT_FLOOR, front.PORT_FLOOR + 20)  # a range where every port is taken: the system's choice
+    top = min(PORT_CEILING, int(front.EPHEMERAL_RANGE.read_text().split()[0]))  # Serve's replicas: 30000–31000
+    assert len(set(ports)) == 300 and all(PORT_FLOOR <= p < top for p in ports)
+    few = range(PORT_FLOOR, PORT_FLOOR + 20)  # a range where every port is taken: the system's choice
     held = [s for s in map(_hold, few) if s]
     try:
         (tmp_path / "range").write_text(f"{few.stop}\t60999\n")
