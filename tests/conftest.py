@@ -17,7 +17,7 @@ os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARN
 # The serving front users' clusters run (Serve's HAProxy ingress, proxray.serve.front) for every Ray cluster the tests
 # start; its ingress replicas hold on for 2 s when they stop (Ray's default, 30 s, is for a load balancer elsewhere to
 # drop them; here HAProxy is on the same machine), so a test's Serve shuts down in seconds
-from proxray.serve.front import HAPROXY_PORTS, free_port, front_env  # noqa: E402
+from proxray.serve.front import front_env, haproxy_ports  # noqa: E402
 
 os.environ.update(front_env())
 os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
@@ -26,7 +26,7 @@ os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
 def _fresh_front_ports():
     """HAProxy's stats and metrics ports, free ones, for the clusters started next: the last cluster's HAProxy may
     still hold its own while it exits (what ``front_env(local=True)`` does for users' local clusters)."""
-    os.environ.update({name: str(free_port("0.0.0.0")) for name in HAPROXY_PORTS})
+    os.environ.update(haproxy_ports())
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -5,7 +5,7 @@ import numpy as np
 
 from proxray import KNNRouter, RoutingTable
 from proxray.data.synthetic import generate_queries
-from proxray.serve.front import HAPROXY_PORTS, free_port
+from proxray.serve.front import free_port, haproxy_ports
 
 WEAK, STRONG = "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"
 SLOW, BROKEN = "google/gemma-7b-it", "microsoft/Phi-3-small-8k-instruct"
@@ -16,8 +16,7 @@ def node_front(env_vars: dict | None = None) -> dict:
     """``env_vars`` for a node added to a many-node Ray cluster on this one machine, with its own ports for Serve's
     HAProxy ingress (HTTP, stats, metrics), as each node of a real cluster has them on its own machine: without them
     its HAProxy cannot bind the head's and fails over and over."""
-    return {**(env_vars or {}), "RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(free_port()),
-            **{name: str(free_port("0.0.0.0")) for name in HAPROXY_PORTS}}
+    return {**(env_vars or {}), "RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(free_port()), **haproxy_ports()}
 
 
 # model -> (probability of a right answer, cost per query): BROKEN looks best and cheap to the router,

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from proxray.serve.front import FRONT, HAPROXY_PORTS, PORT_CEILING, PORT_FLOOR, front_env
+from proxray.serve.front import FRONT, HAPROXY_PORTS, PORT_CEILING, PORT_FLOOR, front_env, haproxy_ports
 from serve_helpers import KEY, STRONG, WEAK, fit_router, free_port
 
 
@@ -21,6 +21,8 @@ def test_the_front_is_haproxy_unless_the_callers_environment_says_otherwise():
     ports = [int(local[name]) for name in HAPROXY_PORTS]
     assert len(set(ports)) == 2 and all(PORT_FLOOR <= p < PORT_CEILING for p in ports)  # not Ray's 8404 and 9101
     assert front_env({"RAY_SERVE_HAPROXY_STATS_PORT": "8404"}, local=True)["RAY_SERVE_HAPROXY_STATS_PORT"] == "8404"
+    nodes = [haproxy_ports() for _ in range(3)]  # each node of a many-node cluster on this machine: its own
+    assert len({port for node in nodes for port in node.values()}) == 6
 
 
 def test_free_ports_come_from_outside_the_range_every_connection_and_bind_0_draws_from(monkeypatch, tmp_path):

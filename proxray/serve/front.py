@@ -67,9 +67,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 def front_env(environ=None, local: bool = False) -> dict:
     """The variables a Ray cluster started for serving gets: :data:`FRONT`, where the caller's environment does not
     set them itself; ``local`` (a cluster on this machine alone): HAProxy's stats and metrics ports too
-    (:data:`HAPROXY_PORTS`), free ones where the caller's environment does not name them."""
+    (:func:`haproxy_ports`: free ones where the caller's environment does not name them)."""
     environ = os.environ if environ is None else environ
     env = {name: environ.get(name, value) for name, value in FRONT.items()}
-    if local:
-        env.update({name: environ.get(name) or str(free_port("0.0.0.0")) for name in HAPROXY_PORTS})
-    return env
+    return {**env, **haproxy_ports(environ)} if local else env
+
+
+def haproxy_ports(environ=None) -> dict:
+    """HAProxy's stats and metrics ports (:data:`HAPROXY_PORTS`) for a Ray node on this machine: those ``environ``
+    names, free ones (:func:`free_port`, on all addresses, as HAProxy binds them) for the rest."""
+    environ = {} if environ is None else environ
+    return {name: environ.get(name) or str(free_port("0.0.0.0")) for name in HAPROXY_PORTS}
