@@ -26,7 +26,9 @@ def main(argv=None) -> int:
 
     import ray
 
-    from proxray.serve.tenancy.feedback import FeedbackClient, FeedbackSpec
+    from proxray.serve.tenancy.feedback import FeedbackClient
+
+    from proxray.serve.config import FeedbackSpec
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     client = FeedbackClient("bench", FeedbackSpec(max_answers=10 * a.answers))

@@ -140,7 +140,8 @@ def config_page() -> str:
     from proxray.evaljob import JobConfig
     from proxray.monitor.app import MonitorAppArgs
     from proxray.monitor.config import MonitorConfig
-    from proxray.serve.request.schemas import AppArgs, RoutingOptions
+    from proxray.serve.config import AppArgs
+    from proxray.serve.protocols.base import RoutingOptions
 
     pages = [("The evaluation job (`proxray build-table --config JOB.yaml`)", JobConfig,
               "A YAML file; see `jobs/configs/` for examples."),

@@ -1,5 +1,5 @@
 """Ray job entry point that evaluates the pool and then fits the router on the table it wrote — the evaluation job
-and `proxray fit --router km` in one job, for a cluster that runs one job and leaves (KubeRay's RayJob,
+and the fit (``proxray.routing.fitting.fit_and_save``, what `proxray fit --router km` runs) in one job, for a cluster that runs one job and leaves (KubeRay's RayJob,
 deploy/kuberay/rayjob.yaml). The router's location is checked writable before the evaluation starts.
 
     python jobs/evaluate_and_fit.py --config CONFIG --out TABLES --router-out ROUTER [build-table options]
@@ -30,4 +30,7 @@ if __name__ == "__main__":
     code = main(["build-table", *build])
     if code:
         sys.exit(code)
-    sys.exit(main(["fit", "--router", "km", "--table", table, "--out", router]))
+    from proxray.routing.fitting import FitSettings, fit_and_save
+
+    fitted = fit_and_save(table, router, FitSettings(router="km"))
+    print(f"fitted {fitted!r} on {table} -> {router}")

@@ -171,7 +171,7 @@ def check_app_args(args: dict, report: Report, where: str = "args") -> list:
     """The proxray app's ``args``: the schema, then what the app's builder checks (``serve.builder.app_problems``: the
     router, models, relayed fields, secrets, keys and key file). Returns its GPU demand at minimum scale."""
     from proxray.serve.builder import app_problems, rehearsed
-    from proxray.serve.request.schemas import AppArgs
+    from proxray.serve.config import AppArgs
 
     a = _validated(AppArgs, args, report, f"{where}.", rehearse=rehearsed,
                    note="simulate: every engine is the simulated one (a rehearsal), resources as configured"

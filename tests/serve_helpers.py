@@ -36,9 +36,11 @@ def fit_router(path, encoder, models, profile=None):
                         encoder_id=encoder.id, query_ids=list(q.query_id), tasks=list(q.task)).save(path)
 
 
-def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxray", profile=None, **args):
+def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxray", profile=None, protocols=None,
+              **args):
     """ray.init + serve.start on a free port + serve.run(build_app) with a router fitted on ``fit_encoder``'s
-    embeddings (``args``: the app's, ``encoder`` among them); returns the base URL."""
+    embeddings (``args``: the app's, ``encoder`` among them; ``protocols``: the app's protocol table, default the
+    shipped one); returns the base URL."""
     import ray
     from ray import serve
 
@@ -52,7 +54,8 @@ def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxra
     if request_timeout_s:
         http["request_timeout_s"] = request_timeout_s  # the proxy answers (408) instead of holding a request forever
     serve.start(http_options=http)
-    serve.run(build_app({"router": str(tmp / "router"), "models": models, **args}), name=app_name, route_prefix="/")
+    serve.run(build_app({"router": str(tmp / "router"), "models": models, **args}, protocols), name=app_name,
+              route_prefix="/")
     return f"http://127.0.0.1:{port}"
 
 
@@ -80,6 +83,24 @@ def stop_app():
 
     serve.shutdown()
     ray.shutdown()
+
+
+def ledger(name, app_name="proxray"):
+    """The keys ledger's report of key ``name`` once nothing it holds is unsettled (settles follow the answers)."""
+    import time
+
+    import ray
+
+    try:
+        ray.get_actor(f"proxray-keys-{app_name}", namespace="proxray")
+    except ValueError:  # no request yet
+        return {"spent_usd": 0.0, "held_usd": 0.0}
+    for _ in range(200):  # settles are sent after the answers: wait until nothing is held
+        rep = ray.get(ray.get_actor(f"proxray-keys-{app_name}", namespace="proxray").report.remote()).get(name, {})
+        if rep and rep["held_usd"] == 0:
+            return rep
+        time.sleep(0.05)
+    raise AssertionError(f"{name}: holds never settled: {rep}")
 
 
 def kill_under_load(actor, seen, ready, answered, settle_s, before_kill=None, window=8) -> float:

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from proxray import KNNRouter
-from proxray.routing.objective import choose, lambda_for_target
 from proxray.pool.simulated import make_table
+from proxray.routing.objective import choose, lambda_for_target
 
 
 def test_lambda_for_target_is_the_smallest_that_meets_it(rng):
@@ -137,7 +137,7 @@ def test_a_budget_on_realised_cost_holds_where_the_estimates_do_not(world):
 def test_budget_config_is_validated():
     from pydantic import ValidationError
 
-    from proxray.serve.request.schemas import AppArgs
+    from proxray.serve.config import AppArgs
 
     base = {"router": "r", "models": [{"id": "m", "engine": "sim"}]}
     assert AppArgs.model_validate({**base, "budget": {"cost_per_query": 1e-5}}).budget.window == 100

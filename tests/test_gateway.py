@@ -71,7 +71,7 @@ def test_openai_sdk_multi_turn_reaches_the_model_as_sent(client):
     r = client.chat.completions.create(model=TINY, messages=CONVERSATION, max_completion_tokens=5, seed=7,
                                        temperature=0.0, top_p=0.9, user="u-1")
     got = seen(TINY)
-    assert got["endpoint"] == "chat"
+    assert got["endpoint"] == "/chat/completions"
     assert got["body"]["messages"] == CONVERSATION  # every role, content parts kept as parts
     assert got["body"]["model"] == TINY and got["body"]["max_completion_tokens"] == 5 and "max_tokens" not in got["body"]
     assert got["body"]["seed"] == 7 and got["body"]["top_p"] == 0.9 and got["body"]["user"] == "u-1"
@@ -81,7 +81,7 @@ def test_openai_sdk_multi_turn_reaches_the_model_as_sent(client):
     # the transformers engine's chat template ran over the whole conversation
     from transformers import AutoTokenizer
 
-    from proxray.serve.request.schemas import ChatRequest
+    from proxray.serve.protocols.chat import ChatRequest
 
     tok = AutoTokenizer.from_pretrained(FOLDERS[TINY])
     msgs = [{"role": m.role, "content": m.text()} for m in ChatRequest(model=TINY, messages=CONVERSATION).messages]
@@ -126,7 +126,7 @@ def test_stream_is_the_models_chunks_with_usage(client):
 def test_completions_pass_through(client):
     r = client.completions.create(model=TINY, prompt="Once upon a time", max_tokens=3, echo=False)
     assert r.object == "text_completion" and r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
-    assert seen(TINY) == {"endpoint": "completions", "body": {"model": TINY, "prompt": "Once upon a time",
+    assert seen(TINY) == {"endpoint": "/completions", "body": {"model": TINY, "prompt": "Once upon a time",
                                                               "max_tokens": 3, "echo": False}}
 
 

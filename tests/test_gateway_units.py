@@ -6,12 +6,14 @@ import numpy as np
 import pytest
 
 from proxray.routing.objective import choose
-from proxray.serve.request.http import MAX_DEPTH, parse_json
-from proxray.serve.deployments.client import ModelError, scrub
+from proxray.common.secrets import scrub
+from proxray.serve.deployments.client import ModelError
 from proxray.serve.deployments.models import refused_parameters
-from proxray.serve.request.errors import RequestError
+from proxray.serve.errors import RequestError
+from proxray.serve.protocols.base import RoutingOptions
+from proxray.serve.protocols.chat import ChatRequest, CompletionRequest, routing_text
+from proxray.serve.request.http import MAX_DEPTH, parse_json
 from proxray.serve.request.plan import candidate_order, pass_through, routed
-from proxray.serve.request.schemas import ChatRequest, CompletionRequest, RoutingOptions, routing_text
 
 CONV = [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": "first question"},
@@ -99,9 +101,9 @@ def test_cpu_engines_refuse_what_they_cannot_honour_and_accept_not_asked():
 
 
 def test_what_a_client_sees_of_a_failure():
-    assert scrub("FileNotFoundError: /home/u/models/x/config.json missing\n  Traceback ...") == \
+    assert scrub("FileNotFoundError: /home/u/models/x/config.json missing\n  Traceback ...", local=True) == \
         "FileNotFoundError: <path> missing"
-    assert scrub("model meta-llama/Llama-3.2-1B failed") == "model meta-llama/Llama-3.2-1B failed"
+    assert scrub("model meta-llama/Llama-3.2-1B failed", local=True) == "model meta-llama/Llama-3.2-1B failed"
     e = ModelError({"error": {"message": "too long", "type": "BadRequestError", "code": 400}})
     assert e.status == 400 and not e.falls_back
     assert ModelError({"error": {"message": "busy", "code": 503}}).falls_back
@@ -119,7 +121,7 @@ def test_the_plan_leaves_out_models_that_cannot_honour_the_request():
 
 
 def test_api_key_comes_from_a_file_or_an_env_var_never_silently_from_nothing(tmp_path, monkeypatch):
-    from proxray.serve.request.schemas import AppArgs, load_api_key
+    from proxray.serve.config import AppArgs, load_api_key
 
     base = {"router": "r", "models": [{"id": "m", "engine": "sim"}]}
     key_file = tmp_path / "api_key"
@@ -246,7 +248,8 @@ def test_the_conversation_book_is_bounded_and_forgets_idle_conversations():
     ([0.80, 0.76], [5.0, 0.0], 0.01, ("kept", "step down")),     # 0.76 vs 0.75: 0.01 < step-down margin 0.05
 ])
 def test_a_conversation_keeps_its_model_within_the_margins(acc, cost, lam, expect):
-    from proxray.serve.tenancy.conversations import ConversationSpec, keep
+    from proxray.serve.config import ConversationSpec
+    from proxray.serve.tenancy.conversations import keep
 
     models = ["held", "other"]
     obj = np.array(acc) - lam * np.array(cost)
@@ -310,7 +313,7 @@ def test_a_refused_request_books_no_tokens():
 
 
 def test_retry_waits_honour_retry_after_else_back_off():
-    from proxray.pool.openai_engine import retry_wait
+    from proxray.pool.upstream import retry_wait
 
     assert retry_wait(0, "0.2") == 0.2 and retry_wait(3, "7") == 7.0
     assert all(0.25 <= retry_wait(0, None) <= 0.75 for _ in range(50))

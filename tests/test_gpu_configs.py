@@ -23,7 +23,7 @@ def demand(path: Path) -> dict:
     """GPUs by accelerator type: a Serve config's models at minimum scale, a job's (or a monitor's evaluation's)
     every replica at once."""
     from proxray.pool.spec import PoolModel
-    from proxray.serve.request.schemas import AppArgs
+    from proxray.serve.config import AppArgs
 
     raw = yaml.safe_load(path.read_text())
     if "applications" in raw:

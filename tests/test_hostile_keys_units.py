@@ -6,9 +6,10 @@ import pytest
 
 from proxray.pool.spec import PriceSpec
 from proxray.pool.upstream import falls_back, lists_model, model_unknown, retry_same, takes_model_out
-from proxray.serve.responses.turn import replayable, unstored
-from proxray.serve.tenancy.gate import Held, KeyGate, KeyPolicy
+from proxray.serve.protocols.responses.turn import replayable, unstored
+from proxray.serve.tenancy.gate import Held, KeyGate
 from proxray.serve.tenancy.keys import HOLD_TTL_S, KeyLedger, KeySpec
+from proxray.serve.tenancy.rules import KeyRules
 
 PRICE = PriceSpec(input_per_mtok=1.0, output_per_mtok=2.0)
 
@@ -16,7 +17,7 @@ PRICE = PriceSpec(input_per_mtok=1.0, output_per_mtok=2.0)
 def gate() -> KeyGate:
     g = KeyGate.__new__(KeyGate)  # its hold and charger, without a ledger actor or metrics
     g.prices = {"m": PRICE}
-    g.policy = KeyPolicy(g.prices)
+    g.rules = KeyRules(g.prices)
     return g
 
 
@@ -115,12 +116,12 @@ def test_a_response_not_stored_says_so():
 
 
 def test_one_key_policy_decides_use_sight_cheapest_and_past_budget():
-    from proxray.serve.request.errors import RequestError
+    from proxray.serve.errors import RequestError
     from proxray.serve.request.policy import request_policy
-    from proxray.serve.request.schemas import RoutingOptions
+    from proxray.serve.protocols.base import RoutingOptions
 
     cheap, dear = PriceSpec(input_per_mtok=0.1, output_per_mtok=0.2), PriceSpec(input_per_mtok=5.0, output_per_mtok=9.0)
-    policy = KeyPolicy({"cheap": cheap, "dear": dear})
+    policy = KeyRules({"cheap": cheap, "dear": dear})
     served = ["cheap", "dear", "free"]
     spec = KeySpec(name="k", sha256="0" * 64, allowed_models=["dear", "free"])
     assert [m for m in served if policy.may_use(spec, m)] == ["dear", "free"]

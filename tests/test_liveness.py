@@ -10,7 +10,7 @@ from test_serve_policy import Scripted, answer, run
 from proxray.serve.deployments import liveness
 from proxray.serve.deployments.liveness import (BEAT, Liveness, ModelUnavailable, ReplicaLost, Unavailable,
                                                 WatchedStream, heartbeats, is_beat)
-from proxray.serve.request.errors import RequestError
+from proxray.serve.errors import RequestError
 
 
 async def engine(delays, chunks):

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from serve_helpers import STRONG, WEAK, kill_under_load, start_app, stop_app
+from serve_helpers import STRONG, WEAK, kill_under_load, ledger, start_app, stop_app
 
 pytestmark = pytest.mark.slow
 
@@ -54,21 +54,6 @@ def anthropic(app, name="dev", bearer=False):
     if bearer:  # ANTHROPIC_AUTH_TOKEN, as Claude Code sends it
         return Anthropic(base_url=app, auth_token=KEYS[name], api_key=None, max_retries=0, timeout=60)
     return Anthropic(base_url=app, api_key=KEYS[name], max_retries=0, timeout=60)
-
-
-def ledger(name):
-    import ray
-
-    try:
-        ray.get_actor("proxray-keys-proxray", namespace="proxray")
-    except ValueError:  # no request yet
-        return {"spent_usd": 0.0, "held_usd": 0.0}
-    for _ in range(200):  # settles are sent after the answers: wait until nothing is held
-        rep = ray.get(ray.get_actor("proxray-keys-proxray", namespace="proxray").report.remote()).get(name, {})
-        if rep and rep["held_usd"] == 0:
-            return rep
-        time.sleep(0.05)
-    raise AssertionError(f"{name}: holds never settled: {rep}")
 
 
 def cost(model, usage):

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from proxray.serve.messages.schemas import MessagesRequest, anthropic_error
-from proxray.serve.messages.translate import EventsFromChat, from_chat, to_chat
-from proxray.serve.messages.turn import AnthropicEvents, session_of
+from proxray.serve.protocols.messages.schemas import MessagesRequest, anthropic_error
+from proxray.serve.protocols.messages.translate import events_from_chat, from_chat, to_chat
+from proxray.serve.protocols.messages.turn import AnthropicEvents, session_of
 
 TOOL = {"name": "get_weather", "description": "weather", "input_schema": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}
@@ -81,7 +81,7 @@ def test_a_chat_stream_as_messages_events_the_sdks_accumulator_reads():
     from anthropic.types import RawMessageStreamEvent
     from anthropic._models import construct_type
 
-    events = EventsFromChat("m", None)
+    events = events_from_chat("m", None)
     chunks = [{"choices": [{"delta": {"role": "assistant", "reasoning_content": "Hm."}}]},
               {"choices": [{"delta": {"content": "Sure"}}]},
               {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a"'}}]}}]},
@@ -115,7 +115,7 @@ def test_a_session_and_the_users_ask():
     assert session_of({"x-claude-code-session-id": "s1"}, {"user_id": json.dumps({"session_id": "s2"})}) == "s1"
     assert session_of({}, {"user_id": json.dumps({"device_id": "d", "session_id": "s2"})}) == "s2"
     assert session_of({}, {"user_id": "plain"}) is None and session_of({}, None) is None
-    from proxray.serve.request.schemas import text_of
+    from proxray.serve.protocols.base import text_of
 
     req = MessagesRequest.model_validate({"model": "proxray", "max_tokens": 8, "system": "HARNESS " * 5000, "messages": [
         {"role": "user", "content": "Fix the failing test"},
@@ -131,7 +131,7 @@ def test_a_session_and_the_users_ask():
 
 
 def test_aliases_exact_first_then_globs_in_order():
-    from proxray.serve.request.schemas import AppArgs, ModelAlias, resolve_alias
+    from proxray.serve.config import AppArgs, ModelAlias, resolve_alias
 
     aliases = {"claude-*": ModelAlias(), "claude-haiku-*": ModelAlias(model="small"),
                "claude-opus-4-1": ModelAlias(lam=3.0)}

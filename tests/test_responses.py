@@ -92,7 +92,7 @@ def test_create_routes_and_translates_with_the_report(app):
     assert r.usage.input_tokens > 0 and 0 < r.usage.output_tokens <= 12
     assert r.instructions == "Answer briefly." and r.store is True and r.previous_response_id is None
     got = seen(STRONG)
-    assert got["endpoint"] == "chat" and got["body"]["max_completion_tokens"] == 12
+    assert got["endpoint"] == "/chat/completions" and got["body"]["max_completion_tokens"] == 12
     assert got["body"]["messages"] == [{"role": "system", "content": "Answer briefly."},
                                        {"role": "user", "content": ASK}]
     assert "store" not in got["body"] and "metadata" not in got["body"]

@@ -7,12 +7,12 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from proxray.serve.request.errors import RequestError
-from proxray.serve.request.fallback import has_content
-from proxray.serve.request.sse import NamedEvents
-from proxray.serve.responses.schemas import ResponsesRequest
-from proxray.serve.responses.translate import EventsFromChat, chat_usage, from_chat, shell, to_chat
-from proxray.serve.responses.stored import input_items_page
+from proxray.serve.errors import RequestError
+from proxray.serve.protocols.core import Usage
+from proxray.serve.protocols.responses.schemas import ResponsesRequest
+from proxray.serve.protocols.responses.stored import input_items_page
+from proxray.serve.protocols.responses.translate import events_from_chat, from_chat, shell, to_chat
+from proxray.serve.protocols.responses.turn import NamedEvents, has_content
 from proxray.serve.tenancy.responses import ResponseBook
 
 TOOL = {"type": "function", "name": "add", "description": "Add two numbers.", "strict": True,
@@ -80,7 +80,7 @@ def test_a_chat_completion_as_a_response():
     assert [o["type"] for o in r["output"]] == ["message", "function_call"]
     assert r["output"][0]["content"][0]["text"] == "Let me" and r["output"][1]["call_id"] == "call_9"
     assert r["usage"]["input_tokens"] == 11 and r["usage"]["output_tokens"] == 4 and r["usage"]["total_tokens"] == 15
-    assert chat_usage(r["usage"]) == {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
+    assert Usage.of_responses(r["usage"]).chat() == {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
     assert (r["id"], r["previous_response_id"], r["instructions"], r["tools"]) == ("resp_1", "resp_0", "x", [TOOL])
 
 
@@ -99,7 +99,7 @@ def test_a_chat_stream_as_events_the_openai_sdk_accumulates():
                   {"index": 0, "function": {"arguments": ":2}"}}]}}]},
               {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
               {**head, "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 6}}]
-    ev = EventsFromChat(shell({"tools": [TOOL]}, "resp_1", "m", None, True))
+    ev = events_from_chat(shell({"tools": [TOOL]}, "resp_1", "m", None, True))
     events = [e for c in chunks for e in ev.chunk(c)] + ev.end()
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert [e["type"] for e in events] == [
@@ -120,7 +120,7 @@ def test_a_chat_stream_as_events_the_openai_sdk_accumulates():
 
 
 def test_an_empty_stream_still_has_a_message_and_an_error_event_follows_the_sequence():
-    ev = EventsFromChat(shell({}, "resp_1", "m", None, False))
+    ev = events_from_chat(shell({}, "resp_1", "m", None, False))
     events = ev.end()
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == ""
     fmt = NamedEvents()

@@ -2,7 +2,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from proxray.serve.request.schemas import AppArgs
+from proxray.serve.config import AppArgs
 
 
 # each model's own context (max_position_embeddings): vLLM refuses a larger max_model_len

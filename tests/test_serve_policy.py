@@ -8,14 +8,15 @@ import pytest
 from conftest import blobs
 
 from proxray import KNNRouter
+from proxray.pool.spec import PriceSpec
 from proxray.routing.objective import choose, objective
+from proxray.serve.errors import RequestError
+from proxray.serve.protocols.base import RoutingOptions
+from proxray.serve.protocols.chat import CHAT, has_content
 from proxray.serve.request.budget import BudgetController
-from proxray.serve.request.fallback import first_answer, has_content
-from proxray.serve.request.errors import RequestError
+from proxray.serve.request.fallback import first_answer
 from proxray.serve.request.plan import Plan
 from proxray.serve.request.policy import RoutingPolicy
-from proxray.pool.spec import PriceSpec
-from proxray.serve.request.schemas import RoutingOptions
 
 MODELS = ["small", "mid", "big"]
 
@@ -109,8 +110,8 @@ def answer(model, text="hi"):
 def run(client, candidates, stream=False, timeout_s=5.0):
     failed = []
     p = Plan(list(candidates), {"routed": False})
-    got = asyncio.run(first_answer(client, p, {"model": "proxray"}, "chat", stream, time.monotonic() + timeout_s,
-                                   timeout_s, lambda m, why: failed.append((m, why))))
+    got = asyncio.run(first_answer(client, p, {"model": "proxray"}, CHAT.upstream, stream, time.monotonic() + timeout_s,
+                                   timeout_s, lambda m, why: failed.append((m, why)), has_content))
     return got, p, failed
 
 

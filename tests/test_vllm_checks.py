@@ -80,7 +80,7 @@ def test_every_problem_is_reported_at_once_and_hub_ids_offline(tiny, monkeypatch
 
 def test_serve_app_args_get_the_same_checks(tiny):
     from proxray.serve.builder import app_problems
-    from proxray.serve.request.schemas import AppArgs
+    from proxray.serve.config import AppArgs
 
     args = AppArgs.model_validate({"router": "r", "default_max_tokens": 64, "models": [
         {"id": "v", "engine": "vllm", "source": tiny, "engine_kwargs": {"max_model_len": 64, "enforce_eagr": True},

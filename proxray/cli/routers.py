@@ -10,13 +10,13 @@ ENCODER_HELP = ("static (distilled from the shipped MiniLM; static:PATH from ano
 
 
 def _cmd_fit(a):
+    from proxray.cli.options import hyperparameters, spelled_by_cli, temperature_option
     from proxray.common.storage import check_location
     from proxray.data.table import RoutingTable
-    from proxray.embeddings.encoder import SentenceEncoder
     from proxray.pool.simulated import make_table
-    from proxray.routing.params import check_fit, from_options, spelled_by_cli
-    from proxray.routing.registry import make_router
-    from proxray.routing.temperature import temperature_option
+    from proxray.routing.fitting import FitSettings, fit_table
+    from proxray.routing.index import describe_index
+    from proxray.routing.params import check_params
 
     temperature = temperature_option(a, a.router)  # before the table is read and encoded
     if a.encoder == "auto":
@@ -27,29 +27,24 @@ def _cmd_fit(a):
     table = RoutingTable.read(a.table) if a.table else make_table()
     if a.table is None:
         print("no --table: fitting on the embedded SYNTHETIC routing table", file=sys.stderr)
-    models = a.models or table.models
-    acc, cost = table.matrices(models=models)
-    hp = from_options(a, a.router)
-    check_fit(a.router, hp, len(acc), len(models), spelled=spelled_by_cli(a.router))  # before the table is encoded
-    choice, setting = None, a.encoder
+    settings = FitSettings(router=a.router, models=a.models, hyperparameters=hyperparameters(a, a.router),
+                           weighting=a.weighting, encoder=a.encoder,
+                           temperature=temperature if a.inv_tau is not None else a.temperature)
+    choice = None
     if a.encoder == "auto":
         from proxray.experiments.encoder_choice import choose_encoder, format_choice
 
+        # the hyperparameters against the table before the comparison encodes it
+        check_params(a.router, settings.hyperparameters, table.n_queries, spelled_by_cli(a.router))
+        acc, cost = table.matrices(models=a.models or table.models)
         choice = choose_encoder(table.prompts, acc, cost, table.tasks, router=a.router,
                                 tolerance_pp=a.encoder_tolerance, max_queries=a.encoder_sample, k=a.k,
                                 n_clusters=a.clusters)
         print(format_choice(choice))
-        setting = choice["chosen"]
-    enc = SentenceEncoder(setting)
-    X = enc.encode(table.prompts)
-    r = make_router(a.router, a.weighting, hp, temperature if a.inv_tau is not None else a.temperature)
-    r.fit(X, acc, cost, models=models, encoder_id=enc.id, query_ids=table.query_ids, tasks=table.tasks)
-    if choice is not None:
-        r.encoder_choice_ = choice
+        settings.encoder = choice["chosen"]
+    r = fit_table(table, settings, spelled=spelled_by_cli(a.router), encoder_choice=choice)
     r.save(a.out)
     print(f"fitted {r!r} on {table} -> {a.out}")
-    from proxray.routing.index import describe_index
-
     line = describe_index(getattr(r, "index_info_", None))
     if line:
         print(line)
@@ -117,7 +112,8 @@ def _cmd_eval(a) -> None:
     from proxray.experiments.plots import plot_curves, plot_sweep
     from proxray.experiments.protocols import DEFAULT_SYNTH_OUTLIERS, SPLITS, evaluate, protocol_split
     from proxray.experiments.report import format_result, write_json
-    from proxray.routing.temperature import Fixed, temperature_option
+    from proxray.cli.options import temperature_option
+    from proxray.routing.temperature import Fixed
 
     table = _load_table(a.table, a.n_per_task)
     acc, cost = table.matrices()
@@ -185,14 +181,13 @@ def _check_sweep(sweep: str) -> None:
 
 
 def add_fit_explain(sub) -> None:
+    from proxray.cli.options import ROUTER_CHOICES, add_options, add_temperature_options  # numpy only
     from proxray.common.cliargs import comma_list
-    from proxray.routing.params import add_options
-    from proxray.routing.temperature import add_temperature_options  # numpy only
 
     fit = sub.add_parser("fit", help="fit a router on a table and save the artifact")
     fit.add_argument("--table", default=None, help="routing table (default: the embedded synthetic one)")
     fit.add_argument("--models", type=comma_list(), default=None, help="comma-separated subset of the table's models")
-    fit.add_argument("--router", choices=["km", "knn"], default="km", help="KMeans clusters (default, as in eval) "
+    fit.add_argument("--router", choices=ROUTER_CHOICES, default="km", help="KMeans clusters (default, as in eval) "
                      "or the k nearest training queries")
     add_options(fit, ("weighting", "k", "n_clusters", "decision_tolerance", "recall_floor"))
     add_temperature_options(fit)
@@ -216,14 +211,13 @@ def add_fit_explain(sub) -> None:
 
 
 def add_eval(sub) -> None:
+    from proxray.cli.options import ROUTER_CHOICES, add_options, add_temperature_options
     from proxray.common.cliargs import comma_list
     from proxray.experiments.protocols import PROTOCOLS
-    from proxray.routing.params import add_options
-    from proxray.routing.temperature import add_temperature_options
 
     p = sub.add_parser("eval", help="run the paper's protocol on a routing table (default: the embedded synthetic one)")
     p.add_argument("--table", default=None, help="routing table; default: the embedded SYNTHETIC table")
-    p.add_argument("--router", choices=["km", "knn"], default="km", help="KMeans clusters or the k nearest queries")
+    p.add_argument("--router", choices=ROUTER_CHOICES, default="km", help="KMeans clusters or the k nearest queries")
     p.add_argument("--protocol", choices=list(PROTOCOLS), default=None,
                    help="default: leave-task-out for km, few-shot-outlier for knn (the paper's settings)")
     p.add_argument("--outliers", type=comma_list(), default=None, help="comma-separated outlier tasks (required with "

@@ -2,7 +2,7 @@
 by whoever needs it first (``get_or_create``) or only looked up (``find``), and every call has a timeout
 (``call`` from a thread, ``acall`` from an event loop) and raises ``ActorDown`` — naming the actor and why — where the
 actor is gone, restarting or too slow. The app's shared state (keys ledger, books, response store, limiter,
-``proxray.serve.tenancy.shared_actor``), the ingress's monitor client, the monitor's Serve keeper and the CLI all go
+``proxray.common.shared_actor``), the ingress's monitor client, the monitor's Serve keeper and the CLI all go
 through here; Ray is imported only when an actor is used."""
 from __future__ import annotations
 

@@ -65,3 +65,20 @@ def secret_problems(models, where: str) -> list:
                 out.append(f"{where}.{i}.runtime_env.env_vars.{name}: a secret in a runtime_env is stored with the "
                            "config and shown by Ray; give it to the nodes as a file (a file_mount, mode 600)")
     return out
+
+
+_PATH = re.compile(r"(?<![\w.])/(?:[\w.\-]+/)+[\w.\-]*")
+
+
+def scrub(text: str, limit: int = 300, key: str | None = None, local: bool = False) -> str:
+    """A message fit for a client, a table or a log, the one scrubber of every failure the gateway or the job passes
+    on: without ``key`` (``<key>``), on one line, at most ``limit`` characters. ``local``: the text is one of this
+    machine's own exceptions — its first line only, filesystem paths as ``<path>`` (an upstream's message is kept whole,
+    its URLs with it)."""
+    text = text or ""
+    if key:
+        text = text.replace(key, "<key>")
+    if local:
+        text = text.strip().splitlines()[0] if text.strip() else ""
+        return _PATH.sub("<path>", text)[:limit]
+    return " ".join(text.split())[:limit]

@@ -6,6 +6,7 @@ import numpy as np
 
 from proxray.common.logs import log
 from proxray.experiments.protocols import LABELS, ROUTER_KEYS, SPLITS
+from proxray.routing.registry import LABELS as ROUTER_LABELS
 
 
 def plot_curves(res: dict, path) -> None:
@@ -23,7 +24,7 @@ def plot_curves(res: dict, path) -> None:
     fig, axes = plt.subplots(1, 3 + 2 * bool(budgets), figsize=(15 + 10 * bool(budgets), 4.2))
     style = {"base": ("tab:blue", "-o"), "prox": ("tab:green", "-s"), "allsee": ("tab:gray", "--^"),
              "oracle": ("black", ":")}
-    name = {"km": "KM", "knn": "kNN"}[res["router"]]
+    name = ROUTER_LABELS[res["router"]]
     if budgets:
         _plot_budget_accuracy(axes[3], budgets, name, style)
         _plot_budget_spend(axes[4], budgets, f"{name}-Prox")

@@ -6,11 +6,12 @@ import json
 import numpy as np
 
 from proxray.experiments.protocols import BASELINE_KEYS, ROUTER_KEYS, SPLITS
+from proxray.routing.registry import LABELS
 
 
 def format_result(res: dict) -> str:
     """The paper's table layout: splits × (Base, Prox, AllSee, Random, Largest, Oracle), mean ± std."""
-    name = {"km": "KM", "knn": "kNN"}[res["router"]]
+    name = LABELS[res["router"]]
     metric = "normalized AUC %" if res["metric"] == "auc" else "accuracy % at λ=0 (table has no cost)"
     temps = res["temperature"] if isinstance(res["temperature"], list) else [res["temperature"]]
     kinds = {t.partition(":")[0] for t in temps}

@@ -46,27 +46,7 @@ def loo_estimate(router, X, rows, acc, cost):
     from proxray.routing.index import as_matrix, prepare
 
     R = prepare(as_matrix(X, dim=router.dim_), router.metric)
-    rows = np.asarray(rows)
-    if hasattr(router, "index_"):  # kNN: the k nearest other references
-        k = router.k_
-        dist, idx = router.index_.search(R, min(k + 1, router.n_train_))
-        own = idx == rows[:, None]
-        keep = ~own
-        keep[~own.any(1), -1] = False  # itself not found among the k + 1: drop the farthest instead
-        phi = dist[keep].reshape(len(R), -1)
-        ref = idx[keep].reshape(len(R), -1)
-        w = router.temperature_.weights(phi, None, router)
-        return router.estimate_at(w, ref)
-    phi, _, prior = router._phi(R)  # KMeans: every cluster; the query's own loses its labels
-    w = router.temperature_.weights(phi, prior, router)
-    a_hat, c_hat = router.estimate_at(w, None)
-    own = router.labels_[rows]
-    n = router.sizes_[own][:, None]
-    wo = w[np.arange(len(R)), own][:, None]
-    gone = n > 1  # a cluster of one: nothing left, its weight stays (estimate unchanged)
-    a_hat = a_hat + np.where(gone, wo * (router.acc_values_[own] - acc) / np.maximum(n - 1, 1), 0.0)
-    c_hat = c_hat + np.where(gone, wo * (router.cost_values_[own] - cost) / np.maximum(n - 1, 1), 0.0)
-    return a_hat, c_hat
+    return router.leave_out_estimate(R, np.asarray(rows), acc, cost)
 
 
 def on_training(served, candidate, X, rows, acc, cost, lam: float) -> dict:

@@ -5,7 +5,7 @@ vLLM / SGLang / TGI server another team runs), for the evaluation job (served: `
   worker asks before a request: requests start at least 60 / requests_per_minute apart (so no minute holds more), and
   a request reserves its prompt estimate + ``max_tokens`` against tokens_per_minute, corrected by the answer's
   ``usage``.
-* **Retries** as ``proxray.pool.upstream`` decides: a 408, 409, 429, a 5xx, a timeout or a dropped connection before the
+* **Retries** as ``proxray.pool.upstream.verdict`` decides (the relay drives the same state machine): a 408, 409, 429, a 5xx, a timeout or a dropped connection before the
   answer is retried (``max_retries``) after the endpoint's ``Retry-After``, else an exponential backoff; another 4xx (a
   bad request, a refused key, an unknown model) is not, nor an answer whose connection broke after its HTTP 200: the
   row becomes an error row with the endpoint's message, which the job writes to its errors and the next run retries.
@@ -19,8 +19,9 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from proxray.common.secrets import scrub
 from proxray.pool.spec import Sampling
-from proxray.pool.upstream import retry_same, retry_wait  # what an upstream's answer means: one module
+from proxray.pool.upstream import RETRY, error_object, verdict  # what an upstream's answer means: one module
 
 
 def endpoint_key(spec) -> str:
@@ -29,12 +30,6 @@ def endpoint_key(spec) -> str:
     from proxray.common.secrets import read_secret
 
     return read_secret(spec.api_key_file, spec.api_key_env)
-
-
-def scrub(text: str, key: str, limit: int = 300) -> str:
-    """An endpoint's message fit for a table or a log: without the key, one line, bounded."""
-    text = (text or "").replace(key, "<key>") if key else (text or "")
-    return " ".join(text.split())[:limit]
 
 
 class RateLimiter:
@@ -114,25 +109,24 @@ class OpenAIEngine:
         for attempt in range(self.spec.max_retries + 1):
             self._wait(estimate)
             self.stats["requests"] += 1
-            after, status = None, None
+            after, status, text = None, None, ""
             try:
                 with self.client.stream("POST", "/chat/completions", json=body) as r:
                     status, text, after = r.status_code, r.read().decode(errors="replace"), r.headers.get("retry-after")
             except (httpx.TimeoutException, httpx.TransportError) as e:
-                why = f"{type(e).__name__}: {scrub(str(e), self.key)}"
+                why = f"{type(e).__name__}: {scrub(str(e), key=self.key)}"
                 if status == 200:  # it answered, then the connection broke: generated once, never asked again
                     why = f"the answer broke off after HTTP 200 ({why})"
-                    break
             else:
                 if status == 200:
                     return self._answer(json.loads(text), estimate)
-                why = f"HTTP {status}: {scrub(text, self.key)}"
-                if not retry_same(status):
-                    break  # the request's own fault: another try gets the same answer
-            wait = retry_wait(attempt, after)
-            if attempt < self.spec.max_retries:
-                self.stats["retries"] += 1
-                time.sleep(wait)
+                why = f"HTTP {status}: {scrub(text, key=self.key)}"
+            decision, wait = verdict(status if status not in (None, 200) else 503, error_object(text), attempt,
+                                     self.spec.max_retries, retry_after=after, answered=status == 200)
+            if decision != RETRY:  # spent, the request's own fault, or the operator's: the row is an error row
+                break
+            self.stats["retries"] += 1
+            time.sleep(wait)
         return {"response": "", "input_tokens": 0, "output_tokens": 0, "error": f"{self.model} at "
                 f"{self.spec.base_url}: {why}"}
 
@@ -167,11 +161,11 @@ def probe(spec) -> str | None:
         r = httpx.get(spec.base_url.rstrip("/") + "/models", timeout=min(spec.timeout_s, 20.0),
                       headers={"Authorization": f"Bearer {key}"} if key else {})
     except (httpx.TimeoutException, httpx.TransportError) as e:
-        return f"{where}: cannot reach it ({type(e).__name__}: {scrub(str(e), key)})"
+        return f"{where}: cannot reach it ({type(e).__name__}: {scrub(str(e), key=key)})"
     if r.status_code in (401, 403):
         return f"{where}: the key was refused (HTTP {r.status_code})"
     if r.status_code != 200:
-        return f"{where}: GET /models answered HTTP {r.status_code}: {scrub(r.text, key)}"
+        return f"{where}: GET /models answered HTTP {r.status_code}: {scrub(r.text, key=key)}"
     try:
         listed = [m.get("id") for m in r.json().get("data", [])]
     except ValueError:

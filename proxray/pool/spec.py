@@ -15,6 +15,9 @@ from proxray.common.pricing import token_cost
 from proxray.common.yamlconfig import StrictModel
 
 ENGINES = ("vllm", "transformers", "sim", "openai")
+# the client protocols an endpoint may serve itself (``proxray.serve.protocols`` holds one row for each)
+PROTOCOLS = ("chat", "completions", "responses", "messages")
+EARLIER = {"price_in", "price_out", "gpus_per_replica", "responses_api", "messages_api"}  # spellings still read
 
 
 class Sampling(StrictModel):
@@ -85,14 +88,13 @@ class PoolModel(StrictModel):
     api_key_file: str | None = Field(None, description="openai: a file (on the workers) whose first line is its key")
     rate_limit: RateLimit | None = Field(None, description="openai: what the endpoint allows, kept across all of "
                                          "the model's workers in a job (one limiter)")
-    responses_api: bool = Field(False, description="openai, served: the endpoint serves /v1/responses itself (OpenAI's "
-                                "API, vLLM's server): Responses requests are relayed to it; otherwise the gateway "
-                                "translates them to chat completions")
-    messages_api: bool = Field(False, description="openai, served: the endpoint serves Anthropic's /v1/messages "
-                               "itself (Anthropic's API, vLLM's server): Messages requests are relayed to it with the "
-                               "client's anthropic-version and anthropic-beta headers and the key also as x-api-key; "
-                               "otherwise the gateway translates them to chat completions (chat requests and the "
-                               "evaluation job use its chat completions either way)")
+    protocols: list[Literal[PROTOCOLS]] = Field(["chat", "completions"], description=(
+        "openai, served: the client protocols the endpoint serves itself, relayed to it as sent — chat and "
+        "completions (every OpenAI-compatible endpoint), responses (/v1/responses: OpenAI's API, vLLM's server), "
+        "messages (Anthropic's /v1/messages and count_tokens: Anthropic's API, vLLM's server; relayed with the "
+        "client's anthropic-version and anthropic-beta headers and the key also as x-api-key); a protocol it does not "
+        "serve reaches it translated to chat completions. The evaluation job uses its chat completions either way (earlier "
+        "spelt responses_api / messages_api: true, still read)"))
     timeout_s: float = Field(60.0, gt=0, description="openai: seconds one request may take")
     max_concurrency: int = Field(8, ge=1, description="openai: requests in flight per worker at most")
     max_retries: int = Field(4, ge=0, description="openai: retries of a request after a 429, a 5xx or a dropped "
@@ -127,11 +129,21 @@ class PoolModel(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _earlier_spellings(cls, data):
-        """``price_in`` / ``price_out`` and ``gpus_per_replica``, as job configs wrote them before."""
-        if not isinstance(data, dict) or not ({"price_in", "price_out", "gpus_per_replica"} & set(data)):
+        """``price_in`` / ``price_out``, ``gpus_per_replica`` and ``responses_api`` / ``messages_api``, as configs
+        wrote them before."""
+        if not isinstance(data, dict) or not (EARLIER & set(data)):
             return data
         data = dict(data)
         where = f"model {data.get('id')!r}: "
+        flags = {name: protocol for name, protocol in (("responses_api", "responses"), ("messages_api", "messages"))
+                 if name in data}
+        if flags:
+            if "protocols" in data:
+                raise ValueError(f"{where}give protocols, or the earlier {' / '.join(flags)}, not both")
+            served = ["chat", "completions"] + [p for name, p in flags.items() if data.pop(name)]
+            data["protocols"] = served
+            warnings.warn(f"{where}{' / '.join(flags)} are deprecated: write protocols: [{', '.join(served)}]",
+                          FutureWarning, stacklevel=2)
         if "price_in" in data or "price_out" in data:
             if "price" in data:
                 raise ValueError(f"{where}give price, or the earlier price_in / price_out, not both")
@@ -147,7 +159,10 @@ class PoolModel(StrictModel):
 
     @model_validator(mode="after")
     def _endpoint(self):
-        endpoint = ("base_url", "api_key_env", "api_key_file", "rate_limit", "responses_api", "messages_api")
+        endpoint = ("base_url", "api_key_env", "api_key_file", "rate_limit")
+        if self.engine != "openai" and set(self.protocols) != {"chat", "completions"}:
+            raise ValueError(f"model {self.id!r}: protocols belong to engine openai (a co-hosted {self.engine} model "
+                             "serves chat and completions; the gateway translates the rest)")
         if self.engine == "openai":
             if not self.base_url or not self.base_url.startswith(("http://", "https://")):
                 raise ValueError(f"model {self.id!r}: engine openai needs base_url: http(s)://host[:port]/v1 (got "
@@ -158,6 +173,10 @@ class PoolModel(StrictModel):
             given = [f for f in endpoint if getattr(self, f) not in (None, False)]
             raise ValueError(f"model {self.id!r}: {', '.join(given)} belong to engine openai, not {self.engine}")
         return self
+
+    def serves(self, protocol: str) -> bool:
+        """Whether the model's endpoint serves the client protocol ``protocol`` itself (relayed as sent)."""
+        return protocol in self.protocols
 
     @property
     def gpus(self) -> float:

@@ -13,9 +13,14 @@
   that says the model itself is unknown (``model_not_found``, "the model ... does not exist") — not a 404 about
   something the request refers to (an item, a stored response), which any client can provoke. A 404 that says neither
   is settled by asking the upstream's ``/v1/models`` (``lists_model``).
+
+``verdict`` puts the three together, a pure function of one failed try (its status, the upstream's error object, the
+attempt, the time left): one state machine that the job's loop (``pool.openai_engine``) and the relay's
+(``serve.deployments.endpoint_server``) each drive. ``error_object`` is the one reader of an upstream's error body.
 """
 from __future__ import annotations
 
+import json
 import random
 import re
 
@@ -60,3 +65,55 @@ def retry_wait(attempt: int, retry_after: str | None, cap: float = 30.0) -> floa
     if retry_after and retry_after.replace(".", "", 1).isdigit():
         return min(2 * cap, float(retry_after))
     return min(cap, 0.5 * 2 ** attempt) * (0.5 + random.random())
+
+
+# ---- the state machine of one request to an upstream -----------------------------------------------------------
+RETRY = "retry"  # the same upstream again, after the wait
+FALL_BACK = "fall_back"  # this upstream is spent for the request: another model may answer (the job: an error row)
+REFUSE = "refuse"  # the request's own fault: to the client at once, never tried again anywhere
+TAKE_OUT = "take_out"  # the operator's fault (the key refused, the model unknown): the model out of routing
+ASK_LISTING = "ask_listing"  # a 404 that does not say: take the model out only if its listing no longer has it
+
+
+def verdict(status: int, err: dict, attempt: int, max_retries: int, time_left_s: float | None = None,
+            retry_after: str | None = None, answered: bool = False) -> tuple[str, float]:
+    """What one failed try means: (``RETRY``, ``FALL_BACK``, ``REFUSE``, ``TAKE_OUT`` or ``ASK_LISTING``, the seconds
+    to wait before a retry). ``status``: the upstream's HTTP status (503 for no answer: a timeout, a refused
+    connection); ``err``: its error object (``error_object``); ``attempt``: 0-based; ``time_left_s``: until the
+    request's deadline (None: none); ``answered``: it had answered 200, then broke off — generated once, never asked
+    again."""
+    if answered:
+        return FALL_BACK, 0.0
+    out = takes_model_out(status, err)
+    if out is None:
+        return ASK_LISTING, 0.0
+    if out:
+        return TAKE_OUT, 0.0
+    if not retry_same(status):
+        return REFUSE, 0.0
+    wait = retry_wait(attempt, retry_after)
+    if attempt >= max_retries or (time_left_s is not None and wait >= time_left_s):
+        return FALL_BACK, 0.0
+    return RETRY, wait
+
+
+def error_object(body) -> dict:
+    """The error object of an upstream's error body (its text or the parsed JSON): OpenAI's ``{"error": {...}}`` and
+    Anthropic's ``{"type": "error", "error": {...}}`` alike; ``{}`` where it has none."""
+    if isinstance(body, (str, bytes)):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return {}
+    err = body.get("error") if isinstance(body, dict) else None
+    return err if isinstance(err, dict) else {}
+
+
+def error_status(err: dict, default: int = 500) -> int:
+    """The HTTP status an error object carries in its ``code`` (the gateway's), else ``default``."""
+    code = err.get("code")
+    if isinstance(code, bool) or not code:
+        return default
+    if isinstance(code, int):
+        return code
+    return int(code) if isinstance(code, str) and code.isdigit() else default

@@ -141,6 +141,21 @@ class KMeansRouter(ProxRouter):
     def _phi(self, Xq):
         return pairwise_distance(Xq, self.centers_, self.metric), None, self.prior_
 
+    def leave_out_estimate(self, R, rows, acc, cost):
+        """Estimates (acc_hat, cost_hat) of training queries ``R`` (prepared; rows ``rows`` of the training set, with
+        labels ``acc``/``cost``), each with its own labels left out: every cluster weighed, the query's own without it
+        (a cluster of one keeps its weight and estimate)."""
+        phi, _, prior = self._phi(R)
+        w = self.temperature_.weights(phi, prior, self)
+        a_hat, c_hat = self.estimate_at(w, None)
+        own = self.labels_[rows]
+        n = self.sizes_[own][:, None]
+        wo = w[np.arange(len(R)), own][:, None]
+        gone = n > 1
+        a_hat = a_hat + np.where(gone, wo * (self.acc_values_[own] - acc) / np.maximum(n - 1, 1), 0.0)
+        c_hat = c_hat + np.where(gone, wo * (self.cost_values_[own] - cost) / np.maximum(n - 1, 1), 0.0)
+        return a_hat, c_hat
+
     def bias_variance_stats(self):
         """(var (K,), L²) of ``weights.bias_variance_stats`` for the fitted clusters — what ``temperature="bv"``
         reads; derived from n_i, V_i and the centroids, so it follows ``add_queries`` and needs nothing saved.

@@ -82,6 +82,17 @@ class KNNRouter(ProxRouter):
             return dist[:, 0]
         return np.where(dist[:, 0] <= 1e-6, dist[:, 1], dist[:, 0])  # itself at distance 0: the next one
 
+    def leave_out_estimate(self, R, rows, acc, cost):
+        """Estimates (acc_hat, cost_hat) of training queries ``R`` (prepared; rows ``rows`` of the references, with
+        labels ``acc``/``cost``), each with its own labels left out: the k nearest *other* references."""
+        dist, idx = self.index_.search(R, min(self.k_ + 1, self.n_train_))
+        own = idx == rows[:, None]
+        keep = ~own
+        keep[~own.any(1), -1] = False  # itself not found among the k + 1: drop the farthest instead
+        phi = dist[keep].reshape(len(R), -1)
+        ref = idx[keep].reshape(len(R), -1)
+        return self.estimate_at(self.temperature_.weights(phi, None, self), ref)
+
     def _values_at(self, w, ref):
         """Σ_i w_i V_i over each query's k neighbours ``ref`` (q, k): two (q, M) arrays."""
         # Gathering the k neighbours' rows is the main cost beyond the search: one gather from a

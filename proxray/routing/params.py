@@ -131,28 +131,3 @@ def check_fit(kind: str, params: dict, n_queries: int, n_models: int, dim: int =
     need = n_queries * (3 * dim * 4 + 4 * n_models * 8 + graph)
     check_memory(need, f"fitting a {kind} router on {n_queries} queries × {n_models} models", "fit on a part of the "
                  "table (--models, or a sample of its queries) or on a machine with more memory")
-
-
-def add_options(parser, names, kinds=("km", "knn")) -> None:
-    """The command line's options for the hyperparameters ``names`` (each has one: ``cli``), their defaults and help
-    from the spec; a parameter both families share is added once, one of a family says which."""
-    seen = set()
-    for name in names:
-        for kind in kinds:
-            p = SPECS[kind].get(name)
-            if p is not None and p.cli not in seen:
-                seen.add(p.cli)
-                where = "" if all(p.name in SPECS[k] for k in kinds) else f"{kind}: "
-                kw = {"choices": list(p.choices)} if p.choices else {"type": p.type}
-                parser.add_argument(p.cli, default=p.default, dest=p.cli[2:].replace("-", "_"),
-                                    help=f"{where}{p.help} (default {p.default})", **kw)
-
-
-def from_options(a, kind: str) -> dict:
-    """The hyperparameters of family ``kind`` the command line's options (``add_options``) set."""
-    return {p.name: getattr(a, p.cli[2:].replace("-", "_")) for p in SPECS[kind].values()
-            if p.cli and p.name not in ("weighting", "temperature")}  # those two are make_router's own arguments
-
-
-def spelled_by_cli(kind: str) -> dict:
-    return {p.name: f"{p.cli} " for p in SPECS[kind].values() if p.cli}

@@ -6,10 +6,12 @@ from proxray.routing import artifact
 from proxray.routing.baselines import LargestRouter, MLPRouter, RandomRouter
 from proxray.routing.kmeans import KMeansRouter
 from proxray.routing.knn import KNNRouter
-from proxray.routing.params import defaults
+from proxray.routing.params import SPECS, defaults
 
 ROUTERS = {"km": KMeansRouter, "knn": KNNRouter}  # the ProxRouters, by the short names the CLI takes
-NAMES = {"km": "KMeans", "knn": "kNN"}
+NAMES = {"km": "KMeans", "knn": "kNN"}  # as prose names them
+LABELS = {"km": "KM", "knn": "kNN"}  # as the paper's tables and the reports' figures label them
+assert set(ROUTERS) == set(SPECS), "every ProxRouter family has its hyperparameter spec (routing.params.SPECS)"
 CLASSES = {c.__name__: c for c in (KNNRouter, KMeansRouter, MLPRouter, RandomRouter, LargestRouter)}
 
 

@@ -227,36 +227,3 @@ def from_options(temperature, inv_tau=None, router: str | None = None) -> tuple[
         raise ValueError(f"--inv-tau {inv_tau}: {e}") from None
     said = f"--inv-tau {inv_tau}" + (f" --temperature {temperature}" if temperature in OLD_NAMES else "")
     return got, f"{said} is deprecated: say --temperature {'auto' if inv_tau == 'auto' else got.spec}"
-
-
-# ---- the command line's temperature options ---------------------------------------------------------
-TEMPERATURE_HELP = ("Prox's temperature: auto (default: kNN spread:0.2, 1/tau(x) = 0.2 / std of the query's k "
-                    "distances; KMeans plug-in:0.125, per query the 1/tau minimizing the bias–variance bound over the "
-                    "clusters; neither runs a CV), a number or fixed:N (a fixed 1/tau; inf = nearest only), spread:C, "
-                    "plug-in:C (docs: the temperature)")
-
-
-def add_temperature_options(p, default="auto") -> None:
-    """``--temperature`` (and the deprecated ``--inv-tau``; ``--cv-rule`` / ``--cv-repeats`` now refused with where the
-    CV rules went) on a subcommand's parser."""
-    import argparse
-
-    p.add_argument("--temperature", default=default, metavar="SPEC", help=TEMPERATURE_HELP)
-    p.add_argument("--inv-tau", default=None, help=argparse.SUPPRESS)  # deprecated: --temperature
-    p.add_argument("--cv-rule", default=None, help=argparse.SUPPRESS)  # the CV rules are research/tau's
-    p.add_argument("--cv-repeats", default=None, help=argparse.SUPPRESS)
-
-
-def temperature_option(a, router: str) -> Temperature:
-    """The ``Temperature`` a parsed command line asked for (``from_options``), a deprecation said once on stderr;
-    ``--cv-rule`` / ``--cv-repeats`` are refused with where the cross-validated rules live now."""
-    from proxray.common.logs import log
-
-    for flag, v in (("--cv-rule", a.cv_rule), ("--cv-repeats", a.cv_repeats)):
-        if v is not None:
-            raise ValueError(f"{flag} {v}: the cross-validated temperature rules are not part of proxray (its auto "
-                             "temperatures need no CV); the τ study keeps them: python research/tau/tau_selection.py")
-    got, deprecation = from_options(a.temperature, a.inv_tau, router)
-    if deprecation:
-        log(deprecation)
-    return got

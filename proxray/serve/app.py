@@ -1,5 +1,5 @@
 """The routed, OpenAI-compatible endpoint as one Ray Serve application: ``proxray.serve.app:build_app`` is the
-``import_path`` a Serve config names (``args`` follow ``proxray.serve.request.schemas.AppArgs``). The builder
+``import_path`` a Serve config names (``args`` follow ``proxray.serve.config.AppArgs``). The builder
 (``proxray.serve.builder``) checks the args — the same checks ``proxray check`` runs — and binds one deployment per
 model around the ingress (``proxray.serve.ingress.RouterIngress``)."""
 from proxray.serve.builder import app_problems, build_app

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 
-from proxray.serve.ingress import RouterIngress, deployment_name
+from proxray.serve.config import AppArgs, ServedModel
 from proxray.serve.deployments.models import ModelServer
-from proxray.serve.request.schemas import AppArgs, ServedModel
+from proxray.serve.ingress import RouterIngress, deployment_name
+from proxray.serve.preflight import relay_problems, router_problems
+from proxray.serve.tenancy.keys import read_keys
 
 
 def app_args(args: dict) -> AppArgs:
@@ -32,13 +34,11 @@ def app_problems(a: AppArgs, where: str = "") -> tuple[dict, list]:
     prefixes the fields problems name (``applications.0.args.`` in a Serve config)."""
     from proxray.common.secrets import key_file_problems, secret_problems
     from proxray.pool.preflight import check_models
-    from proxray.serve.preflight import relay_problems, router_problems
 
     problems = router_problems(a.router, a.encoder, [m.id for m in a.models], a.new_models, f"{where}router")
     sources, found = check_models(a.models, a.default_max_tokens)
     problems += found + relay_problems(a.models, f"{where}models") + secret_problems(a.models, f"{where}models")
     if a.keys_file:
-        from proxray.serve.tenancy.keys import read_keys
 
         try:
             unknown = sorted({m for k in read_keys(os.path.expanduser(a.keys_file)).keys
@@ -61,7 +61,7 @@ def _vllm_deployment(m: ServedModel, source: str):
     from ray.serve.llm import LLMConfig, build_llm_deployment
 
     from proxray.pool.vllm_adapter import vllm_engine_kwargs, vllm_placement
-    from proxray.serve.deployments.vllm_server import VLLMModelServer
+    from proxray.serve.deployments.vllm_server import VLLMModelServer  # defers ray.serve.llm (it needs vLLM)
 
     cfg = LLMConfig(model_loading_config={"model_id": m.id, "model_source": source},
                     engine_kwargs=vllm_engine_kwargs(m), accelerator_type=m.accelerator_type,
@@ -76,9 +76,11 @@ def _vllm_deployment(m: ServedModel, source: str):
     return build_llm_deployment(cfg, override_serve_options=serve_options, deployment_cls=VLLMModelServer)
 
 
-def build_app(args: dict):
+def build_app(args: dict, protocols: dict | None = None):
     """The Serve application: one deployment per model plus the router ingress (``simulate``: every model the
-    simulated engine, ``proxray.pool.simulated.rehearsal``)."""
+    simulated engine, ``proxray.pool.simulated.rehearsal``); ``protocols``: the client protocols it serves,
+    ``{route: Protocol}`` (default: ``proxray.serve.protocols.PROTOCOLS``; a protocol added here is served on its
+    route with nothing else to change)."""
     a = app_args(args)
     sources, problems = app_problems(a)
     if len(problems) == 1:
@@ -104,4 +106,5 @@ def build_app(args: dict):
     placed = {"num_cpus": a.router_num_cpus, **({"resources": a.router_resources} if a.router_resources else {})}
     return RouterIngress.options(num_replicas=a.router_replicas, ray_actor_options=placed, **spread,
                                  max_ongoing_requests=a.router_max_ongoing_requests,
-                                 max_queued_requests=a.router_max_queued_requests).bind(a.model_dump(), handles)
+                                 max_queued_requests=a.router_max_queued_requests).bind(a.model_dump(), handles,
+                                                                                        protocols)

@@ -2,20 +2,24 @@
 with one deployment per model; ``proxray.serve.app:build_app`` is the Serve config's import path).
 
     RouterIngress (FastAPI)  --DeploymentHandle.respond-->  ModelServer "<model a>"        (CPU engines)
-      chat, completions, responses, messages (a ChatTurn, ResponsesTurn or MessagesTurn: body, routing text, answer)
-      composes: HTTP boundary (http), encoder service,      VLLMModelServer "<model b>"   (ray.serve.llm)
-      routing policy (policy), model client (client) with   --in process-->  EndpointRelay "<model c>"
-      fallback (fallback), stream writer (sse), monitor       (an endpoint it does not host)
-      client, metrics                                       ... every one: respond(endpoint, body)
+      one request path for every protocol of the table      VLLMModelServer "<model b>"   (ray.serve.llm)
+      (proxray.serve.protocols: chat, completions,          --in process-->  EndpointRelay "<model c>"
+      Responses, Messages; each request a Turn), composing:   (an endpoint it does not host)
+      HTTP boundary (http), encoder service, routing        ... every one: respond(upstream, body)
+      policy (policy), model client (client) with
+      fallback (fallback), stream writer (sse), monitor
+      client, metrics
 
-The client's request goes to the chosen model as sent (only ``model`` is rewritten); the model's response
-or chunk stream comes back unchanged, with a ``proxray`` object added (and ``x-proxray-*`` headers). A Responses
-request reaches a model that does not serve ``/v1/responses`` as chat completions and its answer comes back as a
-response (``proxray.serve.responses``); responses are stored per key in the app's ``ResponseStore``. Anthropic's
-Messages API is relayed to endpoints that serve it and translated to chat for the rest (``proxray.serve.messages``).
-``args`` follow ``proxray.serve.request.schemas.AppArgs``. Handles are injected through ``.bind()``, so tests compose the same app
-from small real parts. Each ingress replica builds its FastAPI app from its own args (``http.gateway_api``, Serve's
-late-bound ``__serve_build_asgi_app__``, as ray.serve.llm's ``LLMServer`` does), so docs and CORS are per app.
+A request of any protocol crosses the same stages in the same order (``_handle``): open (key, body, alias, the
+request's policy, the key's 403s), its protocol's turn (the one internal request every candidate is sent), plan (the
+routing text embedded, the router's decision), admit (the key's rate and budget, a hold), the candidates in order
+(``first_answer``), then the answer or its stream, whose usage settles what it holds. The client's request goes to the
+chosen model as sent (only ``model`` is rewritten) or, to a model whose endpoint does not serve its protocol,
+translated to chat completions; the answer comes back in the client's protocol with a ``proxray`` object added (and
+``x-proxray-*`` headers). ``args`` follow ``proxray.serve.config.AppArgs``. Handles are injected through
+``.bind()``, so tests compose the same app from small real parts. Each ingress replica builds its FastAPI app from its
+own args and the protocol table (``http.gateway_api``, Serve's late-bound ``__serve_build_asgi_app__``, as
+ray.serve.llm's ``LLMServer`` does), so docs and CORS are per app.
 """
 
 import logging
@@ -27,26 +31,26 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from proxray.routing.index import single_thread
+from proxray.serve.config import ROUTER_MODEL, AppArgs, load_api_key, resolve_alias
 from proxray.serve.deployments.client import ModelClient
+from proxray.serve.deployments.endpoint_server import relays
 from proxray.serve.deployments.liveness import Liveness
 from proxray.serve.deployments.models import OpenAIModel
-from proxray.serve.tenancy.conversations import ConversationClient
-from proxray.serve.request.fallback import first_answer
-from proxray.serve.tenancy.feedback import FeedbackClient, FeedbackRequest
+from proxray.serve.errors import RequestError
+from proxray.serve.metrics import GatewayMetrics
+from proxray.serve.monitor_client import MonitorClient
+from proxray.serve.protocols import PROTOCOLS
+from proxray.serve.protocols.base import Context
 from proxray.serve.request import plan as planning
+from proxray.serve.request.encoder_service import EncoderService
+from proxray.serve.request.fallback import first_answer
 from proxray.serve.request.http import error_response, gateway_api, parse_request, response_headers
 from proxray.serve.request.model_list import ModelList
-from proxray.serve.request.errors import RequestError
 from proxray.serve.request.policy import RoutingPolicy, budget_from, request_policy
-from proxray.serve.request.schemas import (ROUTER_MODEL, AppArgs, ChatRequest, CompletionRequest, load_api_key,
-                                           resolve_alias)
 from proxray.serve.request.sse import answer_stream
-from proxray.serve.request.turn import ChatTurn
-from proxray.serve.messages.count import TokenCounter
-from proxray.serve.messages.turn import MessagesTurn
-from proxray.serve.responses.stored import StoredResponses
-from proxray.serve.responses.turn import begin
-from proxray.serve.tenancy.gate import Held
+from proxray.serve.tenancy.conversations import ConversationClient
+from proxray.serve.tenancy.feedback import FeedbackClient, FeedbackRequest
+from proxray.serve.tenancy.gate import Held, KeyGate
 from proxray.serve.tenancy.responses import ResponseStore
 
 logger = logging.getLogger("ray.serve")
@@ -73,51 +77,63 @@ class RouterIngress:
     """Composes, per request: the HTTP boundary (bound, parse, key), the routing policy (route or pass through)
     over the encoder service's embedding, the model client with fallback, and the answer or its stream."""
 
-    def __init__(self, args: dict, handles: dict):
+    def __init__(self, args: dict, handles: dict, protocols: dict | None = None):
         from proxray.routing.registry import load_router
-        from proxray.serve.request.encoder_service import EncoderService
-        from proxray.serve.deployments.endpoint_server import relays
-        from proxray.serve.tenancy.gate import KeyGate
-        from proxray.serve.metrics import GatewayMetrics
 
         self.args = a = AppArgs(**args)
+        self.protocols = PROTOCOLS if protocols is None else protocols  # {route: Protocol}
         self.encoder = EncoderService(a.encoder, a.encoder_backend, a.encoder_threads, a.embedding_cache_entries,
                                       a.embed_batch_wait_s)
         router = load_router(a.router, encoder_id=self.encoder.id)
         if not hasattr(router, "estimate_with_outlier_score"):
             raise ValueError(f"{a.router}: serving needs a KNNRouter or KMeansRouter artifact "
                              f"(it reports outlier scores), not a {type(router).__name__}")
-        handles = relays(handles)  # an endpoint proxray does not host is relayed from this process
+        # an endpoint proxray does not host is relayed from this process; what it takes, per protocol it serves
+        handles = relays(handles, lambda spec: {p.upstream: p.honoured() for p in self.protocols.values()
+                                                if p.honoured is not None and spec.serves(p.name)})
         app_name = serve.get_replica_context().app_name
         deployments = {m: deployment_name(m) for m, h in handles.items() if not isinstance(h, OpenAIModel)}
         self.client = ModelClient(handles, Liveness(app_name, deployments, a.failover_s))
         self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a), a.conversations)
         self.conversations = ConversationClient(app_name, a.conversations)
         self.answers = FeedbackClient(app_name, a.feedback)  # answers remembered for feedback on them
-        self.native = {"responses": {m.id for m in a.models if m.responses_api},  # relayed; the rest through chat
-                       "messages": {m.id for m in a.models if m.messages_api}}
+        # per protocol, the models whose endpoints serve it themselves (relayed as sent; the rest through chat)
+        self.native = {p.name: {m.id for m in a.models if m.serves(p.name)} for p in self.protocols.values()}
         self.gate = KeyGate(a.keys_file, load_api_key(a), app_name, {m.id: m.price for m in a.models if m.price})
         self.listing = ModelList(self.gate, self.policy.routable, self.client.handles,
                                  {m.id: m.engine for m in a.models})  # GET /v1/models, /v1/models/{model}
         self.replica = serve.get_replica_context().replica_id.unique_id  # which ingress replica answered
         self.metrics = GatewayMetrics()
         self.store = ResponseStore(app_name, a.responses)  # responses kept for retrieval and previous_response_id
-        self.stored = StoredResponses(self.store, self.gate, self.metrics)  # its routes: retrieve, items, delete
-        self.counter = TokenCounter(self)  # POST /v1/messages/count_tokens
         self.monitor = None
         if a.monitor:
-            from proxray.serve.monitor_client import MonitorClient
-
             self.monitor = MonitorClient(a.monitor, a.reload_every_s, a.router, self.encoder.id, self.policy.use_router)
 
-    async def _plan(self, req, rp, turn, timings: dict, text: str, key=None, again: bool = False) -> planning.Plan:
+    # ---- the stages every protocol's request crosses (a protocol's own routes use them too) -------------------
+    async def open(self, request: Request, model_cls, timings: dict | None = None):
+        """(key, the parsed request, its ``RequestPolicy``): the key identified, the body read, bounded and validated
+        as ``model_cls``, its model alias resolved, the request's policy decided once (app, alias, key, request) and
+        the key's 403s applied."""
+        key = self.gate.identify(request)
+        req = await parse_request(request, model_cls, self.args.max_body_bytes, timings)
+        req.model, alias = resolve_alias(req.model, self.args.model_aliases)
+        rp = request_policy(req.proxray, key, request.headers, alias)
+        self.gate.check_policy(key, req.model, rp)
+        return key, req, rp
+
+    def context(self, protocol, key, headers) -> Context:
+        """What a turn of ``protocol`` is given of the app for one request of ``key``."""
+        return Context(protocol, self.client, self.native[protocol.name], self.args, self.store, key and key.owner,
+                       headers)
+
+    async def plan(self, req, rp, turn, timings: dict, text: str, key=None, again: bool = False) -> planning.Plan:
         if req.model != ROUTER_MODEL:  # nothing router-related on a pass-through request's path
             return planning.pass_through(req.model, self.client.handles)
         t0 = time.perf_counter()
         if len(text) > self.args.max_prompt_chars:
             raise RequestError(413, f"the routing text has {len(text)} characters; the limit is "
                                f"{self.args.max_prompt_chars}", turn.param)
-        refusals = await turn.client.refusals(self.policy.routable, turn.body, turn.endpoint)
+        refusals = await turn.client.refusals(self.policy.routable, turn.body, turn.upstream)
         X = (await self.encoder.vector(text, timings, key.owner if key else ""))[None, :]
         previous = turn.previous  # the model of the conversation's last turn: a stored response's
         if previous is None and rp.conversation:  # or the app's conversations book's
@@ -126,7 +142,7 @@ class RouterIngress:
             timings["conversation_ms"] = 1e3 * (time.perf_counter() - t1)
         t1 = time.perf_counter()
         single_thread()  # one query, one faiss thread (more threads cost more than they give on one query)
-        p = self.policy.decide(X, rp, refusals, previous, self.gate.policy.visible(key), turn.tool_loop)
+        p = self.policy.decide(X, rp, refusals, previous, self.gate.rules.visible(key), turn.tool_loop)
         p.candidates = self.client.liveness.order(p.candidates)  # those lost or slow to take requests tried last
         timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
@@ -147,47 +163,43 @@ class RouterIngress:
         _, cost, _ = router.estimate_with_outlier_score((await self.encoder.vector(text, {}))[None, :])
         return float(cost[0][router.models_.index(model)])
 
-    async def _turn(self, req, endpoint: str, key, headers):
-        """What the gateway needs of one request of ``endpoint`` (``ChatTurn``, ``ResponsesTurn``, ``MessagesTurn``)."""
-        if endpoint == "messages":
-            return MessagesTurn(req, self.client, self.native["messages"], headers)
-        if endpoint != "responses":
-            return ChatTurn(req, endpoint, self.client, self.args.default_max_tokens)
-        return await begin(req, self.client, self.native["responses"], self.store, self.args.responses,
-                           self.args.default_max_tokens, key and key.owner)
+    def endpoint(self, protocol):
+        """The FastAPI endpoint of ``protocol``'s route: the one request path (``_handle``)."""
+        async def handle(request: Request):
+            return await self._handle(request, protocol)
 
-    async def _handle(self, request: Request, model_cls, endpoint: str):
+        handle.__name__ = handle.__qualname__ = protocol.name  # the route's name in /docs
+        return handle
+
+    async def _handle(self, request: Request, protocol):
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.args.timeout_s
         timings = {}  # where the gateway's time went: read, parse, embed (+ cache), estimate, model
         key, held = None, None
         try:
-            key = self.gate.identify(request)
-            req = await parse_request(request, model_cls, self.args.max_body_bytes, timings)
-            req.model, alias = resolve_alias(req.model, self.args.model_aliases)
-            rp = request_policy(req.proxray, key, request.headers, alias)  # decided once: app, alias, key, request
-            self.gate.check_policy(key, req.model, rp)
-            turn = await self._turn(req, endpoint, key, request.headers)  # the body every candidate gets, model aside
+            key, req, rp = await self.open(request, protocol.request, timings)
+            # the body every candidate gets (model aside), in the protocol or as the one internal request
+            turn = await protocol.begin(req, self.context(protocol, key, request.headers))
             if turn.previous_id is not None:  # a stored response's conversation: its id names it in the report
                 rp = replace(rp, conversation=turn.previous_id)
             elif turn.session and rp.conversation is None:  # a Messages client's session
                 rp = replace(rp, conversation=turn.session)
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = turn.text(self.args.routing_text)
-            p = await self._plan(req, rp, turn, timings, text, key)
+            p = await self.plan(req, rp, turn, timings, text, key)
             held = Held(self.gate, key)  # the key's hold on its budget, settled exactly once
             key_report, p, estimate = await self.gate.admit_plan(
                 key, p, turn.body, held.take(), self.client.handles, estimate_of=lambda m: self._estimate(text, m),
-                replan=lambda: self._plan(req, rp.over_budget(), turn, timings, text, key, again=True))
+                replan=lambda: self.plan(req, rp.over_budget(), turn, timings, text, key, again=True))
             t_model = time.perf_counter()
-            model, head, gen = await first_answer(turn.client, p, turn.body, endpoint, req.stream, deadline,
-                                                  self.args.timeout_s, self._failed)
+            model, head, gen = await first_answer(turn.client, p, turn.body, turn.upstream, req.stream, deadline,
+                                                  self.args.timeout_s, self._failed, turn.has_content)
             timings["model_ms"] = 1e3 * (time.perf_counter() - t_model)  # the answer, or a stream's first content
         except RequestError as e:
             if held is not None:
                 held.release()  # no answer: nothing spent
             self.metrics.error(e.status)
-            return error_response(e, "anthropic" if endpoint == "messages" else "openai")
+            return error_response(e, protocol.error)
         except BaseException:  # an unexpected failure, or the client gone before the answer: nothing spent either
             if held is not None:
                 held.release()
@@ -217,27 +229,9 @@ class RouterIngress:
             count(turn.usage(head[0]))
         return JSONResponse(await turn.answer(head[0], p.report), headers=response_headers(p.report))
 
-    # ---- routes (http.gateway_api binds them) ---------------------------------------------------
+    # ---- the gateway's own routes (http.gateway_api binds them beside the protocols') -------------------------
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return gateway_api(self, self.args)
-
-    async def chat(self, request: Request):
-        return await self._handle(request, ChatRequest, "chat")
-
-    async def completions(self, request: Request):
-        return await self._handle(request, CompletionRequest, "completions")
-
-    async def responses(self, request: Request):
-        """``POST /v1/responses`` (proxray.serve.responses)."""
-        from proxray.serve.responses.schemas import ResponsesRequest
-
-        return await self._handle(request, ResponsesRequest, "responses")
-
-    async def messages(self, request: Request):
-        """``POST /v1/messages``: Anthropic's Messages API (proxray.serve.messages)."""
-        from proxray.serve.messages.schemas import MessagesRequest
-
-        return await self._handle(request, MessagesRequest, "messages")
+        return gateway_api(self, self.args, self.protocols)
 
     async def feedback(self, request: Request):
         """``POST /v1/feedback``: a score in [0, 1] for an answer this endpoint gave (proxray.serve.tenancy.feedback)."""
@@ -246,11 +240,9 @@ class RouterIngress:
             self.answers.check_enabled()
             await self.gate.admit(key, 0.0, None, budget=False)  # a feedback post counts toward the key's rate
             fb = await parse_request(request, FeedbackRequest, self.args.max_body_bytes)
-            if key is not None and key.feedback == "off":
-                raise RequestError(403, f"key {key.name!r} may not send feedback (feedback: off in the keys file)",
-                                   kind="permission_error")
-            return await self.answers.take(fb, key and key.owner, self.metrics, self.monitor,
-                                           trains=key is None or key.feedback == "train", source=key and key.name)
+            trains, source = self.gate.rules.feedback(key)  # 403 for a key that may not send feedback
+            return await self.answers.take(fb, key and key.owner, self.metrics, self.monitor, trains=trains,
+                                           source=source)
         except RequestError as e:
             self.metrics.error(e.status)
             return error_response(e)

@@ -11,7 +11,7 @@ import asyncio
 import logging
 
 from proxray.common.actors import ActorDown
-from proxray.serve.tenancy.shared_actor import SharedActorClient
+from proxray.common.shared_actor import SharedActorClient
 
 logger = logging.getLogger("ray.serve")
 

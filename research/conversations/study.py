@@ -43,7 +43,8 @@ def conversations(table, rng, n: int) -> list:
 
 def run(table_name: str, n: int, seed: int, enc) -> dict:
     from proxray import KMeansRouter, KNNRouter, RoutingTable
-    from proxray.serve.tenancy.conversations import ConversationSpec, keep
+    from proxray.serve.config import ConversationSpec
+    from proxray.serve.tenancy.conversations import keep
 
     table = RoutingTable.read(DATA / f"{table_name}.parquet")
     acc, cost = table.matrices()

@@ -5,28 +5,19 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
-from proxray.pool.upstream import falls_back  # one module: what a model's status means
+from proxray.common.secrets import scrub
+from proxray.pool.upstream import error_status, falls_back  # one module: what a model's status means
 from proxray.serve.deployments.liveness import HEARTBEAT_S, Liveness, Unavailable, WatchedStream
 from proxray.serve.deployments.models import OpenAIModel, refused_parameters
-from proxray.serve.request.errors import error
-
-_PATH = re.compile(r"(?<![\w.])/(?:[\w.\-]+/)+[\w.\-]*")
-
-
-def scrub(text: str, limit: int = 200) -> str:
-    """A failure reason fit for a client: first line only, no filesystem paths, bounded."""
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
-    return _PATH.sub("<path>", line)[:limit]
-
+from proxray.serve.errors import error
 
 def failure_reason(e: BaseException) -> str:
     if isinstance(e, asyncio.TimeoutError):
         return "timeout"
     cause = getattr(e, "cause", None) or e  # a RayTaskError wraps the replica's exception
-    return f"{type(cause).__name__}: {scrub(str(cause))}"
+    return f"{type(cause).__name__}: {scrub(str(cause), 200, local=True)}"
 
 
 class ModelError(Exception):
@@ -34,11 +25,11 @@ class ModelError(Exception):
 
     def __init__(self, obj: dict):
         err = obj.get("error") or {}
-        self.status = int(err.get("code") or 500) if str(err.get("code") or "500").isdigit() else 500
-        self.obj = error(self.status, scrub(err.get("message", ""), 2000), err.get("param"),
+        self.status = error_status(err)
+        self.obj = error(self.status, scrub(err.get("message", ""), 2000, local=True), err.get("param"),
                          err.get("type") or "server_error")
         self.falls_back = falls_back(self.status)
-        super().__init__(f"{self.status} {err.get('type')}: {scrub(err.get('message', ''))}")
+        super().__init__(f"{self.status} {err.get('type')}: {scrub(err.get('message', ''), 200, local=True)}")
 
 
 class LocalStream:
@@ -70,6 +61,9 @@ class ModelClient:
     def __init__(self, handles: dict, liveness: Liveness | None = None):
         self.handles = handles  # model id -> DeploymentHandle or in-process OpenAIModel (every one with ``respond``)
         self.liveness = liveness or Liveness(None, {}, 1.0)  # which deployments have a live replica
+        for callee in handles.values():  # a relay that takes its model out tells the liveness every request reads
+            if isinstance(callee, OpenAIModel) and hasattr(callee, "on_out"):
+                callee.on_out = self.liveness.take_out
         self.caps: dict = {}  # model id -> {endpoint: frozenset of parameters it honours}, asked lazily
         self.caps_retry: dict = {}  # model id -> when to ask again a model that did not answer
 

@@ -37,11 +37,13 @@ import logging
 import time
 
 from proxray.common.pricing import token_bound
-from proxray.pool.upstream import lists_model, retry_same, retry_wait, takes_model_out
-from proxray.serve.request.errors import error, is_error
+from proxray.common.shared_actor import SharedActorClient, SharedStateDown
+from proxray.common.secrets import scrub
+from proxray.pool.upstream import (ASK_LISTING, REFUSE, RETRY, TAKE_OUT, error_object, lists_model, verdict)
+from proxray.serve.config import ServedModel
 from proxray.serve.deployments.models import OpenAIModel
-from proxray.serve.request.schemas import ServedModel
-from proxray.serve.tenancy.shared_actor import SharedActorClient, SharedStateDown
+from proxray.serve.errors import error, is_error
+from proxray.serve.wire import UpstreamHeaders
 
 NAMES = {"latency": "proxray_endpoint_latency_s", "answers": "proxray_endpoint_answers",
          "limited": "proxray_endpoint_rate_limited"}
@@ -50,40 +52,28 @@ COOLDOWN_S = 60.0  # a model whose endpoint refuses the gateway's key, or does n
 logger = logging.getLogger("ray.serve")
 
 
-def honoured(responses: bool = False) -> dict:
-    """The request parameters an OpenAI-compatible endpoint takes, per gateway endpoint: what the openai SDK sends
-    (``responses``: also to ``/v1/responses``, for an endpoint that serves it)."""
-    from openai.types import completion_create_params as completions
-    from openai.types.chat import completion_create_params as chat
-    from openai.types.responses import response_create_params
-
-    caps = {"chat": sorted({*chat.CompletionCreateParamsBase.__annotations__, "stream"}),
-            "completions": sorted({*completions.CompletionCreateParamsBase.__annotations__, "stream"})}
-    if responses:
-        caps["responses"] = sorted({*response_create_params.ResponseCreateParamsBase.__annotations__, "stream"})
-    return caps
-
-
-PATHS = {"chat": "/chat/completions", "completions": "/completions", "responses": "/responses",
-         "messages": "/messages", "count_tokens": "/messages/count_tokens"}
-HEADERS_FIELD = "__proxray_headers__"  # a Messages request's anthropic-* headers (proxray.serve.messages.turn); of
-# any other body, or any other header in it, nothing is sent
-
-
 DEFAULT_CONCURRENCY = 64  # requests in flight to one endpoint per router replica, unless max_ongoing_requests says
 
 
-def relays(handles: dict) -> dict:
+def relays(handles: dict, honoured_of=None) -> dict:
     """The router's callees: deployment handles as given, and an ``EndpointRelay`` for each ``{"relay": spec}``
-    (what ``build_app`` binds for an ``engine: openai`` model)."""
-    return {m: EndpointRelay(h["relay"]) if isinstance(h, dict) and "relay" in h else h for m, h in handles.items()}
+    (what ``build_app`` binds for an ``engine: openai`` model); ``honoured_of(spec)``: what its endpoint takes, per
+    upstream path (the client protocols it serves: ``proxray.serve.protocols``)."""
+    honoured_of = honoured_of or (lambda spec: {})
+    out = {}
+    for m, h in handles.items():
+        if isinstance(h, dict) and "relay" in h:
+            spec = ServedModel(**h["relay"])
+            h = EndpointRelay(spec, honoured_of(spec))
+        out[m] = h
+    return out
 
 
 class EndpointRelay(OpenAIModel):
     """One ``engine: openai`` pool model, relayed from the router's process to its endpoint (``base_url``) with its
     key, limit and concurrency cap."""
 
-    def __init__(self, spec: dict):
+    def __init__(self, spec, honoured: dict | None = None):
         import asyncio
 
         import httpx
@@ -92,7 +82,8 @@ class EndpointRelay(OpenAIModel):
         from proxray.common.quickack import async_transport
         from proxray.pool.openai_engine import endpoint_key
 
-        self.spec = ServedModel(**spec)
+        self.spec = spec if isinstance(spec, ServedModel) else ServedModel(**spec)
+        self.honoured = honoured or {}  # upstream path -> the parameters its endpoint takes there
         self.key = endpoint_key(self.spec)
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         self.client = httpx.AsyncClient(base_url=self.spec.base_url.rstrip("/"), headers=headers,
@@ -113,14 +104,13 @@ class EndpointRelay(OpenAIModel):
                                  "endpoint refused the gateway's key (401, 403) or does not serve it (404)",
                                  tag_keys=("model", "status"))
         self.cooldown_until, self.cooldown_why = 0.0, ""
+        self.on_out = None  # told (model, seconds) when the model is taken out: the model client's Liveness
 
     async def capabilities(self) -> dict:
-        return honoured(self.spec.responses_api)  # a Messages request is relayed as it is (no refusals)
+        return self.honoured  # a path with none there (Messages) takes the request as it is: no refusals
 
     def _scrub(self, text: str) -> str:
-        from proxray.pool.openai_engine import scrub
-
-        return scrub(text, self.key, 2000)
+        return scrub(text, 2000, key=self.key)
 
     async def _respond(self, endpoint: str, body: dict):
         if self.slots.locked():
@@ -141,17 +131,14 @@ class EndpointRelay(OpenAIModel):
                              f"more: {self.cooldown_why}", kind="upstream_error")
             return
         deadline = time.monotonic() + self.spec.timeout_s
-        tokens = sum(token_bound(body)) or 256  # what the rate limit books: the request's bound, as a budget's hold
-        path = PATHS[endpoint]
         sent = {**body, "model": self.spec.source or self.spec.id}
-        given, headers = sent.pop(HEADERS_FIELD, None), {}
-        if endpoint in ("messages", "count_tokens"):  # the client's anthropic-* only; Anthropic reads x-api-key
-            given = given if isinstance(given, dict) else {}
-            headers = {"anthropic-version": str(given.get("anthropic-version") or "2023-06-01")}
-            if given.get("anthropic-beta"):
-                headers["anthropic-beta"] = str(given["anthropic-beta"])
-            if self.key:
-                headers["x-api-key"] = self.key
+        given = sent.pop(UpstreamHeaders.FIELD, None)  # a protocol's headers; a client's own field is dropped
+        tokens = sum(token_bound(sent)) or 256  # what the rate limit books: the request's bound, as a budget's hold
+        path, headers = endpoint, {}
+        if isinstance(given, UpstreamHeaders):
+            headers = {k: str(v) for k, v in given.items()}
+            if given.key_header and self.key:
+                headers[given.key_header] = self.key
         for attempt in range(self.spec.max_retries + 1):
             if self.limiter is not None:
                 delay = await self.limiter.reserve(tokens, max(0.0, deadline - time.monotonic()))
@@ -174,17 +161,14 @@ class EndpointRelay(OpenAIModel):
                 await tried.aclose()  # the connection goes back now, also when the caller went away
             if failure is None:
                 return
-            out = takes_model_out(failure.status, failure.upstream)
-            if out is None:  # a 404 that does not say whether the model is unknown: does the endpoint list it?
-                out = not await self._lists_model()
-            if out:  # the operator's fault, not the request's nor a passing one
+            decision, wait = verdict(failure.status, failure.upstream, attempt, self.spec.max_retries,
+                                     deadline - time.monotonic(), failure.retry_after)
+            if decision == ASK_LISTING:  # a 404 that does not say whether the model is unknown: is it still listed?
+                decision = REFUSE if await self._lists_model() else TAKE_OUT
+            if decision == TAKE_OUT:  # the operator's fault, not the request's nor a passing one
                 yield self._cool_down(failure)
                 return
-            if not retry_same(failure.status):  # the request's own fault: the client has it at once
-                yield failure.error
-                return
-            wait = retry_wait(attempt, failure.retry_after)
-            if attempt == self.spec.max_retries or time.monotonic() + wait >= deadline:
+            if decision != RETRY:  # the request's own fault (the client has it at once), or this endpoint spent
                 yield failure.error
                 return
             self.retries.inc(1, tag)
@@ -201,7 +185,7 @@ class EndpointRelay(OpenAIModel):
                 if r.status_code != 200:
                     text = (await r.aread()).decode(errors="replace")
                     self.answers.inc(1, {**tag, "status": str(r.status_code)})
-                    upstream = upstream_error(text)  # read once: for the client's error and for the verdict
+                    upstream = error_object(text)  # read once: for the client's error and for the verdict
                     yield Retry(r.status_code, self._error(r.status_code, text, upstream), r.headers.get("retry-after"),
                                 upstream)
                     return
@@ -260,6 +244,8 @@ class EndpointRelay(OpenAIModel):
                404: "its endpoint does not serve it (HTTP 404)"}[failure.status]
         self.cooldown_until, self.cooldown_why = time.monotonic() + COOLDOWN_S, why
         self.cooldowns.inc(1, {"model": self.spec.id, "status": str(failure.status)})
+        if self.on_out is not None:
+            self.on_out(self.spec.id, COOLDOWN_S)
         logger.warning("proxray: model %s at %s taken out of routing for %.0f s: %s (%s)", self.spec.id,
                        self.spec.base_url, COOLDOWN_S, why, failure.error["error"]["message"][:300])
         return error(502, f"model {self.spec.id!r}: {why}; out of routing for {COOLDOWN_S:.0f} s", kind="upstream_error")
@@ -267,7 +253,7 @@ class EndpointRelay(OpenAIModel):
     def _error(self, status: int, text: str, upstream: dict | None = None) -> dict:
         """The endpoint's error (its body ``text``; ``upstream``: its error object, where already read) as the gateway's
         error object, its status kept (429 and 5xx fall back)."""
-        err = upstream_error(text) if upstream is None else upstream
+        err = error_object(text) if upstream is None else upstream
         message, param, kind = err.get("message") or text, err.get("param"), err.get("type") or "upstream_error"
         return error(status, f"model {self.spec.id!r}: its endpoint answered {status}: {self._scrub(str(message))}",
                      param, kind)
@@ -297,15 +283,6 @@ class LimiterClient(SharedActorClient):
         except SharedStateDown as e:
             logger.warning("proxray: %s: %s; the request goes without it", self.name, e.why)
             return 0.0
-
-
-def upstream_error(text: str) -> dict:
-    """The endpoint's own error object (``{"error": {...}}``'s inside), ``{}`` where its body has none."""
-    try:
-        err = json.loads(text).get("error")
-        return err if isinstance(err, dict) else {}
-    except (ValueError, AttributeError):
-        return {}
 
 
 class Retry:

@@ -14,6 +14,9 @@ has been quiet that long; an answer that comes sooner travels alone), and the in
   the replica that had it: the next candidate answers (a stream that had begun ends with its error event).
 * **down** — a model none of whose replicas answers a probe is left out (routed requests try it last; a request naming
   it gets a 503 with Retry-After at once) until a probe finds a live replica again (every ``REPROBE_S``).
+* **out** — a relayed model whose endpoint refused the gateway's key or does not know it is taken out by its relay
+  (``take_out``) for the relay's cool-down: routed requests try it last until then, instead of trying it first and
+  paying the round trip each time.
 
 A live model that is merely slow (a 70B model on a long prompt) is never cut off: it took the request and its
 heartbeat keeps coming. The probe asks each of the deployment's replica actors for its number of ongoing requests —
@@ -86,16 +89,23 @@ class Liveness:
         self.down: dict = {}  # model -> when a probe found no live replica
         self.slow: dict = {}  # model -> until when it is tried last
         self.asked: dict = {}  # model -> (when, the probe's future): one probe at a time per model
+        self.out: dict = {}  # model -> until when its relay took it out of routing
         self.watcher = None  # the task that probes down and slow models again
 
     def watched(self, model: str) -> bool:
         return self.app is not None and model in self.deployments
 
     def order(self, candidates: list) -> list:
-        """``candidates`` with the models known down, then those slow to take requests, moved last (order kept)."""
+        """``candidates`` with the models taken out by their relay, known down, or slow to take requests moved last
+        (order kept)."""
         now = time.monotonic()
-        rank = {m: 2 if m in self.down else 1 if self.slow.get(m, 0) > now else 0 for m in candidates}
+        rank = {m: 3 if self.out.get(m, 0) > now else 2 if m in self.down else 1 if self.slow.get(m, 0) > now else 0
+                for m in candidates}
         return sorted(candidates, key=lambda m: rank[m])
+
+    def take_out(self, model: str, seconds: float) -> None:
+        """A relayed model's endpoint cannot serve it for now (its relay's word): tried last for ``seconds``."""
+        self.out[model] = time.monotonic() + seconds
 
     def unavailable(self, model: str) -> ModelUnavailable | None:
         if model in self.down:

@@ -1,9 +1,9 @@
 """The model deployments, all behind one interface (what the ingress calls, whatever the engine):
-
     respond(endpoint, body)  ->  async stream of OpenAI JSON objects
 
-``endpoint`` is ``"chat"`` or ``"completions"``, ``body`` the client's request as sent (only ``model``
-rewritten). Without ``stream`` it yields one response object; with it, the chunks as they are generated.
+``endpoint`` is the request's path at the model (``proxray.serve.wire``: the internal request's chat completions or
+completions, the only forms a co-hosted engine takes; a relayed endpoint takes any protocol's path it serves),
+``body`` the request as sent (only ``model`` rewritten). Without ``stream`` it yields one response object; with it, the chunks as they are generated.
 A request the model refuses yields one ``{"error": {...}}`` object with the HTTP status as ``code``.
 ``OpenAIModel.respond`` is that method for every engine: it runs the engine's ``_respond``, records what came in
 and how the call ended, and closes the engine's stream as soon as the caller goes away.
@@ -28,8 +28,11 @@ from ray import serve
 from proxray.pool.engine import Finish
 from proxray.pool.engines import make_engine
 from proxray.pool.spec import Sampling
-from proxray.serve.request.errors import error
-from proxray.serve.request.schemas import ServedModel
+from proxray.serve.config import ServedModel
+from proxray.serve.deployments import sim_tools
+from proxray.serve.deployments.liveness import heartbeats
+from proxray.serve.errors import error
+from proxray.serve.wire import CHAT_PATH, COMPLETIONS_PATH
 
 
 class OpenAIModel:
@@ -41,7 +44,6 @@ class OpenAIModel:
         """``heartbeat_s`` (a call through a deployment handle): ``liveness.BEAT`` whenever the engine has been quiet
         that long, so the caller tells a lost replica from a slow one."""
         if heartbeat_s:
-            from proxray.serve.deployments.liveness import heartbeats
 
             async for obj in heartbeats(self.respond(endpoint, body), heartbeat_s):
                 yield obj
@@ -138,34 +140,31 @@ class ModelServer(OpenAIModel):
         self.engine = make_engine(self.spec)
 
     def _honoured(self, endpoint: str) -> set:
-        from proxray.serve.deployments import sim_tools
 
-        return CPU_HONOURED | sim_tools.HONOURED if self.spec.engine == "sim" and endpoint == "chat" else CPU_HONOURED
+        return CPU_HONOURED | sim_tools.HONOURED if self.spec.engine == "sim" and endpoint == CHAT_PATH else CPU_HONOURED
 
     async def capabilities(self) -> dict:
-        return {"chat": sorted(self._honoured("chat")), "completions": sorted(CPU_HONOURED)}
+        return {CHAT_PATH: sorted(self._honoured(CHAT_PATH)), COMPLETIONS_PATH: sorted(CPU_HONOURED)}
 
     async def _respond(self, endpoint: str, body: dict):
-        from proxray.serve.deployments import sim_tools
-
         refused = refused_parameters(body, self._honoured(endpoint))
         if refused:
             yield error(400, f"model {self.spec.id!r} ({self.spec.engine} engine) cannot honour: "
                              f"{', '.join(refused)}", refused[0])
             return
-        tools = endpoint == "chat" and self.spec.engine == "sim"  # earlier tool calls and results read as text
+        tools = endpoint == CHAT_PATH and self.spec.engine == "sim"  # earlier tool calls and results read as text
         messages, problem = None, None
-        if endpoint == "chat":
+        if endpoint == CHAT_PATH:
             messages, problem = _messages({**body, "messages": sim_tools.readable(body["messages"])} if tools else body)
         if problem:
             yield problem
             return
         prompt = None
-        if endpoint == "completions":
+        if endpoint == COMPLETIONS_PATH:
             prompt = body["prompt"][0] if isinstance(body["prompt"], list) else body["prompt"]
         sampling, stop = _sampling(body)
         n = int(body.get("n") or 1)
-        chat = endpoint == "chat"
+        chat = endpoint == CHAT_PATH
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": self.spec.id}

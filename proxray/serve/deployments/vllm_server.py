@@ -8,9 +8,10 @@ import json
 from pydantic import ValidationError
 from ray.serve.llm import LLMServer
 
+from proxray.pool.upstream import error_object, error_status
 from proxray.serve.deployments.models import OpenAIModel, refused_parameters
-from proxray.serve.request.errors import error
-from proxray.serve.request.schemas import validation_message
+from proxray.serve.errors import error, validation_message
+from proxray.serve.wire import CHAT_PATH, COMPLETIONS_PATH
 
 
 def _objects(item):
@@ -35,12 +36,13 @@ class VLLMModelServer(OpenAIModel, LLMServer):
     async def capabilities(self) -> dict:
         from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
 
-        return {"chat": sorted(ChatCompletionRequest.model_fields), "completions": sorted(CompletionRequest.model_fields)}
+        return {CHAT_PATH: sorted(ChatCompletionRequest.model_fields),
+                COMPLETIONS_PATH: sorted(CompletionRequest.model_fields)}
 
     async def _respond(self, endpoint: str, body: dict):
         from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
 
-        cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
+        cls = ChatCompletionRequest if endpoint == CHAT_PATH else CompletionRequest
         unknown = refused_parameters(body, cls.model_fields)
         if unknown:
             yield error(400, f"model {body.get('model')!r} (vllm) does not know the parameter(s): {', '.join(unknown)}",
@@ -51,15 +53,13 @@ class VLLMModelServer(OpenAIModel, LLMServer):
         except ValidationError as e:
             yield error(400, *validation_message(e))
             return
-        stream = await (self.chat(request) if endpoint == "chat" else self.completions(request))
+        stream = await (self.chat(request) if endpoint == CHAT_PATH else self.completions(request))
         try:
             async for item in stream:
                 for obj in _objects(item):
-                    if isinstance(obj, dict) and "error" in obj and obj["error"] is not None:
-                        err = obj["error"]
-                        code = err.get("code")
-                        obj = error(int(code) if isinstance(code, int) or str(code).isdigit() else 500,
-                                    err.get("message", ""), err.get("param"), err.get("type") or "server_error")
+                    if isinstance(obj, dict) and (err := error_object(obj)):
+                        obj = error(error_status(err), err.get("message", ""), err.get("param"),
+                                    err.get("type") or "server_error")
                     yield obj
         finally:  # a caller that went away closes this generator: close vLLM's now, which aborts the request
             if hasattr(stream, "aclose"):

@@ -1,7 +1,7 @@
 """Asking the plan's candidates in order until one answers: the whole response, or a stream up to its first
 content. Another model is tried after what another model can fix (errors, overload, a dead replica, a timeout);
 a model's 4xx about the request itself goes back to the client. No HTTP and no Ray: the client is any object
-with ``stream(model, endpoint, body, patient)`` giving an async iterator of OpenAI objects with ``cancel()``
+with ``stream(model, upstream, body, patient)`` giving an async iterator of OpenAI objects with ``cancel()``
 (``patient``: the request's last candidate, waited for while it has a live replica, see
 ``proxray.serve.deployments.liveness``)."""
 from __future__ import annotations
@@ -11,42 +11,22 @@ import time
 
 from proxray.serve.deployments.client import ModelError, failure_reason
 from proxray.serve.deployments.liveness import REPROBE_S, ModelUnavailable, ReplicaLost
-from proxray.serve.request.errors import RequestError, is_error
+from proxray.serve.errors import RequestError, is_error
 from proxray.serve.request.plan import Plan
 
 
-RESPONSE_CONTENT = ("response.output_item.done", "response.completed", "response.incomplete")
-MESSAGES_CONTENT = ("content_block_delta", "message_delta", "message_stop")
-
-
-def has_content(obj: dict) -> bool:
-    """A chunk that commits the stream to its model: any text, a tool call, a finish reason, or usage; of a Responses
-    stream, any delta (text, arguments, reasoning), a finished item or the response's end; of a Messages stream, a
-    block's delta or the message's end."""
-    kind = obj.get("type")
-    if isinstance(kind, str) and kind.startswith("response."):
-        return kind.endswith(".delta") or kind in RESPONSE_CONTENT
-    if kind in MESSAGES_CONTENT:
-        return True
-    if obj.get("usage") and not obj.get("choices"):
-        return True
-    for c in obj.get("choices") or []:
-        d = c.get("delta") or {}
-        if c.get("text") or d.get("content") or d.get("tool_calls") or d.get("reasoning_content") or c.get("finish_reason"):
-            return True
-    return False
-
-
-async def first_answer(client, p: Plan, body: dict, endpoint: str, stream: bool, deadline: float, timeout_s: float,
-                       on_failure):
-    """(model, the objects read so far, the rest of its stream). ``on_failure(model, reason)`` is told of each
+async def first_answer(client, p: Plan, body: dict, upstream: str, stream: bool, deadline: float, timeout_s: float,
+                       on_failure, has_content):
+    """(model, the objects read so far, the rest of its stream); ``upstream``: the request's path at a model that
+    serves its protocol; ``has_content(obj)``: whether a stream's object commits it to its model (the protocol's
+    test). ``on_failure(model, reason)`` is told of each
     model that failed (the report's ``failures`` list is kept here). Raises ``RequestError``: the model's own 4xx,
     504 when time ran out, the model's own error where a request that named one model failed with one (a 502, a
     429), 503 when every candidate failed — with Retry-After, naming the model, where the last had no live replica."""
     last = None  # the error object of the last model that answered with one
     unavailable = None  # the last candidate's ModelUnavailable or ReplicaLost: no replica of it answered
     for model in p.candidates:
-        gen = client.stream(model, endpoint, {**body, "model": model}, model == p.candidates[-1])
+        gen = client.stream(model, upstream, {**body, "model": model}, model == p.candidates[-1])
         head = []
         try:
             while True:

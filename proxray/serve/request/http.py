@@ -1,5 +1,6 @@
-"""The gateway's HTTP boundary, kept thin: reading and bounding a body, parsing and validating it, the API key,
-OpenAI-shaped errors, response headers, and the FastAPI app whose routes are the ingress's methods."""
+"""The gateway's HTTP boundary, kept thin: reading and bounding a body, parsing and validating it, errors in a
+protocol's shape, response headers, and the FastAPI app: a route for each protocol of the table
+(``proxray.serve.protocols.PROTOCOLS``) and the gateway's own (models, feedback, health)."""
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proxray.serve.request.errors import RequestError
-from proxray.serve.request.schemas import validation_message
+from proxray.serve.errors import RequestError, openai_shape, validation_message
 
 MAX_DEPTH = 32  # JSON nesting a request may have
 PARSE_INLINE_BYTES = 64 * 1024  # bigger bodies are parsed in a worker thread, off the event loop
@@ -21,14 +21,10 @@ EXPOSED_HEADERS = ["x-request-id", "x-proxray-model", "x-proxray-routed", "x-pro
                    "x-proxray-estimated-cost", "x-proxray-fallback-from"]
 
 
-def error_response(e: RequestError, shape: str = "openai") -> JSONResponse:
-    """``e`` as OpenAI answers errors, or (``shape="anthropic"``, the Messages routes) as Anthropic does."""
-    if shape == "anthropic":
-        from proxray.serve.messages.schemas import anthropic_error
-
-        status, body = anthropic_error(e.status, e.message, e.param)
-        return JSONResponse(body, status_code=status, headers=e.headers or None)
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers or None)
+def error_response(e: RequestError, shape=openai_shape) -> JSONResponse:
+    """``e`` in a protocol's error shape (``shape(e)`` -> (status, body); OpenAI's by default)."""
+    status, body = shape(e)
+    return JSONResponse(body, status_code=status, headers=e.headers or None)
 
 
 def check_json(value) -> None:
@@ -117,9 +113,10 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
     return JSONResponse(e.body(), status_code=e.status, headers=exc.headers)
 
 
-def gateway_api(ingress, args) -> FastAPI:
+def gateway_api(ingress, args, protocols: dict) -> FastAPI:
     """The ingress's HTTP surface, built in each replica from its app args (Ray Serve's late-bound
-    ``__serve_build_asgi_app__``): the routes are the ingress's own methods; ``/docs`` and ``/openapi.json``
+    ``__serve_build_asgi_app__``): for each protocol of ``protocols`` (``{route: Protocol}``) its route, answered by
+    the ingress's one request path, and the routes it adds; then the gateway's own. ``/docs`` and ``/openapi.json``
     exist with ``docs: true`` only, CORS headers with ``cors_origins`` only."""
     on = args.docs
     app = FastAPI(title="proxray", description="OpenAI-compatible endpoint routed by ProxRouter", redoc_url=None,
@@ -131,14 +128,10 @@ def gateway_api(ingress, args) -> FastAPI:
         # the key travels in the Authorization header, not as a browser credential (cookies): no allow_credentials
         app.add_middleware(CORSMiddleware, allow_origins=args.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["*"], expose_headers=EXPOSED_HEADERS, max_age=600)
-    app.post("/v1/chat/completions")(ingress.chat)
-    app.post("/v1/completions")(ingress.completions)
-    app.post("/v1/responses")(ingress.responses)
-    app.post("/v1/messages")(ingress.messages)
-    app.post("/v1/messages/count_tokens")(ingress.counter.count)
-    app.get("/v1/responses/{response_id}")(ingress.stored.get)
-    app.delete("/v1/responses/{response_id}")(ingress.stored.remove)
-    app.get("/v1/responses/{response_id}/input_items")(ingress.stored.items)
+    for route, protocol in protocols.items():
+        app.post(route)(ingress.endpoint(protocol))
+        for extra in protocol.routes:
+            app.add_api_route(extra.path, extra.handler(ingress), methods=[extra.method])
     app.post("/v1/feedback")(ingress.feedback)
     app.get("/v1/models")(ingress.listing.list)
     app.get("/v1/models/{model:path}")(ingress.listing.get)  # :path - ids hold "/" (the openai SDK sends it as %2F)

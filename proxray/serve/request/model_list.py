@@ -7,9 +7,10 @@ import time
 
 from fastapi import Request
 
+from proxray.serve.config import ROUTER_MODEL
+from proxray.serve.errors import RequestError
 from proxray.serve.request import plan as planning
-from proxray.serve.request.errors import RequestError
-from proxray.serve.request.schemas import ROUTER_MODEL
+from proxray.serve.request.http import error_response
 
 
 class ModelList:
@@ -20,7 +21,7 @@ class ModelList:
     def objects(self, key=None) -> list:
         """OpenAI model objects a key may see."""
         def mine(model):
-            return self.gate.policy.may_use(key, model)
+            return self.gate.rules.may_use(key, model)
 
         data = [{"id": ROUTER_MODEL, "object": "model", "created": self.created, "owned_by": "proxray",
                  "routes_to": [m for m in self.routable if mine(m)]}]
@@ -28,8 +29,6 @@ class ModelList:
                         "engine": self.kinds[m]} for m in sorted(self.handles) if mine(m)]
 
     async def list(self, request: Request):
-        from proxray.serve.request.http import error_response
-
         try:
             key = self.gate.identify(request)
         except RequestError as e:
@@ -37,8 +36,6 @@ class ModelList:
         return {"object": "list", "data": self.objects(key)}
 
     async def get(self, model: str, request: Request):
-        from proxray.serve.request.http import error_response
-
         try:
             key = self.gate.identify(request)
             mine = self.objects(key)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from proxray.routing.objective import choose
-from proxray.serve.request.errors import RequestError
+from proxray.serve.errors import RequestError
 
 
 @dataclass

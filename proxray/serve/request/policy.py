@@ -9,8 +9,11 @@ import time
 from dataclasses import dataclass, replace
 
 from proxray.routing.explain import evidence
+from proxray.serve.config import ConversationSpec
 from proxray.serve.request import plan as planning
-from proxray.serve.tenancy.conversations import ConversationSpec, keep
+from proxray.serve.request.budget import BudgetController
+from proxray.serve.tenancy.conversations import keep
+from proxray.serve.tenancy.rules import KeyRules, narrow
 
 logger = logging.getLogger("ray.serve")
 TRUE = ("1", "true", "yes")
@@ -43,16 +46,15 @@ class RequestPolicy:
 def request_policy(opts, key=None, headers=None, alias=None) -> RequestPolicy:
     """The ``RequestPolicy`` of a request's ``proxray`` options ``opts``, its API key's ``KeySpec`` (or None), its
     HTTP ``headers`` (a mapping, lower-case names) and the model alias it named (``ModelAlias`` or None)."""
-    from proxray.serve.tenancy.gate import KeyPolicy, narrow
 
     headers = headers or {}
-    allowed = KeyPolicy.narrowed(key, narrow(alias and alias.allowed_models, opts.allowed_models))
+    allowed = KeyRules.narrowed(key, narrow(alias and alias.allowed_models, opts.allowed_models))
     if opts.lam is not None:
         lam, source = opts.lam, "request"
     elif alias is not None and alias.lam is not None:
         lam, source = alias.lam, "alias"
-    elif key is not None and key.lam is not None:
-        lam, source = key.lam, "key"
+    elif KeyRules.lam(key) is not None:
+        lam, source = KeyRules.lam(key), "key"
     else:
         lam, source = None, "app"
     conversation = opts.conversation if opts.conversation is not None else \
@@ -138,7 +140,6 @@ def budget_from(args):
     """The served budget of the app args (``budget:``), or None."""
     if args.budget is None:
         return None
-    from proxray.serve.request.budget import BudgetController
 
     b = args.budget
     return BudgetController(b.cost_per_query, b.lam0, b.window, b.gain, basis=b.basis,

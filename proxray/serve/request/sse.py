@@ -1,53 +1,13 @@
-"""Server-sent events in OpenAI's stream formats: chat and completions (``ChatEvents``: one ``data: {json}`` event per
-chunk, ``data: [DONE]`` at the end) and the Responses API (``NamedEvents``: ``event: <type>`` before each, no end
-marker); either ends with an error event if the model fails mid-stream."""
+"""The stream writer: an answer's events in its protocol's stream format (the protocol's ``events()``: ``event(obj)``,
+``error(body)``, ``end``), its usage counted once when it ends, and an error event where the model fails mid-stream."""
 from __future__ import annotations
 
-import json
 import logging
 
 from proxray.serve.deployments.client import ModelError, failure_reason
-from proxray.serve.request.errors import error, is_error
+from proxray.serve.errors import error, is_error
 
 logger = logging.getLogger("ray.serve")
-DONE = "data: [DONE]\n\n"
-
-
-def event(obj: dict) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
-
-
-class ChatEvents:
-    """Chat and completions streams: ``data: {json}`` per chunk, ``data: [DONE]`` at the end, an error as an error
-    object."""
-
-    end = DONE
-
-    def event(self, obj: dict) -> str:
-        return event(obj)
-
-    def error(self, body: dict) -> str:
-        return event(body)
-
-
-class NamedEvents:
-    """Responses API streams: ``event: <type>`` and ``data: {json}`` per event, nothing at the end; an error is an
-    ``error`` event (its ``code``, ``message``, ``param`` and the next ``sequence_number``) that also holds the error
-    object, so SDKs raise it as they raise a chat stream's."""
-
-    end = ""
-
-    def __init__(self):
-        self.seq = 0
-
-    def event(self, obj: dict) -> str:
-        self.seq = max(self.seq, int(obj.get("sequence_number") or 0) + 1)
-        return f"event: {obj.get('type', 'message')}\n{event(obj)}"
-
-    def error(self, body: dict) -> str:
-        err = body["error"]
-        return self.event({"type": "error", "code": str(err.get("code")), "message": err.get("message"),
-                           "param": err.get("param"), "sequence_number": self.seq, "error": err})
 
 
 def without_usage(obj: dict) -> dict | None:
@@ -59,14 +19,13 @@ def without_usage(obj: dict) -> dict | None:
     return {k: v for k, v in obj.items() if k != "usage"}
 
 
-async def relay(first: list, rest, on_done=None, on_chunk=None, hide_usage: bool = False, fmt=None):
+async def relay(first: list, rest, fmt, on_done=None, on_chunk=None, hide_usage: bool = False):
     """The events of a stream whose first chunks (``first``) were already pulled from ``rest``. A failure
     after that ends the stream with an OpenAI-shaped error event (the answer cannot change model any more);
     a client that goes away cancels the model's generation. ``on_done(ok)`` is told how it ended;
     ``on_chunk(obj)`` sees every chunk (e.g. for its usage), also the usage that ``hide_usage`` keeps from the client
     (the gateway asks every model for it; a client that did not ask does not get it). ``fmt``: the stream's format
-    (``ChatEvents`` by default, ``NamedEvents`` for the Responses API)."""
-    fmt = fmt or ChatEvents()
+    (its protocol's)."""
     ok = failed = False
 
     def shown(obj):
@@ -101,7 +60,7 @@ async def relay(first: list, rest, on_done=None, on_chunk=None, hide_usage: bool
 
 async def answer_stream(turn, head: list, gen, report: dict, counts: list, failed):
     """The event stream of an answer whose first objects (``head``) were read from ``gen``, as ``turn`` shows it
-    (``ChatTurn``, ``ResponsesTurn``, ``MessagesTurn``): each of ``counts`` (meter, charger, recorder) is told the
+    (``proxray.serve.protocols.base.Turn``): each of ``counts`` (meter, charger, recorder) is told the
     stream's usage once, when it ends — ``None`` where it ended without (charged its hold) — and ``failed()`` when it
     ended in an error event."""
     try:
@@ -123,4 +82,4 @@ async def answer_stream(turn, head: list, gen, report: dict, counts: list, faile
         for count in counts:
             count(usage.get("usage"))
 
-    return relay(head, gen, done, seen, hide_usage=turn.hide_usage, fmt=turn.sse())
+    return relay(head, gen, turn.sse(), done, seen, hide_usage=turn.hide_usage)

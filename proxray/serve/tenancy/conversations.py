@@ -17,21 +17,9 @@ import numpy as np
 from pydantic import Field
 
 from proxray.common.lru import LRU
+from proxray.common.shared_actor import SharedActorClient, SharedStateDown, logger
 from proxray.common.yamlconfig import StrictModel
 from proxray.routing.objective import objective
-from proxray.serve.tenancy.shared_actor import SharedActorClient, SharedStateDown, logger
-
-
-class ConversationSpec(StrictModel):
-    """``conversations:`` of the app args."""
-
-    escalate_margin: float = Field(0.02, ge=0, description="switch to a model with higher estimated accuracy when "
-                                   "its objective beats the conversation's model by more than this")
-    step_down_margin: float = Field(0.05, ge=0, description="switch to a model with lower estimated accuracy (a "
-                                    "cheaper one) only when its objective is better by more than this")
-    ttl_s: float = Field(3600.0, gt=0, description="a conversation idle this long is forgotten (its next turn is new)")
-    max_entries: int = Field(100_000, ge=1, description="conversations remembered at most (least recently used "
-                             "dropped first; ~200 bytes each)")
 
 
 class ConversationBook:

@@ -19,21 +19,9 @@ from collections import OrderedDict
 from pydantic import Field, field_validator
 
 from proxray.common.pricing import answer_cost
+from proxray.common.shared_actor import SharedActorClient, SharedStateDown
 from proxray.common.yamlconfig import StrictModel
-from proxray.serve.tenancy.shared_actor import SharedActorClient, SharedStateDown
-
-
-class FeedbackSpec(StrictModel):
-    """``feedback:`` of the app args."""
-
-    enabled: bool = Field(True, description="remember answers and accept POST /v1/feedback on them")
-    retention_s: float = Field(86400.0, gt=0, description="feedback is accepted this long after the answer")
-    max_answers: int = Field(20_000, ge=1, description="answers remembered at most, the oldest dropped first "
-                             "(~13 kB each with a 400-character routing text, measured)")
-    max_bytes: int = Field(256 * 2**20, ge=2**20, description="bytes of routing text (as held in memory, plus "
-                           f"{2**10} per answer) the book holds at most, the oldest answers dropped first")
-    key_share: float = Field(0.5, gt=0, le=1, description="the share of max_bytes and max_answers one API key's answers "
-                             "may take: past it, that key's own oldest answers are dropped, not another key's")
+from proxray.serve.errors import RequestError
 
 
 class FeedbackRequest(StrictModel):
@@ -164,7 +152,6 @@ class FeedbackClient(SharedActorClient):
         return remember
 
     def check_enabled(self) -> None:
-        from proxray.serve.request.errors import RequestError
 
         if not self.spec.enabled:
             raise RequestError(404, "feedback is off for this endpoint (feedback.enabled: false)", kind="not_found_error")
@@ -175,7 +162,6 @@ class FeedbackClient(SharedActorClient):
         a key that ``trains`` (``feedback: train``; the app's single key, or an app without keys) — handed to the
         monitor, named as from ``source`` (the key's name: the monitor spot-checks each key's feedback). Returns the
         answer to send."""
-        from proxray.serve.request.errors import RequestError
 
         try:
             record = await self.call("find", fb.id, key)

@@ -1,78 +1,28 @@
-"""The endpoint's door for API keys: who is asking (``KeyGate.identify``), what the key may do over the pool
-(``KeyPolicy``: the models it may use and see, the cheapest of them, what happens past its budget), and what a request
-may cost it — a hold taken before the answer (``KeyGate.admit_plan``) and settled exactly once by the answer's usage
-(``Held``). The keys file, the ring that reads it and the ledger actor that counts spend are ``keys``."""
+"""The endpoint's door for API keys: who is asking (``KeyGate.identify``), the key's rules applied (``rules.KeyRules``:
+every rule of a key in one place), and what a request may cost it — its rate and budget admitted, a hold taken before
+the answer (``KeyGate.admit_plan``) and settled exactly once by the answer's usage (``Held``). The keys file, the ring
+that reads it and the ledger actor that counts spend are ``keys``."""
 from __future__ import annotations
 
 import hmac
 
 from proxray.common.pricing import answer_cost
+from proxray.serve.errors import RequestError
 from proxray.serve.tenancy.keys import KeyRing, KeySpec, LedgerClient
-
-
-def narrow(within, requested) -> tuple | None:
-    """The models ``requested`` (None: all) that ``within`` allows (None: no limit): None where neither limits, an
-    empty tuple where none is left."""
-    if within is None:
-        return None if requested is None else tuple(requested)
-    return tuple(m for m in (requested or within) if m in within)
-
-
-class KeyPolicy:
-    """One key's rules over the pool, in one place: the models it may use (by name or routed) and may see (the
-    model listing, a report's evidence), the cheapest it may use, and what its requests meet past its budget.
-    A spec of None — the app's single key, or no auth — may use and see everything."""
-
-    def __init__(self, prices: dict):
-        self.prices = prices  # model -> PriceSpec, the priced models
-
-    @staticmethod
-    def may_use(spec: KeySpec | None, model: str) -> bool:
-        return spec is None or spec.allowed_models is None or model in spec.allowed_models
-
-    @staticmethod
-    def visible(spec: KeySpec | None) -> tuple | None:
-        """The models the key may see (None: all)."""
-        return None if spec is None or spec.allowed_models is None else tuple(spec.allowed_models)
-
-    @staticmethod
-    def narrowed(spec: KeySpec | None, requested) -> tuple | None:
-        """A request's ``proxray.allowed_models`` within its key's (None: any; an empty tuple: none left)."""
-        return narrow(None if spec is None else spec.allowed_models, requested)
-
-    def cheapest(self, spec: KeySpec | None, served) -> str | None:
-        """The priced model the key may use whose million input and output tokens cost least (None: none priced)."""
-        priced = [(p.input_per_mtok + p.output_per_mtok, m) for m in served
-                  if self.may_use(spec, m) and (p := self.prices.get(m)) is not None]
-        return min(priced)[1] if priced else None
-
-    def past_budget(self, spec: KeySpec, routed: bool, model: str, served) -> bool:
-        """What a request of a key over its ``cheapest`` budget meets: True — routed, it is planned again with cost
-        deciding; False — it names the cheapest model the key may use (or none is priced) and goes as planned; a
-        request naming any other model is refused (429 naming the cheapest)."""
-        from proxray.serve.request.errors import RequestError
-
-        if routed:
-            return True
-        cheapest = self.cheapest(spec, served)
-        if cheapest is not None and model != cheapest:
-            raise RequestError(429, f"key {spec.name!r} is over its budget: it may use only the cheapest model it may "
-                               f"use, {cheapest!r}", "model", kind="insufficient_quota")
-        return False
+from proxray.serve.tenancy.rules import KeyRules
 
 
 class KeyGate:
     """The endpoint's door: who is asking (the single key of ``api_key_file`` / ``api_key_env``, a key of the keys
-    file, or nobody where no key is configured), and, for a key of the file, its policy applied to the request
-    (``policy``: allowed models, cheapest, past its budget; its λ through ``request_policy``; rate and budget through
-    the ledger), what the request holds and its answers' cost charged."""
+    file, or nobody where no key is configured), and, for a key of the file, its rules (``rules``, the one
+    ``KeyRules``), its rate and budget through the ledger, what the request holds and its answers' cost charged."""
 
     def __init__(self, keys_file: str | None, api_key: bytes, app_name: str, prices: dict):
         from ray.util.metrics import Counter
 
         self.ring = KeyRing(keys_file) if keys_file else None
         self.api_key, self.prices = api_key, prices
-        self.policy = KeyPolicy(prices)
+        self.rules = KeyRules(prices)  # every rule of a key: the request policy, listing, feedback, evidence ask it
         self.ledger = LedgerClient(app_name) if keys_file else None
         self.requests = Counter("proxray_key_requests", "requests by API key (keys file) and outcome: ok, cheapest "
                                 "(over budget, routed down), rate, budget, forbidden", tag_keys=("key", "outcome"))
@@ -82,7 +32,6 @@ class KeyGate:
     def identify(self, request) -> KeySpec | None:
         """The key of the request's bearer token, or of its ``x-api-key`` header (None: the single key, or no auth
         configured); 401 otherwise."""
-        from proxray.serve.request.errors import RequestError
 
         if not self.api_key and self.ring is None:
             return None
@@ -97,28 +46,18 @@ class KeyGate:
         return spec
 
     def check_policy(self, spec: KeySpec | None, model: str, rp) -> None:
-        """Before a request is planned: 403 for a model its key may not use, or a ``proxray.allowed_models`` that leaves
-        none of the key's (``rp``: the request's ``RequestPolicy``, which narrowed it)."""
-        from proxray.serve.request.errors import RequestError
-        from proxray.serve.request.schemas import ROUTER_MODEL
-
-        if spec is None or spec.allowed_models is None:
-            return
-        if model != ROUTER_MODEL and not self.policy.may_use(spec, model):
+        """Before a request is planned: the key's 403s (``KeyRules.check``), counted."""
+        try:
+            self.rules.check(spec, model, rp)
+        except RequestError:
             self.requests.inc(1, {"key": spec.name, "outcome": "forbidden"})
-            raise RequestError(403, f"key {spec.name!r} may not use model {model!r} (it may use "
-                               f"{', '.join(spec.allowed_models)})", "model", kind="permission_error")
-        if not rp.allowed_models:
-            self.requests.inc(1, {"key": spec.name, "outcome": "forbidden"})
-            raise RequestError(403, f"proxray.allowed_models: key {spec.name!r} may use none of them (it may use "
-                               f"{', '.join(spec.allowed_models)})", "proxray.allowed_models", kind="permission_error")
+            raise
 
     async def admit(self, spec: KeySpec | None, hold_usd: float, ticket: str | None, budget: bool = True) -> dict | None:
         """The key's rate and budget, for a planned request that may cost up to ``hold_usd``: 429 past its rate or
         (``over_budget: reject``) its budget. Returns the key's report (name, spent, over budget; over budget with
         ``cheapest`` the caller routes down) or None; a key with neither limit is not asked about. ``budget=False``:
         the rate alone (feedback, which costs nothing, counts toward the key's rate)."""
-        from proxray.serve.request.errors import RequestError
 
         if spec is None:
             return None
@@ -156,7 +95,7 @@ class KeyGate:
         if estimate is None and spec.budget and model not in self.prices:  # a named model with no price
             estimate = await estimate_of(model)
         report = await self.admit(spec, self.hold(model, body, estimate), ticket)
-        if report["over_budget"] and self.policy.past_budget(spec, plan.report["routed"], model, served):
+        if report["over_budget"] and self.rules.past_budget(spec, plan.report["routed"], model, served):
             plan = await replan()
             estimate = plan.report["estimates"][plan.candidates[0]]["cost"]
         return report, plan, estimate

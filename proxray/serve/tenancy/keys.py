@@ -26,8 +26,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from proxray.common.shared_actor import Checkpointed, SharedActorClient, SharedStateDown
 from proxray.common.yamlconfig import StrictModel
-from proxray.serve.tenancy.shared_actor import Checkpointed, SharedActorClient, SharedStateDown
+from proxray.serve.errors import RequestError
 
 RELOAD_EVERY_S = 2.0
 
@@ -259,7 +260,6 @@ class LedgerClient(SharedActorClient):
 
     async def admit(self, spec: KeySpec, hold_usd: float = 0.0, ticket: str | None = None) -> dict:
         """The ledger's verdict; a ledger that does not answer fails closed: a 503 naming it (retry shortly)."""
-        from proxray.serve.request.errors import RequestError
 
         try:
             return await self.call("admit", spec.name, spec.requests_per_minute,

@@ -15,29 +15,10 @@ import time
 
 from pydantic import Field
 
+from proxray.common.shared_actor import SharedActorClient, SharedStateDown, logger
 from proxray.common.yamlconfig import StrictModel
+from proxray.serve.errors import RequestError
 from proxray.serve.tenancy.feedback import AnswerBook
-from proxray.serve.tenancy.shared_actor import SharedActorClient, SharedStateDown, logger
-
-
-class ResponsesSpec(StrictModel):
-    """``responses:`` of the app args: the stored responses (``GET /v1/responses/{id}``, ``previous_response_id``)."""
-
-    store: bool = Field(True, description="keep responses whose request did not say store: false, for retrieval and "
-                        "previous_response_id; false: nothing is kept (every response says store: false)")
-    retention_s: float = Field(86400.0, gt=0, description="a stored response is kept this long after it was created "
-                               "or last continued (previous_response_id)")
-    max_responses: int = Field(20_000, ge=1, description="stored responses at most, the least recently used dropped "
-                               "first")
-    max_bytes: int = Field(256 * 2**20, ge=2**20, description="bytes the stored responses hold at most (their JSON as "
-                           "held in memory, plus 1024 each), the least recently used dropped first")
-    key_share: float = Field(0.5, gt=0, le=1, description="the share of max_bytes and max_responses one API key's "
-                             "responses may take: past it, that key's own least recently used responses are dropped; "
-                             "a response larger than it alone is answered unstored (store: false)")
-    max_history_items: int = Field(1000, ge=1, description="responses one previous_response_id chain may hold: a "
-                                   "longer conversation is refused (400 naming the limit) instead of rebuilt")
-    max_history_bytes: int = Field(8 * 2**20, ge=2**16, description="bytes of JSON one previous_response_id chain may "
-                                   "hold: past it, 413 naming the limit (rebuilding it would hold the event loop)")
 
 
 class ResponseBook(AnswerBook):
@@ -90,14 +71,10 @@ class ResponseStore(SharedActorClient):
         return self.spec.max_responses, self.spec.retention_s, self.spec.max_bytes, self.spec.key_share
 
     def _down(self, e: SharedStateDown):
-        from proxray.serve.request.errors import RequestError
-
         return RequestError(503, "stored responses cannot be read right now (their book is restarting); retry in a "
                             "few seconds", kind="service_unavailable", headers={"retry-after": "2"})
 
     def _unknown(self, rid: str, param: str | None = None, why: str = ""):
-        from proxray.serve.request.errors import RequestError
-
         return RequestError(404, f"no stored response {rid[:80]!r} for this key{why} (responses are kept "
                             f"{self.spec.retention_s:.0f} s after their last use)", param, kind="not_found_error")
 
@@ -135,7 +112,6 @@ class ResponseStore(SharedActorClient):
         except SharedStateDown as e:
             raise self._down(e) from None
         if "too_long" in got:
-            from proxray.serve.request.errors import RequestError
 
             items, size = got["too_long"]
             raise RequestError(413 if items <= self.spec.max_history_items else 400,

@@ -25,3 +25,17 @@ class RequestError(Exception):
 
     def body(self) -> dict:
         return error(self.status, self.message, self.param, self.kind)
+
+
+def validation_message(err) -> tuple[str, str | None]:
+    """A pydantic ``ValidationError`` as (message naming every field at fault, up to five; the first field's path)."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or None
+    msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in err.errors()[:5])
+    return msgs, loc
+
+
+def openai_shape(e: RequestError) -> tuple[int, dict]:
+    """(status, body) of ``e`` as OpenAI answers errors: what every route answers unless its protocol has a shape of
+    its own (``proxray.serve.protocols.base.Protocol.error``)."""
+    return e.status, e.body()

@@ -20,6 +20,7 @@ from proxray.common.actors import CALL_TIMEOUT_S, NAMESPACE, ActorDown, acall, f
 
 logger = logging.getLogger("ray.serve")
 CHECKPOINT_EVERY_S = 1.0
+START_TIMEOUT_S = 10.0  # a call that found no handle may have started the actor: its worker's start and imports
 SharedStateDown = ActorDown  # what a caller catches: the actor did not answer (``name``, ``why``)
 
 
@@ -72,7 +73,11 @@ class SharedActorClient:
 
     async def call(self, method: str, *args, timeout_s: float = CALL_TIMEOUT_S):
         """The actor's ``method(*args)``; ``SharedStateDown`` where it died, is restarting or took longer than
-        ``timeout_s`` (the handle is dropped: the next call finds or creates the actor anew)."""
+        ``timeout_s`` (the handle is dropped: the next call finds or creates the actor anew). A call that had no handle
+        may have created the actor: it waits up to ``START_TIMEOUT_S`` for the new actor's first answer (a worker
+        started and the state restored from its checkpoint take seconds on a loaded node), not a running one's 2 s."""
+        if self._handle is None and self.creates:
+            timeout_s = max(timeout_s, START_TIMEOUT_S)
         try:
             actor = self._actor()
         except ValueError:  # the name is being released or taken again while the actor is replaced

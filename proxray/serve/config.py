@@ -1,73 +1,17 @@
-"""Request and configuration models of the routed endpoint (validated at the HTTP/YAML boundary).
-
-The request models check only what the gateway itself needs and the limits that bound a request's work;
-every other field is kept as sent (``extra="allow"``) and passed through to the chosen model, which
-honours it or refuses it by name."""
+"""The Serve application's configuration, validated at the YAML boundary: ``AppArgs`` (the app's ``args``) and the
+settings it holds — the served models (the one pool-model spec), model aliases, the served budget, conversations,
+feedback and stored responses. On ``proxray.serve``'s ground floor: every room of the app reads it, none is read by it."""
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from proxray.common.yamlconfig import StrictModel
 from proxray.pool.spec import PoolModel
-from proxray.serve.tenancy.conversations import ConversationSpec
-from proxray.serve.tenancy.feedback import FeedbackSpec
-from proxray.serve.tenancy.responses import ResponsesSpec
 
 ROUTER_MODEL = "proxray"  # the model name that asks for routing
-INT64 = 2**63  # integers in a request must fit a signed 64-bit int (seed, logit_bias, ...)
-MAX_MESSAGES = 512
-MAX_PARTS = 64
-MAX_CONTENT_CHARS = 200_000  # one message's or one prompt's text
-
-
-def validation_message(err: ValidationError) -> tuple[str, str | None]:
-    """A pydantic error as (message naming every field at fault, up to five; the first field's path)."""
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or None
-    msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in err.errors()[:5])
-    return msgs, loc
-
-
-class TextPart(BaseModel):
-    """``{"type": "text", "text": ...}``; other part types (images, audio) pass through to the model."""
-
-    model_config = ConfigDict(extra="allow")
-    type: str = Field(min_length=1, max_length=64)
-    text: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
-
-    @model_validator(mode="after")
-    def _text_has_text(self):
-        if self.type == "text" and self.text is None:
-            raise ValueError("a content part of type 'text' needs a 'text' string")
-        return self
-
-
-class Message(BaseModel):
-    """One chat message as sent; ``name``, ``tool_calls``, ``tool_call_id`` and the like pass through."""
-
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-
-    @field_validator("content")
-    @classmethod
-    def _bounded(cls, v):
-        if isinstance(v, str) and len(v) > MAX_CONTENT_CHARS:
-            raise ValueError(f"at most {MAX_CONTENT_CHARS} characters per message (got {len(v)})")
-        if isinstance(v, list):
-            if len(v) > MAX_PARTS:
-                raise ValueError(f"at most {MAX_PARTS} content parts per message (got {len(v)})")
-            if sum(len(p.text or "") for p in v) > MAX_CONTENT_CHARS:
-                raise ValueError(f"a message's text parts may hold at most {MAX_CONTENT_CHARS} characters")
-        return v
-
-    def text(self) -> str:
-        """The message's text: the string, or its text parts joined by newlines (other parts left out)."""
-        if isinstance(self.content, list):
-            return "\n".join(p.text for p in self.content if p.type == "text" and p.text)
-        return self.content or ""
+ROUTING_TEXT = ("system+last_user", "last_user", "all_user", "all")  # what the router embeds (protocols.base.text_of)
 
 
 class BudgetSpec(StrictModel):
@@ -80,115 +24,6 @@ class BudgetSpec(StrictModel):
     window: int = Field(100, ge=1, le=100000, description="about how many recent requests the mean covers")
     gain: float = Field(0.05, gt=0, le=1, description="how fast λ follows the recent mean (log-space step)")
     lam0: float | None = Field(None, gt=0, description="starting λ; default 0.1 / cost_per_query")
-
-
-class RoutingOptions(StrictModel):
-    """Per-request routing options, sent in the body as ``"proxray": {...}`` (the openai client's
-    ``extra_body``). Never passed to the model."""
-
-    lam: float | None = Field(None, ge=0, le=1e9, description="λ of acc − λ·cost; default: the app's")
-    allowed_models: list[str] | None = Field(None, min_length=1, max_length=256, description="route only among these")
-    max_cost: float | None = Field(None, ge=0, description="USD: skip models whose estimated cost is higher")
-    explain: bool = Field(False, description="add the evidence behind the choice to the answer's proxray report "
-                          "(the 10 nearest training queries or clusters with the most weight, every model's estimate "
-                          "and objective, the winner's margin, the outlier score against the router's threshold); "
-                          "also the header x-proxray-explain: 1")
-    conversation: str | None = Field(None, min_length=1, max_length=256, description="a conversation id: its turns "
-                                     "keep the model that answered the last one unless another is better by more "
-                                     "than the app's conversations margins; also the header x-proxray-conversation")
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    include_usage: bool | None = None
-
-
-class _Common(BaseModel):
-    """Fields the gateway reads or bounds; everything else is kept (``extra``) and passed through."""
-
-    model_config = ConfigDict(extra="allow")
-    model: str = Field(min_length=1, max_length=512)
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    n: int | None = Field(None, ge=1, le=16)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)
-    seed: int | None = Field(None, ge=-INT64, lt=INT64)
-    proxray: RoutingOptions = Field(default_factory=RoutingOptions)
-
-    def forward(self, model: str, default_max_tokens: int) -> dict:
-        """The body the chosen model gets: the request as sent with ``model`` rewritten and the routing
-        options removed; a request without a token limit gets the app's ``default_max_tokens``."""
-        body = self.model_dump(exclude={"proxray"}, exclude_unset=True, mode="json")
-        body["model"] = model
-        if self.max_tokens is None and self.max_completion_tokens is None:
-            body["max_tokens"] = default_max_tokens
-        return body
-
-
-class ChatRequest(_Common):
-    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
-
-    @model_validator(mode="after")
-    def _has_user_text(self):
-        if not any(m.role == "user" and m.text().strip() for m in self.messages):
-            raise ValueError("messages: at least one user message with non-empty text is required")
-        return self
-
-
-class CompletionRequest(_Common):
-    prompt: str | list[str]
-    suffix: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, v):
-        if isinstance(v, list) and len(v) != 1:
-            raise ValueError("prompt: exactly one prompt per request is supported (each would route on its own)")
-        text = v[0] if isinstance(v, list) else v
-        if not text.strip():
-            raise ValueError("prompt: must not be empty")
-        if len(text) > MAX_CONTENT_CHARS:
-            raise ValueError(f"prompt: at most {MAX_CONTENT_CHARS} characters")
-        return v
-
-    def text(self) -> str:
-        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
-
-
-ROUTING_TEXT = ("system+last_user", "last_user", "all_user", "all")
-
-
-def routing_text(req: ChatRequest | CompletionRequest, policy: str = "system+last_user") -> str:
-    """The text the router embeds — a stated function of the request, text parts only:
-
-    * ``system+last_user`` (default): the system / developer messages, then the last user turn;
-    * ``last_user``: the last user turn only;
-    * ``all_user``: every user turn, in order;
-    * ``all``: every message's text, in order (assistant and tool turns too).
-
-    A completion request's router text is its prompt. Nothing the policy excludes reaches the encoder."""
-    if isinstance(req, CompletionRequest):
-        return req.text()
-    return text_of([(m.role, m.text()) for m in req.messages], policy)
-
-
-def text_of(turns: list, policy: str = "system+last_user") -> str:
-    """``routing_text`` of a conversation as (role, text) pairs (a Responses request's items read as chat messages)."""
-    users = [t for role, t in turns if role == "user" and t.strip()]
-    if policy == "last_user":
-        parts = users[-1:]
-    elif policy == "all_user":
-        parts = users
-    elif policy == "all":
-        parts = [t for _, t in turns if t]
-    elif policy == "system+last_user":
-        parts = [t for role, t in turns if role in ("system", "developer") and t] + users[-1:]
-    else:
-        raise ValueError(f"routing_text: unknown policy {policy!r}; one of {ROUTING_TEXT}")
-    return "\n".join(parts)
 
 
 ServedModel = PoolModel  # one model deployment of the app: the one pool-model spec (proxray.pool.spec)
@@ -213,6 +48,51 @@ def resolve_alias(name: str, aliases: dict) -> tuple[str, ModelAlias | None]:
         alias = next((a for pattern, a in aliases.items() if any(c in pattern for c in "*?[") and
                       fnmatch.fnmatchcase(name, pattern)), None)
     return (alias.model, alias) if alias is not None else (name, None)
+
+
+class ConversationSpec(StrictModel):
+    """``conversations:`` of the app args."""
+
+    escalate_margin: float = Field(0.02, ge=0, description="switch to a model with higher estimated accuracy when "
+                                   "its objective beats the conversation's model by more than this")
+    step_down_margin: float = Field(0.05, ge=0, description="switch to a model with lower estimated accuracy (a "
+                                    "cheaper one) only when its objective is better by more than this")
+    ttl_s: float = Field(3600.0, gt=0, description="a conversation idle this long is forgotten (its next turn is new)")
+    max_entries: int = Field(100_000, ge=1, description="conversations remembered at most (least recently used "
+                             "dropped first; ~200 bytes each)")
+
+
+class FeedbackSpec(StrictModel):
+    """``feedback:`` of the app args."""
+
+    enabled: bool = Field(True, description="remember answers and accept POST /v1/feedback on them")
+    retention_s: float = Field(86400.0, gt=0, description="feedback is accepted this long after the answer")
+    max_answers: int = Field(20_000, ge=1, description="answers remembered at most, the oldest dropped first "
+                             "(~13 kB each with a 400-character routing text, measured)")
+    max_bytes: int = Field(256 * 2**20, ge=2**20, description="bytes of routing text (as held in memory, plus "
+                           f"{2**10} per answer) the book holds at most, the oldest answers dropped first")
+    key_share: float = Field(0.5, gt=0, le=1, description="the share of max_bytes and max_answers one API key's answers "
+                             "may take: past it, that key's own oldest answers are dropped, not another key's")
+
+
+class ResponsesSpec(StrictModel):
+    """``responses:`` of the app args: the stored responses (``GET /v1/responses/{id}``, ``previous_response_id``)."""
+
+    store: bool = Field(True, description="keep responses whose request did not say store: false, for retrieval and "
+                        "previous_response_id; false: nothing is kept (every response says store: false)")
+    retention_s: float = Field(86400.0, gt=0, description="a stored response is kept this long after it was created "
+                               "or last continued (previous_response_id)")
+    max_responses: int = Field(20_000, ge=1, description="stored responses at most, the least recently used dropped "
+                               "first")
+    max_bytes: int = Field(256 * 2**20, ge=2**20, description="bytes the stored responses hold at most (their JSON as "
+                           "held in memory, plus 1024 each), the least recently used dropped first")
+    key_share: float = Field(0.5, gt=0, le=1, description="the share of max_bytes and max_responses one API key's "
+                             "responses may take: past it, that key's own least recently used responses are dropped; "
+                             "a response larger than it alone is answered unstored (store: false)")
+    max_history_items: int = Field(1000, ge=1, description="responses one previous_response_id chain may hold: a "
+                                   "longer conversation is refused (400 naming the limit) instead of rebuilt")
+    max_history_bytes: int = Field(8 * 2**20, ge=2**16, description="bytes of JSON one previous_response_id chain may "
+                                   "hold: past it, 413 naming the limit (rebuilding it would hold the event loop)")
 
 
 class AppArgs(StrictModel):

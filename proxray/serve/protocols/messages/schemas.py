@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from proxray.serve.request.schemas import MAX_CONTENT_CHARS, MAX_MESSAGES, RoutingOptions
-from proxray.serve.request.schemas import TextPart as Block  # a content block: its type, a text block's text
+from proxray.serve.protocols.base import MAX_CONTENT_CHARS, MAX_MESSAGES, RoutingOptions
+from proxray.serve.protocols.base import TextPart as Block  # a content block: its type, a text block's text
 
 MAX_BLOCKS = 512  # content blocks per message (an agent's turn holds many tool results)
 MAX_TOOLS = 256
@@ -133,3 +133,8 @@ class CountTokensRequest(MessagesRequest):
     """``POST /v1/messages/count_tokens``: a Messages request without ``max_tokens``."""
 
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+
+
+def anthropic_shape(e) -> tuple[int, dict]:
+    """(status, body) of a ``RequestError`` in Anthropic's shape (the Messages routes' errors)."""
+    return anthropic_error(e.status, e.message, e.param)

@@ -1,6 +1,6 @@
 """One ``POST /v1/responses`` through the gateway, and the models as the Responses API sees them.
 
-``ResponsesModels`` calls a model that serves ``/v1/responses`` itself (an endpoint with ``responses_api: true``)
+``models`` calls a model that serves ``/v1/responses`` itself (an endpoint whose ``protocols`` list ``responses``)
 with the request as it is, and every other through chat completions (``translate``), so fallback, streaming, usage,
 cost and budgets work the same for both. ``ResponsesTurn`` is what the ingress needs of one request: the body every
 candidate gets (the conversation rebuilt from the stored responses ``previous_response_id`` continues, sent with
@@ -9,115 +9,73 @@ conversation's last turn, the response as the client sees it (the gateway's id, 
 ``metadata`` and the ``proxray`` report), stored before its last event or its body reaches the client."""
 from __future__ import annotations
 
-from proxray.serve.request.errors import RequestError, error, is_error
-from proxray.serve.request.schemas import ROUTER_MODEL, text_of
-from proxray.serve.request.sse import NamedEvents
-from proxray.serve.responses.translate import (CHAT_TO_RESPONSES, TERMINAL, EventsFromChat, as_error, chat_usage,
-                                               final_response, from_chat, in_responses_words, input_items, new_id,
-                                               shell, to_chat)
+from proxray.serve.config import ROUTER_MODEL
+from proxray.serve.errors import RequestError, is_error
+from proxray.serve.protocols.base import Turn, sse_data, text_of
+from proxray.serve.protocols.core import Stream, Usage, ViaChat, new_id
+from proxray.serve.protocols.responses.translate import (CHAT_TO_RESPONSES, TERMINAL, as_error, events_from_chat,
+                                                         final_response, from_chat, in_responses_words, input_items,
+                                                         shell, to_chat)
+
+CONTENT = ("response.output_item.done", "response.completed", "response.incomplete")
 
 
-class Stream:
-    """An async generator's objects with ``cancel()`` (what the fallback and the relay call on a stream they leave),
-    which also cancels the model's stream it reads."""
+class NamedEvents:
+    """Responses API streams: ``event: <type>`` and ``data: {json}`` per event, nothing at the end; an error is an
+    ``error`` event (its ``code``, ``message``, ``param`` and the next ``sequence_number``) that also holds the error
+    object, so SDKs raise it as they raise a chat stream's."""
 
-    def __init__(self, gen, inner):
-        self.gen, self.inner, self.finished = gen, inner, False
+    end = ""
 
-    def __aiter__(self):
-        return self
+    def __init__(self):
+        self.seq = 0
 
-    async def __anext__(self):
-        try:
-            return await self.gen.__anext__()
-        except StopAsyncIteration:
-            self.finished = True
-            raise
+    def event(self, obj: dict) -> str:
+        self.seq = max(self.seq, int(obj.get("sequence_number") or 0) + 1)
+        return f"event: {obj.get('type', 'message')}\n{sse_data(obj)}"
 
-    def cancel(self) -> None:
-        if not self.finished and hasattr(self.inner, "cancel"):
-            self.inner.cancel()
+    def error(self, body: dict) -> str:
+        err = body["error"]
+        return self.event({"type": "error", "code": str(err.get("code")), "message": err.get("message"),
+                           "param": err.get("param"), "sequence_number": self.seq, "error": err})
 
 
-async def _native(inner):
-    async for obj in inner:
-        yield as_error(obj)
+def has_content(obj: dict) -> bool:
+    """An event that commits the stream to its model: any delta (text, arguments, reasoning), a finished item or the
+    response's end (a translated chat model's stream is read once translated)."""
+    kind = obj.get("type")
+    return isinstance(kind, str) and kind.startswith("response.") and (kind.endswith(".delta") or kind in CONTENT)
 
 
-async def via_chat(inner, stream: bool, whole, events, on_error=None):
-    """A chat answer (``inner``) as another API's: ``whole(obj)`` of a whole completion, or ``events``' objects of
-    each chunk (``chunk(obj)``) and of the stream's end (``end()``); an error object as ``on_error`` says (default:
-    as it is), which ends a stream."""
-    on_error = on_error or (lambda obj: obj)
-    if not stream:
-        async for obj in inner:
-            yield on_error(obj) if is_error(obj) else whole(obj)
-        return
-    async for obj in inner:
-        if is_error(obj):
-            yield on_error(obj)
-            return
-        for e in events.chunk(obj):
-            yield e
-    for e in events.end():
-        yield e
+def models(client, native: set, body: dict) -> ViaChat:
+    """The model client of one Responses request ``body``: relayed to the models in ``native``, translated to chat
+    completions (once, here) for the rest."""
+    chat, problems = to_chat(body)
+    return ViaChat(client, native, chat, problems,
+                   whole=lambda obj, model: from_chat(obj, shell(body, "resp_pending", model, None, False)),
+                   events=lambda model: events_from_chat(shell(body, "resp_pending", model, None, False)),
+                   words=CHAT_TO_RESPONSES, on_error=in_responses_words, on_native=as_error)
 
 
-class ResponsesModels:
-    """The model client (``stream``, ``refusals``) for one Responses request ``body``: relayed to the models in
-    ``native``, translated to chat completions (once, here) for the rest."""
-
-    def __init__(self, client, native: set, body: dict):
-        self.client, self.native = client, native
-        self.chat, self.problems = to_chat(body)
-
-    def stream(self, model: str, endpoint: str, body: dict, patient: bool = True):
-        if model in self.native:
-            inner = self.client.stream(model, "responses", body, patient)
-            return Stream(_native(inner), inner)
-        if self.problems:
-            name = sorted(self.problems)[0]
-            return Stream(single(error(400, f"model {model!r} answers through chat completions; "
-                                          f"{self.problems[name]}", name)), None)
-        inner = self.client.stream(model, "chat", {**self.chat, "model": model}, patient)
-        base = shell(body, "resp_pending", model, None, False)
-        return Stream(via_chat(inner, body.get("stream"), lambda obj: from_chat(obj, base), EventsFromChat(base),
-                               in_responses_words), inner)
-
-    async def refusals(self, models, body: dict, endpoint: str) -> dict:
-        """``{model: [parameters of the request it cannot honour]}``: a relayed model's from its capabilities, a
-        translated one's those without a chat form and those its chat capabilities lack (in the request's words)."""
-        out = await self.client.refusals([m for m in models if m in self.native], body, "responses")
-        translated = await self.client.refusals([m for m in models if m not in self.native], self.chat, "chat")
-        for m, refused in translated.items():
-            out[m] = sorted(set(self.problems) | {CHAT_TO_RESPONSES.get(p, p) for p in refused})
-        return out
-
-
-async def single(obj):
-    """A stream of the one object ``obj`` (an error a model answers with before it is called)."""
-    yield obj
-
-
-class ResponsesTurn:
+class ResponsesTurn(Turn):
     """One Responses request: built by ``begin`` once the conversation it continues (``records``, oldest first) is
-    read from the store."""
+    read from the store; its conversation is ``previous_response_id``'s."""
 
-    endpoint, param, hide_usage = "responses", "input", False
-    session, tool_loop = None, False  # its conversation is previous_response_id's
+    param = "input"
 
-    def __init__(self, req, records: list, default_max_tokens: int, client, native: set, store, keep: bool,
-                 key: str | None):
-        self.req, self.store, self.key = req, store, key
+    def __init__(self, req, records: list, ctx):
+        super().__init__(ctx)
+        self.req, self.store, self.key = req, ctx.store, ctx.owner
+        keep = ctx.args.responses.store
         self.rid = new_id("resp")
         self.keep = keep and req.store is not False  # the app stores responses and the request did not say no
         self.items = input_items(req.input)  # this request's own input items (input_items lists them)
         history = [replayable(x) for r in records for x in r["input"] + r["response"]["output"] if replayable(x)]
         self.previous = records[-1]["response"]["model"] if records else None  # the conversation's model
         self.previous_id = req.previous_response_id
-        self.body = req.forward(default_max_tokens)
+        self.body = req.forward(ctx.args.default_max_tokens)
         self.body.update(input=history + self.items, store=False)
-        self.client = ResponsesModels(client, native, self.body)  # the request as chat: translated once
+        self.client = models(ctx.client, ctx.native, self.body)  # the request as chat: translated once
         self.turns = [(m["role"], m["content"] if isinstance(m["content"], str) else
                        "\n".join(p.get("text") or "" for p in m["content"] or [] if p.get("type") == "text"))
                       for m in self.client.chat["messages"]]
@@ -129,13 +87,11 @@ class ResponsesTurn:
                                "conversation previous_response_id continues)", "input")
         return text
 
-    def sse(self) -> NamedEvents:
-        return NamedEvents()
-
     @staticmethod
     def usage(obj: dict) -> dict | None:
         r = final_response(obj)
-        return chat_usage(r.get("usage")) if r else None
+        u = Usage.of_responses(r.get("usage")) if r else None
+        return u.chat() if u is not None else None
 
     def answer_id(self, obj: dict) -> str:
         return self.rid
@@ -199,9 +155,8 @@ def replayable(item: dict) -> dict | None:
     return {k: v for k, v in item.items() if k != "id"}
 
 
-async def begin(req, client, native: set, store, spec, default_max_tokens: int, key: str | None) -> ResponsesTurn:
-    """The turn of a parsed ``ResponsesRequest`` (``client``: the model client; ``native``: the models that serve
-    ``/v1/responses`` themselves): the conversation ``previous_response_id`` continues read from the store (404 naming
-    it where it is not held for this key)."""
-    records = await store.conversation(req.previous_response_id, key) if req.previous_response_id else []
-    return ResponsesTurn(req, records, default_max_tokens, client, native, store, spec.store, key)
+async def begin(req, ctx) -> ResponsesTurn:
+    """The turn of a parsed ``ResponsesRequest``: the conversation ``previous_response_id`` continues read from the
+    store (404 naming it where it is not held for this key)."""
+    records = await ctx.store.conversation(req.previous_response_id, ctx.owner) if req.previous_response_id else []
+    return ResponsesTurn(req, records, ctx)

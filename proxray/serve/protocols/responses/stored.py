@@ -1,11 +1,12 @@
 """The stored-response routes: ``GET /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items`` and
 ``DELETE /v1/responses/{id}``, over the app's ``ResponseStore`` (``proxray.serve.tenancy.responses``); the ingress's
-HTTP app binds them (``http.gateway_api``)."""
+HTTP app binds them (the Responses protocol's routes)."""
 from __future__ import annotations
 
 from fastapi import Request
 
-from proxray.serve.request.errors import RequestError
+from proxray.serve.errors import RequestError
+from proxray.serve.request.http import error_response
 
 
 class StoredResponses:
@@ -15,8 +16,6 @@ class StoredResponses:
         self.store, self.gate, self.metrics = store, gate, metrics
 
     async def _route(self, request, act):
-        from proxray.serve.request.http import error_response
-
         try:
             key = self.gate.identify(request)
             await self.gate.admit(key, 0.0, None, budget=False)

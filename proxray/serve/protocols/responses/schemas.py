@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from proxray.serve.request.schemas import MAX_CONTENT_CHARS, MAX_MESSAGES, RoutingOptions
+from proxray.serve.protocols.base import MAX_CONTENT_CHARS, MAX_MESSAGES, RoutingOptions
+from proxray.serve.protocols.core import one_limit
 
 
 class ResponsesRequest(BaseModel):
@@ -62,10 +63,9 @@ class ResponsesRequest(BaseModel):
 
     def forward(self, default_max_tokens: int) -> dict:
         """The request as sent, without the gateway's own fields (``proxray``, ``previous_response_id``, ``store``,
-        ``background``, ``conversation``); a request without a token limit gets the app's ``default_max_tokens``."""
+        ``background``, ``conversation``); a request without a token limit gets the app's ``default_max_tokens``, one
+        with another API's limit field beside or instead of ``max_output_tokens`` is refused (``core.one_limit``)."""
         body = self.model_dump(exclude={"proxray", "previous_response_id", "store", "background", "conversation"},
                                exclude_unset=True, mode="json")
-        if self.max_output_tokens is None:
-            body["max_output_tokens"] = default_max_tokens
-        return body
+        return one_limit(body, ("max_output_tokens",), default_max_tokens)
 

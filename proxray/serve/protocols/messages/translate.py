@@ -20,7 +20,8 @@ A field the Messages API does not have is dropped too, and named in the report's
 from __future__ import annotations
 
 import json
-import uuid
+
+from proxray.serve.protocols.core import EventsFromChat, Usage, completion_parts, new_id
 
 DROPPED = ("thinking", "context_management", "output_config", "metadata", "top_k", "service_tier", "container",
            "mcp_servers")
@@ -30,10 +31,6 @@ READ = {"model", "max_tokens", "messages", "system", "stop_sequences", "temperat
 CHAT_TO_MESSAGES = {"stop": "stop_sequences", "parallel_tool_calls": "tool_choice", "stream_options": "stream"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
                 "content_filter": "refusal"}
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
 # ---- request -----------------------------------------------------------------------------------------------------
@@ -157,9 +154,9 @@ def stop_of(finish: str | None, matched, stops) -> tuple[str, str | None]:
     return STOP_REASONS.get(finish or "stop", "end_turn"), None
 
 
-def usage_of(chat_usage: dict | None) -> dict:
-    u = chat_usage or {}
-    return {"input_tokens": int(u.get("prompt_tokens") or 0), "output_tokens": int(u.get("completion_tokens") or 0)}
+def usage_of(usage: Usage | None) -> dict:
+    """An answer's usage in the Messages API's words (zeros where the model sent none)."""
+    return (usage or Usage()).messages()
 
 
 def _arguments(text: str | None) -> dict:
@@ -172,8 +169,7 @@ def _arguments(text: str | None) -> dict:
 
 def from_chat(obj: dict, model: str, stops) -> dict:
     """A chat completion as a Messages answer."""
-    choice = (obj.get("choices") or [{}])[0]
-    msg = choice.get("message") or {}
+    msg, finish, matched, usage = completion_parts(obj)
     content = []
     if thought := msg.get("reasoning_content") or msg.get("reasoning"):
         content.append({"type": "thinking", "thinking": thought, "signature": ""})
@@ -183,26 +179,22 @@ def from_chat(obj: dict, model: str, stops) -> dict:
         fn = call.get("function") or {}
         content.append({"type": "tool_use", "id": call.get("id") or new_id("toolu"), "name": fn.get("name"),
                         "input": _arguments(fn.get("arguments"))})
-    reason, sequence = stop_of(choice.get("finish_reason"), choice.get("stop_reason"), stops)
+    reason, sequence = stop_of(finish, matched, stops)
     return {"id": new_id("msg"), "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": reason, "stop_sequence": sequence, "usage": usage_of(obj.get("usage"))}
+            "stop_reason": reason, "stop_sequence": sequence, "usage": usage_of(usage)}
 
 
-class EventsFromChat:
-    """A chat chunk stream as Messages events: ``message_start`` and a ``ping``, each content block opened, filled
-    (``text_delta``, ``thinking_delta``, ``input_json_delta``) and closed in turn, then ``message_delta`` (stop reason,
-    usage: input and output tokens) and ``message_stop``."""
+class MessagesWriter:
+    """The Messages events of a chat stream (what ``core.EventsFromChat`` tells it): ``message_start`` and a
+    ``ping``, each content block opened, filled (``text_delta``, ``thinking_delta``, ``input_json_delta``) and closed
+    in turn, then ``message_delta`` (stop reason, usage) and ``message_stop``."""
 
     def __init__(self, model: str, stops):
         self.model, self.stops = model, stops
-        self.started, self.index, self.open = False, -1, None
+        self.index, self.open = -1, None
         self.tools: dict = {}  # chat's tool call index -> block index
-        self.finish = self.matched = self.usage = None
 
-    def _start(self) -> list:
-        if self.started:
-            return []
-        self.started = True
+    def start(self) -> list:
         message = {"id": new_id("msg"), "type": "message", "role": "assistant", "model": self.model, "content": [],
                    "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
         return [{"type": "message_start", "message": message}, {"type": "ping"}]
@@ -221,36 +213,33 @@ class EventsFromChat:
         self.open = kind
         return out + [{"type": "content_block_start", "index": self.index, "content_block": block}]
 
-    def chunk(self, obj: dict) -> list:
-        out = self._start()
-        if obj.get("usage"):
-            self.usage = obj["usage"]
-        for c in obj.get("choices") or []:
-            d = c.get("delta") or {}
-            if thought := d.get("reasoning_content") or d.get("reasoning"):
-                out += self._block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-                out.append({"type": "content_block_delta", "index": self.index,
-                            "delta": {"type": "thinking_delta", "thinking": thought}})
-            if d.get("content"):
-                out += self._block("text", {"type": "text", "text": ""})
-                out.append({"type": "content_block_delta", "index": self.index,
-                            "delta": {"type": "text_delta", "text": d["content"]}})
-            for call in d.get("tool_calls") or []:
-                i, fn = call.get("index", 0), call.get("function") or {}
-                if i not in self.tools:
-                    out += self._block(("tool", i), {"type": "tool_use", "id": call.get("id") or new_id("toolu"),
-                                                     "name": fn.get("name"), "input": {}})
-                    self.tools[i] = self.index
-                if fn.get("arguments"):
-                    out.append({"type": "content_block_delta", "index": self.tools[i],
-                                "delta": {"type": "input_json_delta", "partial_json": fn["arguments"]}})
-            if c.get("finish_reason"):
-                self.finish, self.matched = c["finish_reason"], c.get("stop_reason")
+    def reasoning(self, text: str) -> list:
+        return self._block("thinking", {"type": "thinking", "thinking": "", "signature": ""}) + [
+            {"type": "content_block_delta", "index": self.index, "delta": {"type": "thinking_delta", "thinking": text}}]
+
+    def text(self, text: str) -> list:
+        return self._block("text", {"type": "text", "text": ""}) + [
+            {"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": text}}]
+
+    def tool(self, index: int, call_id: str | None, name: str | None, arguments: str) -> list:
+        out = []
+        if index not in self.tools:
+            out += self._block(("tool", index), {"type": "tool_use", "id": call_id or new_id("toolu"), "name": name,
+                                                 "input": {}})
+            self.tools[index] = self.index
+        if arguments:
+            out.append({"type": "content_block_delta", "index": self.tools[index],
+                        "delta": {"type": "input_json_delta", "partial_json": arguments}})
         return out
 
-    def end(self) -> list:
-        reason, sequence = stop_of(self.finish, self.matched, self.stops)
-        return self._start() + self._close() + [
+    def end(self, finish: str | None, matched, usage: Usage | None) -> list:
+        reason, sequence = stop_of(finish, matched, self.stops)
+        return self._close() + [
             {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-             "usage": usage_of(self.usage)},
+             "usage": usage_of(usage)},
             {"type": "message_stop"}]
+
+
+def events_from_chat(model: str, stops) -> EventsFromChat:
+    """The Messages events of a chat chunk stream answered by ``model``."""
+    return EventsFromChat(MessagesWriter(model, stops))

@@ -9,9 +9,8 @@ items of earlier output are left out of the conversation the model reads: chat h
 from __future__ import annotations
 
 import time
-import uuid
 
-from proxray.serve.request.errors import is_error
+from proxray.serve.protocols.core import EventsFromChat, Usage, completion_parts, new_id
 
 # chat parameters a Responses request spells another way (a chat model's refusal is reported in the client's words)
 CHAT_TO_RESPONSES = {"response_format": "text", "max_completion_tokens": "max_output_tokens", "messages": "input",
@@ -24,10 +23,6 @@ READ = {"model", "input", "instructions", "max_output_tokens", "stream", "metada
         "previous_response_id"}
 ECHOED = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "temperature", "text", "tool_choice",
           "tools", "top_p", "truncation", "user", "reasoning", "top_logprobs", "service_tier")
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 # ---- input -------------------------------------------------------------------------------------------------------
@@ -165,27 +160,6 @@ def in_responses_words(err: dict) -> dict:
 
 
 # ---- output ------------------------------------------------------------------------------------------------------
-def response_usage(usage: dict | None) -> dict | None:
-    """A chat ``usage`` in the Responses API's words."""
-    if not usage:
-        return None
-    p, c = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
-    return {"input_tokens": p, "input_tokens_details": {
-                "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0},
-            "output_tokens": c, "output_tokens_details": {
-                "reasoning_tokens": (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0},
-            "total_tokens": p + c}
-
-
-def chat_usage(usage: dict | None) -> dict | None:
-    """A response's ``usage`` in chat's words (``prompt_tokens``, ``completion_tokens``), what prices are applied to."""
-    if not isinstance(usage, dict) or "input_tokens" not in usage:
-        return None
-    p, c = usage.get("input_tokens"), usage.get("output_tokens")
-    return {"prompt_tokens": p, "completion_tokens": c,
-            "total_tokens": (p or 0) + (c or 0) if isinstance(p, int) and isinstance(c, int) else None}
-
-
 def shell(request: dict, rid: str, model: str, previous: str | None, store: bool) -> dict:
     """A response object in progress for ``request`` (the fields a response echoes), with no output yet."""
     r = {"id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress", "error": None,
@@ -209,33 +183,34 @@ def _ending(finish: str | None) -> tuple[str, dict | None]:
     return "completed", None
 
 
+def _usage(usage: Usage | None) -> dict | None:
+    return usage.responses() if usage is not None else None
+
+
 def from_chat(obj: dict, base: dict) -> dict:
     """A chat completion as a response, on ``base`` (``shell``)."""
-    choice = (obj.get("choices") or [{}])[0]
-    msg = choice.get("message") or {}
+    msg, finish, _, usage = completion_parts(obj)
     output = [_message(msg.get("content") or "")] if msg.get("content") or not msg.get("tool_calls") else []
     for call in msg.get("tool_calls") or []:
         fn = call.get("function") or {}
         output.append({"id": new_id("fc"), "type": "function_call", "status": "completed", "call_id": call.get("id"),
                        "name": fn.get("name"), "arguments": fn.get("arguments") or ""})
-    status, incomplete = _ending(choice.get("finish_reason"))
-    return {**base, "status": status, "incomplete_details": incomplete, "output": output,
-            "usage": response_usage(obj.get("usage"))}
+    status, incomplete = _ending(finish)
+    return {**base, "status": status, "incomplete_details": incomplete, "output": output, "usage": _usage(usage)}
 
 
-class EventsFromChat:
-    """A chat chunk stream as the Responses API's event stream: ``response.created``, ``response.in_progress``, per
-    output item ``response.output_item.added`` … ``.done`` (text: ``content_part.added``, ``output_text.delta``,
-    ``output_text.done``, ``content_part.done``; a function call: ``function_call_arguments.delta`` and ``.done``),
-    then ``response.completed`` (or ``response.incomplete``) with the whole response and its usage."""
+class ResponsesWriter:
+    """The Responses API's events of a chat stream (what ``core.EventsFromChat`` tells it): ``response.created``,
+    ``response.in_progress``, per output item ``response.output_item.added`` … ``.done`` (text: ``content_part.added``,
+    ``output_text.delta``, ``output_text.done``, ``content_part.done``; a function call:
+    ``function_call_arguments.delta`` and ``.done``), then ``response.completed`` (or ``response.incomplete``) with the
+    whole response and its usage. Reasoning has no item without its encrypted content: it is left out."""
 
     def __init__(self, base: dict):
         self.base, self.seq = base, 0
         self.output: list = []
         self.text_at: int | None = None  # the output index of the open message
         self.calls: dict = {}  # chat tool-call index -> output index
-        self.finish = self.usage = None
-        self.started = False
 
     def _event(self, kind: str, **fields) -> dict:
         e = {"type": kind, "sequence_number": self.seq, **fields}
@@ -260,7 +235,14 @@ class EventsFromChat:
                             part=part),
                 self._event("response.output_item.done", output_index=i, item=item)]
 
-    def _text(self, delta: str) -> list:
+    def start(self) -> list:
+        r = {**self.base, "status": "in_progress", "output": []}
+        return [self._event("response.created", response=r), self._event("response.in_progress", response=r)]
+
+    def reasoning(self, text: str) -> list:
+        return []
+
+    def text(self, delta: str) -> list:
         events = []
         if self.text_at is None:
             item = _message("", "completed")
@@ -276,58 +258,38 @@ class EventsFromChat:
                                       content_index=0, delta=delta, logprobs=[]))
         return events
 
-    def _call(self, tc: dict) -> list:
-        events, fn = [], tc.get("function") or {}
-        i = tc.get("index", 0)
-        if i not in self.calls:
+    def tool(self, index: int, call_id: str | None, name: str | None, arguments: str) -> list:
+        events = []
+        if index not in self.calls:
             events += self._close_text()
-            item = {"id": new_id("fc"), "type": "function_call", "status": "completed", "call_id": tc.get("id"),
-                    "name": fn.get("name"), "arguments": ""}
+            item = {"id": new_id("fc"), "type": "function_call", "status": "completed", "call_id": call_id,
+                    "name": name, "arguments": ""}
             events += self._add(item)
-            self.calls[i] = len(self.output) - 1
-        at = self.calls[i]
-        if fn.get("arguments"):
-            self.output[at]["arguments"] += fn["arguments"]
+            self.calls[index] = len(self.output) - 1
+        at = self.calls[index]
+        if arguments:
+            self.output[at]["arguments"] += arguments
             events.append(self._event("response.function_call_arguments.delta", item_id=self.output[at]["id"],
-                                      output_index=at, delta=fn["arguments"]))
+                                      output_index=at, delta=arguments))
         return events
 
-    def start(self) -> list:
-        self.started = True
-        r = {**self.base, "status": "in_progress", "output": []}
-        return [self._event("response.created", response=r), self._event("response.in_progress", response=r)]
-
-    def chunk(self, obj: dict) -> list:
-        """The events of one chat chunk (an error object passes as it is)."""
-        if is_error(obj):
-            return [obj]
-        events = [] if self.started else self.start()
-        for c in obj.get("choices") or []:
-            d = c.get("delta") or {}
-            if d.get("content"):
-                events += self._text(d["content"])
-            for tc in d.get("tool_calls") or []:
-                events += self._call(tc)
-            self.finish = c.get("finish_reason") or self.finish
-        if obj.get("usage"):
-            self.usage = obj["usage"]
-        return events
-
-    def end(self) -> list:
-        """The closing events, once the chat stream ended."""
-        events = [] if self.started else self.start()
-        if not self.output:
-            events += self._text("")
+    def end(self, finish: str | None, matched, usage: Usage | None) -> list:
+        events = self.text("") if not self.output else []
         events += self._close_text()
         for i in self.calls.values():
             item = self.output[i]
             events += [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
                                    arguments=item["arguments"], name=item["name"]),
                        self._event("response.output_item.done", output_index=i, item=item)]
-        status, incomplete = _ending(self.finish)
+        status, incomplete = _ending(finish)
         r = {**self.base, "status": status, "incomplete_details": incomplete, "output": self.output,
-             "usage": response_usage(self.usage)}
+             "usage": _usage(usage)}
         return events + [self._event(f"response.{status}", response=r)]
+
+
+def events_from_chat(base: dict) -> EventsFromChat:
+    """The Responses events of a chat chunk stream, on ``base`` (``shell``)."""
+    return EventsFromChat(ResponsesWriter(base))
 
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")

@@ -1,0 +1,252 @@
+"""The translation core every protocol shares: ids, the one usage record and its mapping to and from each protocol's
+words, the one output limit, the state machine that turns a chat chunk stream into another protocol's events (each
+protocol writes its own events from what it is told), the model client of a protocol translated to chat for the
+models that do not serve it, and the stream helpers (one object as a stream, a stream with ``cancel()``).
+
+No HTTP and no Ray: dicts in, dicts out."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from proxray.serve.errors import RequestError, error, is_error
+from proxray.serve.wire import CHAT_PATH as CHAT_UPSTREAM  # the internal request: the chat form every model takes
+
+
+def new_id(prefix: str) -> str:
+    """A fresh id of an object the gateway makes (``resp_…``, ``msg_…``, ``fc_…``, ``toolu_…``)."""
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+# ---- usage -------------------------------------------------------------------------------------------------------
+def _int(value) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else 0
+
+
+@dataclass
+class Usage:
+    """What an answer used, in every kind an upstream bills: ``input`` (at the input price: neither read from nor
+    written to a prompt cache), ``cache_read`` and ``cache_write`` input, ``output`` (reasoning included) and of it
+    ``reasoning``, and hosted tools' calls (``tool_calls``: tool -> calls). Read from and written in each protocol's
+    words here, and nowhere else."""
+
+    input: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    output: int = 0
+    reasoning: int = 0
+    tool_calls: dict = field(default_factory=dict)
+
+    @property
+    def prompt(self) -> int:
+        """Every input token, cached or not."""
+        return self.input + self.cache_read + self.cache_write
+
+    # -- read: OpenAI counts cached input inside its prompt; Anthropic apart from its input_tokens
+    @classmethod
+    def of_chat(cls, u) -> "Usage | None":
+        if not isinstance(u, dict) or ("prompt_tokens" not in u and "completion_tokens" not in u):
+            return None
+        cached = _int((u.get("prompt_tokens_details") or {}).get("cached_tokens"))
+        prompt = _int(u.get("prompt_tokens"))
+        return cls(input=max(prompt - cached, 0), cache_read=min(cached, prompt),
+                   output=_int(u.get("completion_tokens")),
+                   reasoning=_int((u.get("completion_tokens_details") or {}).get("reasoning_tokens")))
+
+    @classmethod
+    def of_responses(cls, u) -> "Usage | None":
+        if not isinstance(u, dict) or "input_tokens" not in u:
+            return None
+        cached = _int((u.get("input_tokens_details") or {}).get("cached_tokens"))
+        prompt = _int(u.get("input_tokens"))
+        return cls(input=max(prompt - cached, 0), cache_read=min(cached, prompt), output=_int(u.get("output_tokens")),
+                   reasoning=_int((u.get("output_tokens_details") or {}).get("reasoning_tokens")))
+
+    @classmethod
+    def of_messages(cls, u) -> "Usage | None":
+        if not isinstance(u, dict) or ("input_tokens" not in u and "output_tokens" not in u):
+            return None
+        tools = {k: _int(v) for k, v in (u.get("server_tool_use") or {}).items() if _int(v)}
+        return cls(input=_int(u.get("input_tokens")), cache_read=_int(u.get("cache_read_input_tokens")),
+                   cache_write=_int(u.get("cache_creation_input_tokens")), output=_int(u.get("output_tokens")),
+                   tool_calls=tools)
+
+    # -- written
+    def chat(self) -> dict:
+        out = {"prompt_tokens": self.prompt, "completion_tokens": self.output, "total_tokens": self.prompt + self.output}
+        if self.cache_read:
+            out["prompt_tokens_details"] = {"cached_tokens": self.cache_read}
+        if self.reasoning:
+            out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning}
+        return out
+
+    def responses(self) -> dict:
+        return {"input_tokens": self.prompt, "input_tokens_details": {"cached_tokens": self.cache_read},
+                "output_tokens": self.output, "output_tokens_details": {"reasoning_tokens": self.reasoning},
+                "total_tokens": self.prompt + self.output}
+
+    def messages(self) -> dict:
+        out = {"input_tokens": self.input, "output_tokens": self.output}
+        if self.cache_read:
+            out["cache_read_input_tokens"] = self.cache_read
+        if self.cache_write:
+            out["cache_creation_input_tokens"] = self.cache_write
+        if self.tool_calls:
+            out["server_tool_use"] = dict(self.tool_calls)
+        return out
+
+
+# ---- the one output limit ----------------------------------------------------------------------------------------
+LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def one_limit(body: dict, own: tuple, default: int | None = None) -> dict:
+    """``body`` with at most one output limit, one of the protocol's ``own`` fields (the first is written, with
+    ``default``, where it sends none): a body that sends more than one of the limit fields any protocol knows
+    (``LIMIT_FIELDS``), or one its protocol does not have, is refused (400 naming them) — the model is sent one limit,
+    and what the request may cost is bounded by that one."""
+    sent = [f for f in LIMIT_FIELDS if body.get(f) is not None]
+    if len(sent) > 1:
+        raise RequestError(400, f"{' and '.join(sent)}: give one output limit, not {len(sent)} (the model is sent "
+                           "one, and what the request may cost is bounded by it)", sent[1])
+    if sent and sent[0] not in own:
+        raise RequestError(400, f"{sent[0]}: not a field of this API; its output limit is {own[0]}", sent[0])
+    if not sent and default is not None:
+        body = {**body, own[0]: default}
+    return body
+
+
+# ---- streams -----------------------------------------------------------------------------------------------------
+class Stream:
+    """An async generator's objects with ``cancel()`` (what the fallback and the relay call on a stream they leave),
+    which also cancels the model's stream it reads."""
+
+    def __init__(self, gen, inner):
+        self.gen, self.inner, self.finished = gen, inner, False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            return await self.gen.__anext__()
+        except StopAsyncIteration:
+            self.finished = True
+            raise
+
+    def cancel(self) -> None:
+        if not self.finished and hasattr(self.inner, "cancel"):
+            self.inner.cancel()
+
+
+async def single(obj):
+    """A stream of the one object ``obj`` (an error a model answers with before it is called)."""
+    yield obj
+
+
+async def via_chat(inner, stream: bool, whole, events, on_error=None):
+    """A chat answer (``inner``) as another protocol's: ``whole(obj)`` of a whole completion, or ``events``' objects of
+    each chunk (``chunk(obj)``) and of the stream's end (``end()``); an error object as ``on_error`` says (default:
+    as it is), which ends a stream."""
+    on_error = on_error or (lambda obj: obj)
+    if not stream:
+        async for obj in inner:
+            yield on_error(obj) if is_error(obj) else whole(obj)
+        return
+    async for obj in inner:
+        if is_error(obj):
+            yield on_error(obj)
+            return
+        for e in events.chunk(obj):
+            yield e
+    for e in events.end():
+        yield e
+
+
+class EventsFromChat:
+    """The one state machine from a chat chunk stream to another protocol's event stream: it reads each chunk's
+    reasoning, text and tool-call deltas, its finish reason (and vLLM's ``stop_reason``, the stop string matched) and
+    its usage, and tells the protocol's ``writer`` in order — ``start()``, ``reasoning(text)``, ``text(text)``,
+    ``tool(index, id, name, arguments)``, ``end(finish, matched, usage)`` — each returning that protocol's events."""
+
+    def __init__(self, writer):
+        self.writer, self.started = writer, False
+        self.finish = self.matched = self.usage = None
+
+    def _start(self) -> list:
+        if self.started:
+            return []
+        self.started = True
+        return self.writer.start()
+
+    def chunk(self, obj: dict) -> list:
+        """The events of one chat chunk."""
+        out = self._start()
+        if obj.get("usage"):
+            self.usage = Usage.of_chat(obj["usage"])
+        for c in obj.get("choices") or []:
+            d = c.get("delta") or {}
+            if thought := d.get("reasoning_content") or d.get("reasoning"):
+                out += self.writer.reasoning(thought)
+            if d.get("content"):
+                out += self.writer.text(d["content"])
+            for call in d.get("tool_calls") or []:
+                fn = call.get("function") or {}
+                out += self.writer.tool(call.get("index", 0), call.get("id"), fn.get("name"), fn.get("arguments") or "")
+            if c.get("finish_reason"):
+                self.finish, self.matched = c["finish_reason"], c.get("stop_reason")
+        return out
+
+    def end(self) -> list:
+        """The closing events, once the chat stream ended."""
+        return self._start() + self.writer.end(self.finish, self.matched, self.usage)
+
+
+def completion_parts(obj: dict) -> tuple:
+    """A whole chat completion's first choice as (its message, finish reason, the stop string matched, ``Usage``)."""
+    choice = (obj.get("choices") or [{}])[0]
+    return (choice.get("message") or {}, choice.get("finish_reason"), choice.get("stop_reason"),
+            Usage.of_chat(obj.get("usage")))
+
+
+class ViaChat:
+    """The model client (``stream``, ``refusals``) of one request of a protocol that the models in ``native`` serve
+    themselves (relayed as it is, ``native_body(body)``) and every other model takes as chat completions (``chat``,
+    translated once; ``problems``: ``{parameter: why}`` of what has no chat form, a 400 for those models). A chat answer
+    comes back as ``whole(obj, model)``, or a stream through ``events(model)`` (an ``EventsFromChat``); ``words`` names
+    a chat parameter as the request names it; ``on_error`` and ``on_native`` map error objects and native objects."""
+
+    def __init__(self, client, native: set, chat: dict, problems: dict, whole, events, words: dict,
+                 on_error=None, native_body=None, on_native=None):
+        self.client, self.native, self.chat, self.problems = client, native, chat, problems
+        self.whole, self.events, self.words, self.on_error = whole, events, words, on_error
+        self.native_body = native_body or (lambda body: body)
+        self.on_native = on_native
+
+    def stream(self, model: str, upstream: str, body: dict, patient: bool = True):
+        if model in self.native:
+            inner = self.client.stream(model, upstream, self.native_body(body), patient)
+            if self.on_native is None:
+                return inner
+            return Stream(_mapped(inner, self.on_native), inner)
+        if self.problems:
+            name = sorted(self.problems)[0]
+            return Stream(single(error(400, f"model {model!r} answers through chat completions; "
+                                          f"{self.problems[name]}", name)), None)
+        inner = self.client.stream(model, CHAT_UPSTREAM, {**self.chat, "model": model}, patient)
+        return Stream(via_chat(inner, body.get("stream"), lambda obj: self.whole(obj, model), self.events(model),
+                               self.on_error), inner)
+
+    async def refusals(self, models, body: dict, upstream: str) -> dict:
+        """``{model: [parameters of the request it cannot honour]}``: a relayed model's from its capabilities, a
+        translated one's those without a chat form and those its chat capabilities lack (in the request's words)."""
+        out = await self.client.refusals([m for m in models if m in self.native], body, upstream)
+        translated = await self.client.refusals([m for m in models if m not in self.native], self.chat, CHAT_UPSTREAM)
+        for m, refused in translated.items():
+            out[m] = sorted(set(self.problems) | {self.words.get(p, p) for p in refused})
+        return out
+
+
+async def _mapped(inner, fn):
+    async for obj in inner:
+        yield fn(obj)

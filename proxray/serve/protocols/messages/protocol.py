@@ -1,0 +1,35 @@
+"""The Messages protocol's row: ``POST /v1/messages`` and its ``POST /v1/messages/count_tokens``, errors in
+Anthropic's shape, Anthropic's event stream."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fastapi import Request
+
+from proxray.serve.errors import RequestError
+from proxray.serve.protocols.base import Protocol, Route
+from proxray.serve.protocols.messages.schemas import CountTokensRequest, MessagesRequest, anthropic_shape
+from proxray.serve.protocols.messages.turn import AnthropicEvents, MessagesTurn, begin, count_tokens, has_content
+from proxray.serve.request.http import error_response
+
+
+def count_route(ingress):
+    """``POST /v1/messages/count_tokens``: the tokens of a Messages request for the model it would reach — the routed
+    model for ``model: "proxray"`` (or an alias that routes), planned as the request itself would be, or the named
+    one. A model whose endpoint serves Messages counts them itself; for every other the count is an estimate from the
+    request as that model reads it, marked ``proxray.estimated``. A count costs no budget."""
+    async def count(request: Request):
+        try:
+            key, req, rp = await ingress.open(request, CountTokensRequest)
+            turn = MessagesTurn(req, ingress.context(MESSAGES, key, request.headers))
+            rp = replace(rp, conversation=rp.conversation or turn.session, explain=False)
+            plan = await ingress.plan(req, rp, turn, {}, turn.text(ingress.args.routing_text), key, again=True)
+            return await count_tokens(turn.client, plan.candidates[0], turn.body)
+        except RequestError as e:
+            return error_response(e, anthropic_shape)
+
+    return count
+
+
+MESSAGES = Protocol("messages", "/v1/messages", MessagesRequest, begin, "/messages", AnthropicEvents, has_content,
+                    error=anthropic_shape, routes=(Route("POST", "/v1/messages/count_tokens", count_route),))
