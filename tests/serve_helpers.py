@@ -44,7 +44,7 @@ def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxra
     import ray
     from ray import serve
 
-    from proxray.serve.app import build_app
+    from proxray.serve.app import build
 
     fit_router(tmp / "router", fit_encoder, [m["id"] for m in models], profile)
     port = free_port()
@@ -54,7 +54,7 @@ def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxra
     if request_timeout_s:
         http["request_timeout_s"] = request_timeout_s  # the proxy answers (408) instead of holding a request forever
     serve.start(http_options=http)
-    serve.run(build_app({"router": str(tmp / "router"), "models": models, **args}, protocols), name=app_name,
+    serve.run(build({"router": str(tmp / "router"), "models": models, **args}, protocols), name=app_name,
               route_prefix="/")
     return f"http://127.0.0.1:{port}"
 

@@ -90,10 +90,13 @@ def test_a_hold_is_settled_exactly_once_on_every_path():
 def test_the_upstreams_answer_is_classified_once():
     assert retry_same(429) and retry_same(503) and not retry_same(400) and not retry_same(422)
     assert falls_back(502) and not falls_back(400) and not falls_back(404)
-    assert takes_model_out(401, {}) and takes_model_out(403, {})
+    # a 401 or 403 a client's body can provoke: a probe with the gateway's own key decides, never the answer alone
+    assert takes_model_out(401, {}) is None and takes_model_out(403, {}) is None
     assert takes_model_out(404, {"code": "model_not_found", "message": "The model `x` does not exist"})
-    assert model_unknown(404, {"message": "The model `x` does not exist.", "type": "NotFoundError"})  # vLLM's
-    assert model_unknown(404, {"message": "Item with id 'rs_1' not found.", "param": "input"}) is None  # ask /models
+    assert model_unknown(404, {"type": "not_found_error", "message": "model: claude-x"})  # Anthropic's
+    # a message is never read for it: vLLM's says nothing structured (its listing decides), and an echo of a client's id
+    assert model_unknown(404, {"message": "The model `x` does not exist.", "type": "NotFoundError"}) is None
+    assert model_unknown(404, {"message": "Item with id 'rs_x-model' not found.", "param": "input"}) is None
     assert takes_model_out(400, {}) is False and takes_model_out(500, {}) is False
     assert lists_model({"data": [{"id": "gpt-x"}]}, "gpt-x") and not lists_model({"data": []}, "gpt-x")
 
@@ -135,3 +138,68 @@ def test_one_key_policy_decides_use_sight_cheapest_and_past_budget():
     with pytest.raises(RequestError) as e:
         policy.past_budget(spec, False, "free", served)
     assert e.value.status == 429 and "'dear'" in e.value.message
+
+
+def test_a_key_holds_at_most_its_concurrent_slots_on_a_replica():
+    from proxray.serve.errors import RequestError
+
+    class Counter:
+        def inc(self, *_):
+            pass
+
+    g = gate()
+    g.inflight, g.requests = {}, Counter()
+    spec = KeySpec(name="busy", sha256="0" * 64, max_concurrent=2)
+    slots = [g.enter(spec), g.enter(spec)]
+    with pytest.raises(RequestError) as e:
+        g.enter(spec)
+    assert e.value.status == 429 and "max_concurrent" in e.value.message and e.value.headers["retry-after"] == "1"
+    slots[0].release()
+    slots[0].release()  # given back once, whatever calls it
+    assert g.inflight["busy"] == 1
+    g.enter(spec)
+    assert g.enter(None).name is None  # the app's own key: no cap
+    with pytest.raises(RequestError):
+        g.enter(spec)
+
+
+def test_a_cached_prompt_and_a_hosted_tool_are_priced_as_billed():
+    price = PriceSpec(input_per_mtok=3.0, output_per_mtok=15.0, tool_call_usd={"web_search_requests": 0.01})
+    usage = {"prompt_tokens": 152010, "completion_tokens": 100,
+             "prompt_tokens_details": {"cached_tokens": 2000, "cache_write_tokens": 150000},
+             "server_tool_use": {"web_search_requests": 2}}
+    assert price.cost(usage) == pytest.approx((10 * 3 + 2000 * 0.3 + 150000 * 3.75 + 100 * 15) / 1e6 + 0.02)
+    assert price.bound(1000, 10, writes_cache=True) == pytest.approx((1000 * 3.75 + 10 * 15) / 1e6)
+    assert price.bound(1000, 10) == pytest.approx((1000 * 3 + 10 * 15) / 1e6)
+
+
+def test_a_keys_prompt_cache_is_salted_apart_on_the_models_that_take_a_salt():
+    """A co-hosted model that takes ``cache_salt`` (vLLM) is sent the asking key's, so one key's prefixes are never
+    another's cache hits; a model that does not take one (the CPU engines) is sent nothing new; the app's own key none."""
+    from proxray.serve.deployments.client import TENANT, ModelClient
+
+    sent = []
+
+    class Handle:
+        def options(self, **_):
+            return self
+
+        @property
+        def respond(self):
+            return self
+
+        def remote(self, endpoint, body, heartbeat):
+            sent.append(body)
+            return object()
+
+    client = ModelClient({"vllm": Handle(), "cpu": Handle()})
+    client.caps = {"vllm": {"/chat/completions": frozenset({"messages", "cache_salt"})},
+                   "cpu": {"/chat/completions": frozenset({"messages"})}}
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    TENANT.set("a" * 32)
+    client.stream("vllm", "/chat/completions", body)
+    client.stream("cpu", "/chat/completions", body)
+    TENANT.set("")
+    client.stream("vllm", "/chat/completions", body)
+    assert sent[0]["cache_salt"] == "a" * 32 and "cache_salt" not in sent[1] and "cache_salt" not in sent[2]
+    assert "cache_salt" not in body  # the request's own body untouched

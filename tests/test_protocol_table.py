@@ -126,3 +126,13 @@ def test_serve_imports_down_its_floors_and_defers_little():
                 up.append(f"{path.relative_to(ROOT)}:{lineno} imports {module}")
     assert up == []
     assert len(inner) <= 5 and all("#" in line for _, line in inner), inner
+
+
+def test_the_app_builder_a_serve_config_names_takes_its_args_alone():
+    """Serve calls the builder of ``import_path`` with one dictionary: another protocol table is ``build``'s."""
+    import inspect
+
+    from proxray.serve.app import build, build_app
+
+    assert list(inspect.signature(build_app).parameters) == ["args"]
+    assert list(inspect.signature(build).parameters) == ["args", "protocols"]

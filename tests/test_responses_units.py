@@ -161,6 +161,20 @@ def test_one_keys_responses_cannot_push_out_anothers():
     assert book.get("b1", "b", now=T + 20) is not None and len(book.by_key["a"]) == 5
 
 
+def test_three_keys_filling_the_store_leave_a_key_within_its_share_every_response():
+    """Three keys at once: the store over its bounds drops from the keys furthest over their fair share (a third of
+    it), never from a key within it — though that key's responses are the largest."""
+    T = time.time()
+    book = ResponseBook(9, 100, 2**20, 0.5)
+    for i in range(3):  # key a: three large responses, its fair share of the count
+        book.remember(f"a{i}", {"text": json.dumps({"n": i, "pad": "x" * 20000}), "key": "a"}, now=T + i)
+    for i in range(12):  # keys b and c: many small ones each
+        book.remember(f"b{i}", {**record(i), "key": "b"}, now=T + 3 + i)
+        book.remember(f"c{i}", {**record(i), "key": "c"}, now=T + 3 + i)
+    assert all(book.get(f"a{i}", "a", now=T + 20) is not None for i in range(3))
+    assert len(book.answers) <= 9 and len(book.by_key["b"]) == len(book.by_key["c"]) == 3
+
+
 def test_input_item_pages():
     rec = {"input": [{"id": f"msg_{i}", "type": "message"} for i in range(4)] + [{"type": "function_call_output"}]}
     page = input_items_page(rec, "resp_r", 2, "desc", None)

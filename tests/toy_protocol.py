@@ -1,6 +1,6 @@
 """A toy client protocol, written as a contributor would add one: ``POST /v1/ask`` takes ``{"model", "question",
 "max_tokens", "stream"}`` and answers ``{"answer", "model", "used"}`` or a stream of ``start`` / ``piece`` / ``done``
-events. Nothing in the package names it: its row is added to the app's protocol table (``build_app(args, protocols)``)
+events. Nothing in the package names it: its row is added to the app's protocol table (``proxray.serve.app.build(args, protocols)``)
 and the gateway routes, streams, budgets and reports it like any other. A module of its own (not the test's) so that
 the ingress's replicas can import it."""
 from __future__ import annotations

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -52,7 +53,95 @@ def _cmd_serve(a):
     # Ray's token auth stays as configured (on by default in Ray 2.60: the local cluster makes a token); a local
     # cluster it starts puts Serve's HAProxy ingress in front, on ports no other Serve here holds
     # (proxray.serve.front); a running one keeps its own
-    raise SystemExit(subprocess.call([serve_bin, "run", config], env={**os.environ, **front_env(local=True)}))
+    child = subprocess.Popen([serve_bin, "run", config], env={**os.environ, **front_env(local=True)})
+    raise SystemExit(supervise(child))
+
+
+STOP_GRACE_S = 30.0  # how long ``serve run`` may take to stop Serve and its local Ray before what is left is killed
+
+
+def descendants(pid: int) -> list:
+    """Every process below ``pid`` (read from /proc; none where there is no /proc)."""
+    children: dict = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def supervise(child) -> int:
+    """Wait for ``serve run``; stopped by SIGTERM (a supervisor) or SIGINT (Ctrl-C), stop it and leave nothing behind:
+    ``serve run`` is told to stop (SIGTERM: it shuts Serve and the local Ray down), and every process that was below it
+    when the stop came and still runs after it (Serve's HAProxy, re-parented to init, holding the HTTP port and its
+    stats and metrics ports) is ended — so the next ``proxray serve`` binds the same ports. Returns 0 for a stop asked
+    for, else ``serve run``'s own status."""
+    import signal
+    import time
+
+    asked: list = []
+
+    def stop(signum, _frame):
+        asked.append(signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while child.poll() is None and not asked:
+            time.sleep(0.2)
+        if not asked:
+            return child.returncode
+        tree = descendants(child.pid)  # now, before Ray's processes exit and theirs are re-parented
+        print("proxray serve: stopping Serve and its local Ray", file=sys.stderr)
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(STOP_GRACE_S)
+        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: it did not stop in time
+            child.kill()
+            child.wait()
+        _end(tree)
+        return 0
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _end(pids: list, grace_s: float = 5.0) -> None:
+    """SIGTERM to each of ``pids`` still running, then SIGKILL to those still running after ``grace_s``."""
+    import signal
+    import time
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for its parent is gone for our purpose
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+
+    left = [p for p in pids if alive(p)]
+    for p in left:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except OSError:
+            pass
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and any(alive(p) for p in left):
+        time.sleep(0.1)
+    for p in left:
+        if alive(p):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def _cmd_demo(a):

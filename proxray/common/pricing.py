@@ -26,6 +26,21 @@ def token_bound(body: dict) -> tuple[int, int]:
     ``max_output_tokens``) for each of its ``n`` (``best_of``) answers."""
     import json
 
-    prompt = len(json.dumps(body, separators=(",", ":"))) // 3
+    prompt = len(json.dumps(body, separators=(",", ":"), default=str)) // 3
     limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens") or 0)
     return prompt, limit * max(int(body.get("n") or 1), int(body.get("best_of") or 1))
+
+
+def writes_cache(body: dict) -> bool:
+    """Whether a request asks its provider to write its prompt to a cache (Anthropic's ``cache_control`` on a block, a
+    tool or the request), which bills that prompt above the input price."""
+    stack = [body]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if "cache_control" in v:
+                return True
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False

@@ -31,24 +31,63 @@ class Sampling(StrictModel):
     top_p: float = Field(1.0, ge=0, le=1, description="nucleus sampling: the probability mass sampled from")
 
 
+CACHE_READ_RATIO, CACHE_WRITE_RATIO = 0.1, 1.25  # of the input price, where a config gives none (providers' lists)
+
+
 class PriceSpec(StrictModel):
-    """A model's token prices, USD per million tokens (as providers list them)."""
+    """A model's token prices, USD per million tokens (as providers list them), and what else its provider bills."""
 
     input_per_mtok: float = Field(ge=0, allow_inf_nan=False, description="USD per million prompt tokens")
     output_per_mtok: float = Field(ge=0, allow_inf_nan=False, description="USD per million completion tokens")
+    cache_read_per_mtok: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
+        f"USD per million prompt tokens read from the provider's prompt cache; default {CACHE_READ_RATIO:g} × "
+        "input_per_mtok (Anthropic's cache reads, OpenAI's cached input on its current models; set it for a model "
+        "billed otherwise, e.g. 0.5 × input for OpenAI's older ones)"))
+    cache_write_per_mtok: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
+        f"USD per million prompt tokens written to the provider's prompt cache; default {CACHE_WRITE_RATIO:g} × "
+        "input_per_mtok (Anthropic's 5-minute cache; 2 × for its 1-hour one)"))
+    tool_call_usd: dict[str, float] = Field({}, description=(
+        "USD per call of a hosted tool the provider runs and bills apart, by the name its usage counts it under, e.g. "
+        "{web_search_requests: 0.01} (Anthropic's web search: 10 USD per 1,000)"))
 
     def tokens(self, input_tokens, output_tokens):
         """USD for these token counts (numbers or arrays): ``common.pricing.token_cost``."""
         return token_cost(input_tokens, output_tokens, self.input_per_mtok, self.output_per_mtok)
 
+    def bound(self, prompt_tokens: int, completion_tokens: int, writes_cache: bool = False) -> float:
+        """USD these tokens can cost at most: the prompt at the input price — at the cache-write price where the request
+        asks the provider to cache it (``writes_cache``: Anthropic's ``cache_control``), which costs more — and the
+        completion at the output price."""
+        prompt_price = max(self.input_per_mtok, self._write_price()) if writes_cache else self.input_per_mtok
+        return (prompt_tokens * prompt_price + completion_tokens * self.output_per_mtok) / 1e6
+
+    def _read_price(self) -> float:
+        return self.cache_read_per_mtok if self.cache_read_per_mtok is not None else CACHE_READ_RATIO * self.input_per_mtok
+
+    def _write_price(self) -> float:
+        return (self.cache_write_per_mtok if self.cache_write_per_mtok is not None else
+                CACHE_WRITE_RATIO * self.input_per_mtok)
+
     def cost(self, usage) -> float | None:
-        """USD of one answer from its OpenAI ``usage`` object; None without usable token counts."""
+        """USD of one answer from its ``usage`` in chat's words: ``prompt_tokens`` (of them, cache reads in
+        ``prompt_tokens_details.cached_tokens`` and writes in ``prompt_tokens_details.cache_write_tokens``, each at its
+        price), ``completion_tokens``, and hosted tools' calls (``server_tool_use``); None without usable token
+        counts."""
         if not isinstance(usage, dict):
             return None
         p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in (p, c)):
             return None
-        return float(self.tokens(p, c))
+        details = usage.get("prompt_tokens_details") or {}
+        read = min(_count(details.get("cached_tokens")), p)
+        written = min(_count(details.get("cache_write_tokens")), p - read)
+        usd = float(self.tokens(p - read - written, c)) + (read * self._read_price() + written * self._write_price()) / 1e6
+        tools = usage.get("server_tool_use") or {}
+        return usd + sum(_count(n) * self.tool_call_usd.get(name, 0.0) for name, n in tools.items())
+
+
+def _count(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class AutoscalingSpec(StrictModel):

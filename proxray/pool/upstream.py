@@ -9,10 +9,13 @@
 * **another model** (``falls_back``): what another model can fix — the same passing trouble, once the same upstream's
   tries are spent, or a replica lost. A 400 or 422 (or any other 4xx about the request) goes to the client at once:
   never tried again, never a fallback.
-* **the model out of routing** (``takes_model_out``): a 401 or 403 (the upstream refused the gateway's key), or a 404
-  that says the model itself is unknown (``model_not_found``, "the model ... does not exist") — not a 404 about
-  something the request refers to (an item, a stored response), which any client can provoke. A 404 that says neither
-  is settled by asking the upstream's ``/v1/models`` (``lists_model``).
+* **the model out of routing** (``takes_model_out``), on the upstream's word, never a client's: a 404 whose error
+  object says, in its structured fields, that the model itself is unknown (OpenAI's ``code: model_not_found``,
+  Anthropic's ``not_found_error`` about ``model:``). A message is never read for it — an upstream echoes a client's ids
+  in its messages ("Item with id 'rs_x-model' not found"), so a client could write it. Any other 404, and any 401 or
+  403 (which a client's body can provoke too: a content policy, an item of another organisation), is settled by a
+  probe that carries nothing of the client's: the upstream's ``GET /v1/models`` with the gateway's own key — the model
+  is taken out where that probe is refused (the gateway's key) or does not list the model (``lists_model``).
 
 ``verdict`` puts the three together, a pure function of one failed try (its status, the upstream's error object, the
 attempt, the time left): one state machine that the job's loop (``pool.openai_engine``) and the relay's
@@ -39,19 +42,23 @@ def falls_back(status: int) -> bool:
 
 
 def model_unknown(status: int, err: dict) -> bool | None:
-    """For a 404: True where the upstream's error says the model itself is unknown, None where it does not say
-    (``lists_model`` decides); False for any other status."""
+    """For a 404: True where the upstream's error object says in its structured fields that the model itself is
+    unknown, None where it does not (a probe decides); False for any other status."""
     if status != 404:
         return False
-    if str(err.get("code") or "").lower() == "model_not_found" or \
-            re.search(r"\bmodel\b.*\b(does not exist|not found)\b", str(err.get("message") or ""), re.I | re.S):
+    if str(err.get("code") or "").lower() == "model_not_found":  # OpenAI's
+        return True
+    if err.get("type") == "not_found_error" and str(err.get("message") or "").startswith("model:"):  # Anthropic's
         return True
     return None
 
 
 def takes_model_out(status: int, err: dict) -> bool | None:
-    """Whether ``status`` takes the model out of routing for everyone (None: a 404 to settle with ``lists_model``)."""
-    return True if status in KEY_REFUSED else model_unknown(status, err)
+    """Whether ``status`` takes the model out of routing for everyone: True on the upstream's structured word that the
+    model is unknown, None for a 401, a 403 or another 404 (a probe with the gateway's own key decides), else False."""
+    if status in KEY_REFUSED:
+        return None
+    return model_unknown(status, err)
 
 
 def lists_model(listing: dict, name: str) -> bool:
@@ -72,7 +79,7 @@ RETRY = "retry"  # the same upstream again, after the wait
 FALL_BACK = "fall_back"  # this upstream is spent for the request: another model may answer (the job: an error row)
 REFUSE = "refuse"  # the request's own fault: to the client at once, never tried again anywhere
 TAKE_OUT = "take_out"  # the operator's fault (the key refused, the model unknown): the model out of routing
-ASK_LISTING = "ask_listing"  # a 404 that does not say: take the model out only if its listing no longer has it
+ASK_LISTING = "ask_listing"  # a 401, 403 or 404 a client could have provoked: probe with the gateway's key alone
 
 
 def verdict(status: int, err: dict, attempt: int, max_retries: int, time_left_s: float | None = None,

@@ -76,7 +76,13 @@ def _vllm_deployment(m: ServedModel, source: str):
     return build_llm_deployment(cfg, override_serve_options=serve_options, deployment_cls=VLLMModelServer)
 
 
-def build_app(args: dict, protocols: dict | None = None):
+def build_app(args: dict):
+    """The Serve application of a Serve config's ``args`` (Serve calls an application builder with that one
+    dictionary): ``build`` with the shipped protocols."""
+    return build(args)
+
+
+def build(args: dict, protocols: dict | None = None):
     """The Serve application: one deployment per model plus the router ingress (``simulate``: every model the
     simulated engine, ``proxray.pool.simulated.rehearsal``); ``protocols``: the client protocols it serves,
     ``{route: Protocol}`` (default: ``proxray.serve.protocols.PROTOCOLS``; a protocol added here is served on its

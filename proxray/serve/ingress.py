@@ -32,7 +32,7 @@ from ray import serve
 
 from proxray.routing.index import single_thread
 from proxray.serve.config import ROUTER_MODEL, AppArgs, load_api_key, resolve_alias
-from proxray.serve.deployments.client import ModelClient
+from proxray.serve.deployments.client import TENANT, ModelClient
 from proxray.serve.deployments.endpoint_server import relays
 from proxray.serve.deployments.liveness import Liveness
 from proxray.serve.deployments.models import OpenAIModel
@@ -58,11 +58,15 @@ logger = logging.getLogger("ray.serve")
 
 def private(report: dict) -> None:
     """What a key of the keys file is not shown of its own report: the app's router path, the served budget's state,
-    the encoder's batch and whether its cache held the text (another key may have sent it) — ``report`` in place."""
+    the encoder's batch, how long its text waited for the encoder (other keys' load) and whether the cache held it
+    (another key may have sent it) — ``report`` in place; its ``embed_ms`` is the encoder pass alone."""
     report.pop("router_path", None)
     report.pop("budget", None)
+    timings = report.get("timings", {})
+    if "encode_ms" in timings:
+        timings["embed_ms"] = timings["encode_ms"]
     for name in ("embedding_cache", "encoder_batch", "encode_ms"):
-        report.get("timings", {}).pop(name, None)
+        timings.pop(name, None)
 
 
 def deployment_name(model_id: str) -> str:
@@ -127,6 +131,9 @@ class RouterIngress:
                        headers)
 
     async def plan(self, req, rp, turn, timings: dict, text: str, key=None, again: bool = False) -> planning.Plan:
+        """The request's plan: a named model's, or the router's decision over its routing text's embedding (the
+        models' refusals, the conversation's model, the key's visible evidence); reported to the monitor unless
+        ``again`` (a count planned as its request would be)."""
         if req.model != ROUTER_MODEL:  # nothing router-related on a pass-through request's path
             return planning.pass_through(req.model, self.client.handles)
         t0 = time.perf_counter()
@@ -158,7 +165,7 @@ class RouterIngress:
     async def _estimate(self, text: str, model: str) -> float | None:
         """The router's estimated cost of ``model``'s answer to ``text`` (None where the router does not know it)."""
         router = self.policy.router
-        if model not in router.models_:
+        if model not in router.models_ or len(text) > self.args.max_prompt_chars:
             return None
         _, cost, _ = router.estimate_with_outlier_score((await self.encoder.vector(text, {}))[None, :])
         return float(cost[0][router.models_.index(model)])
@@ -175,9 +182,11 @@ class RouterIngress:
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.args.timeout_s
         timings = {}  # where the gateway's time went: read, parse, embed (+ cache), estimate, model
-        key, held = None, None
+        key, held, p, slot = None, None, None, None
         try:
             key, req, rp = await self.open(request, protocol.request, timings)
+            slot = self.gate.enter(key)  # one of the key's requests in flight on this replica, until the answer ends
+            TENANT.set(key.owner[:32] if key is not None else "")  # its prompt-cache salt, for the models that take one
             # the body every candidate gets (model aside), in the protocol or as the one internal request
             turn = await protocol.begin(req, self.context(protocol, key, request.headers))
             if turn.previous_id is not None:  # a stored response's conversation: its id names it in the report
@@ -186,23 +195,37 @@ class RouterIngress:
                 rp = replace(rp, conversation=turn.session)
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = turn.text(self.args.routing_text)
-            p = await self.plan(req, rp, turn, timings, text, key)
-            held = Held(self.gate, key)  # the key's hold on its budget, settled exactly once
-            key_report, p, estimate = await self.gate.admit_plan(
-                key, p, turn.body, held.take(), self.client.handles, estimate_of=lambda m: self._estimate(text, m),
-                replan=lambda: self.plan(req, rp.over_budget(), turn, timings, text, key, again=True))
+            # admission before any work on the request (embedding, plan, the budget's λ, the monitor's report): the
+            # key's rate, and a hold of the dearest model it may reach, settled exactly once
+            held = Held(self.gate, key)
+            routed = req.model == ROUTER_MODEL
+            reach = self.policy.reach(rp) if routed else [req.model]
+            key_report, past = await self.gate.admit_request(key, turn.body, held.take(), reach, routed,
+                                                             self.client.handles)
+            p = await self.plan(req, rp.over_budget() if past else rp, turn, timings, text, key)
+            estimate = await self.gate.estimate(key, p, lambda m: self._estimate(text, m))
+            held.lower(self.gate.hold(p.candidates[0], turn.body, estimate))
             t_model = time.perf_counter()
             model, head, gen = await first_answer(turn.client, p, turn.body, turn.upstream, req.stream, deadline,
                                                   self.args.timeout_s, self._failed, turn.has_content)
             timings["model_ms"] = 1e3 * (time.perf_counter() - t_model)  # the answer, or a stream's first content
         except RequestError as e:
-            if held is not None:
+            if held is not None and e.status == 504 and p is not None:  # a model had it past the deadline: it may
+                last = (p.report.get("failures") or [{}])[-1].get("model") or p.candidates[0]  # have billed it
+                charge = held.charger(last, p.report.get("estimates", {}).get(last, {}).get("cost"), turn.body)
+                if charge is not None:
+                    charge(None)  # charged its hold, never 0 where a generation may have been billed
+            elif held is not None:
                 held.release()  # no answer: nothing spent
+            if slot is not None:
+                slot.release()
             self.metrics.error(e.status)
             return error_response(e, protocol.error)
         except BaseException:  # an unexpected failure, or the client gone before the answer: nothing spent either
             if held is not None:
                 held.release()
+            if slot is not None:
+                slot.release()
             raise
         self.metrics.answered(model, p.report["routed"])
         if p.report.get("conversation") and turn.previous_id is None:  # the model that answered carries it on
@@ -221,7 +244,7 @@ class RouterIngress:
         counts = [f for f in (self.policy.meter(p, model), held.charger(model, estimate, turn.body),
                               self.answers.recorder(turn.answer_id(head[0]), text, model, key and key.owner,
                                                     self.gate.prices.get(model), estimate)
-                              if len(text) <= self.args.max_prompt_chars else None) if f]
+                              if len(text) <= self.args.max_prompt_chars else None, slot.release) if f]
         if req.stream:
             events = await answer_stream(turn, head, gen, p.report, counts, lambda: self.metrics.error(502))
             return StreamingResponse(events, media_type="text/event-stream", headers=response_headers(p.report))

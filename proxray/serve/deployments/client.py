@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 
 from proxray.common.secrets import scrub
@@ -55,6 +56,13 @@ class LocalStream:
         asyncio.get_running_loop().create_task(close())
 
 
+# The asking key's prompt-cache salt for this request (set by the ingress; "" for the app's own key): a co-hosted model
+# that takes ``cache_salt`` (vLLM) is sent it, so one key's prefixes are never another key's cache hits and the
+# cached-token counts a key is shown are its own.
+TENANT: contextvars.ContextVar = contextvars.ContextVar("proxray_tenant", default="")
+CACHE_SALT = "cache_salt"
+
+
 class ModelClient:
     ASK_AGAIN_S = 30.0  # a model that did not say its capabilities (not up yet) is asked again after this
 
@@ -76,6 +84,9 @@ class ModelClient:
             return LocalStream(callee.respond(endpoint, body))
         if (down := self.liveness.unavailable(model)) is not None:
             return Unavailable(down)
+        salt = TENANT.get()
+        if salt and CACHE_SALT in self.caps.get(model, {}).get(endpoint, ()) and CACHE_SALT not in body:
+            body = {**body, CACHE_SALT: salt}  # the key's prefixes cached apart from every other key's
         gen = callee.options(stream=True).respond.remote(endpoint, body, HEARTBEAT_S)
         return WatchedStream(gen, model, self.liveness, patient)
 

@@ -11,16 +11,19 @@ options — with ``model`` set to the model's name there (``source``), and only 
 the client's own headers). Its response, or its stream chunk by chunk with ``usage``, comes back unchanged but for
 ``model``, which names the pool model the client knows.
 
-* **Retries**, as ``proxray.pool.upstream`` decides for the job too: a 408, 409, 429, a 5xx, a timeout or a refused
-  connection before the first byte is tried again (``max_retries``) after the endpoint's ``Retry-After``, else an
-  exponential backoff, as long as the wait ends within the model's ``timeout_s``; then it is an error object the
+* **Retries**, as ``proxray.pool.upstream.verdict`` decides for the job too: a 408, 409, 429, a 5xx, or a refused or
+  dropped connection before the first byte is tried again (``max_retries``) after the endpoint's ``Retry-After``, else
+  an exponential backoff, as long as the wait ends within the model's ``timeout_s``; then it is an error object the
   gateway falls back on, as for a co-hosted model. A 400, 422 or any other 4xx about the request goes to the client at
-  once, and nothing is tried again once the endpoint has answered 200 (a connection that breaks after it is a 502).
-* **Operator faults.** A 401 or 403 (the endpoint refused the gateway's key), or a 404 that says the model itself is
-  unknown (``model_not_found``; otherwise the endpoint's ``/v1/models`` is asked), takes the model out of routing for
-  ``COOLDOWN_S``: routed requests fall back, a request naming it gets a 502 naming the model — never the endpoint's
-  401, which would tell the client its own key is wrong. A 404 about something the request refers to (an item, a
-  stored response) is the client's and takes nothing out. The log and ``proxray_endpoint_cooldowns`` say why.
+  once, and nothing is tried again once the endpoint has taken the request — answered 200 (a connection that breaks
+  after it is a 502), or read it and gave no answer in time (it may be generating, and billing, it).
+* **Operator faults**, on the endpoint's word, never a client's: a 404 whose error object says the model is unknown
+  (``model_not_found``, Anthropic's ``not_found_error`` on ``model:``), or — after any other 404, a 401 or a 403,
+  which a client's body can provoke — a probe with the gateway's own key and nothing of the client's (``GET /models``)
+  that is refused or no longer lists the model, takes the model out of routing for ``COOLDOWN_S`` (and tells the
+  model client's liveness, so routed requests try it last): routed requests fall back, a request naming it gets a 502
+  naming the model — never the endpoint's 401, which would tell the client its own key is wrong. Otherwise the error is
+  the client's alone and takes nothing out. The log and ``proxray_endpoint_cooldowns`` say why.
 * **What a client sees** of an endpoint: the model's name and the status, never its URL, host or key (the log has the
   URL; the key is scrubbed everywhere).
 * **Limits.** ``rate_limit`` is kept by one limiter actor per model (namespace ``proxray``) that every router replica
@@ -39,11 +42,11 @@ import time
 from proxray.common.pricing import token_bound
 from proxray.common.shared_actor import SharedActorClient, SharedStateDown
 from proxray.common.secrets import scrub
-from proxray.pool.upstream import (ASK_LISTING, REFUSE, RETRY, TAKE_OUT, error_object, lists_model, verdict)
+from proxray.pool.upstream import ASK_LISTING, RETRY, TAKE_OUT, error_object, lists_model, verdict
 from proxray.serve.config import ServedModel
 from proxray.serve.deployments.models import OpenAIModel
 from proxray.serve.errors import error, is_error
-from proxray.serve.wire import UpstreamHeaders
+from proxray.serve.wire import PROBE_VERSION_HEADERS, UpstreamHeaders
 
 NAMES = {"latency": "proxray_endpoint_latency_s", "answers": "proxray_endpoint_answers",
          "limited": "proxray_endpoint_rate_limited"}
@@ -162,11 +165,18 @@ class EndpointRelay(OpenAIModel):
             if failure is None:
                 return
             decision, wait = verdict(failure.status, failure.upstream, attempt, self.spec.max_retries,
-                                     deadline - time.monotonic(), failure.retry_after)
-            if decision == ASK_LISTING:  # a 404 that does not say whether the model is unknown: is it still listed?
-                decision = REFUSE if await self._lists_model() else TAKE_OUT
+                                     deadline - time.monotonic(), failure.retry_after, answered=failure.accepted)
+            why = f"its endpoint does not serve it (HTTP {failure.status})"
+            if decision == ASK_LISTING:  # a 401, 403 or 404 a client's body could provoke: the gateway's own probe
+                refused = await self._probe()
+                if refused is None and failure.status == 401:  # the gateway's key is accepted: not the client's key
+                    yield error(502, f"model {self.spec.id!r}: its endpoint answered 401 to this request, though it "
+                                     "accepts the gateway's key", kind="upstream_error")
+                    return
+                decision = TAKE_OUT if refused else decision
+                why = refused or why
             if decision == TAKE_OUT:  # the operator's fault, not the request's nor a passing one
-                yield self._cool_down(failure)
+                yield self._cool_down(failure, why)
                 return
             if decision != RETRY:  # the request's own fault (the client has it at once), or this endpoint spent
                 yield failure.error
@@ -216,8 +226,11 @@ class EndpointRelay(OpenAIModel):
                 what = "failed mid-stream" if stream else "answered 200, then its answer broke off"
                 yield error(502, f"model {self.spec.id!r}: its endpoint {what} ({kind})", kind="server_error")
                 return
+            # sent, then no answer in time: the endpoint took the request and may be generating it (and billing it),
+            # so it is not asked again; a refused or dropped connection is (nothing was generated)
+            took = isinstance(e, httpx.ReadTimeout)
             yield Retry(503, error(503, f"model {self.spec.id!r}: its endpoint did not answer ({kind})",
-                                   kind="upstream_error"), None)
+                                   kind="upstream_error"), None, accepted=took)
 
     def _named(self, obj: dict) -> dict:
         """An answer, chunk or event with the pool model's id for the endpoint's name of it (a Responses event holds
@@ -227,21 +240,24 @@ class EndpointRelay(OpenAIModel):
                 return {**obj, inner: {**obj[inner], "model": self.spec.id}}
         return {**obj, "model": self.spec.id} if "model" in obj or "choices" in obj else obj
 
-    async def _lists_model(self) -> bool:
-        """Whether the endpoint's ``GET /models`` lists the model (True where it cannot tell: nothing is taken out on
-        a guess)."""
+    async def _probe(self) -> str | None:
+        """Why the endpoint no longer serves the model to the gateway, from its ``GET /models`` with the gateway's own key
+        and nothing of any client's — it refuses that key (401, 403), or does not list the model — or None where it
+        does, or where it cannot tell (unreachable, another status, not JSON: nothing is taken out on a guess)."""
         try:
-            r = await self.client.get("/models", timeout=5.0)
-            return r.status_code != 200 or lists_model(r.json(), self.spec.source or self.spec.id)
+            headers = {**PROBE_VERSION_HEADERS, **({"x-api-key": self.key} if self.key else {})}
+            r = await self.client.get("/models", timeout=5.0, headers=headers)
+            if r.status_code in (401, 403):
+                return f"its endpoint refused the gateway's key (HTTP {r.status_code})"
+            if r.status_code == 200 and not lists_model(r.json(), self.spec.source or self.spec.id):
+                return "its endpoint does not list it (GET /models)"
         except Exception:  # noqa: BLE001 - unreachable or not JSON: it cannot tell
-            return True
+            pass
+        return None
 
-    def _cool_down(self, failure: "Retry") -> dict:
+    def _cool_down(self, failure: "Retry", why: str) -> dict:
         """Take the model out of routing for ``COOLDOWN_S``: its endpoint refused the gateway's key or does not know
         the model, which no client can fix; the operator is told in the log and the metric."""
-        why = {401: "its endpoint refused the gateway's key (HTTP 401)",
-               403: "its endpoint refused the gateway's key (HTTP 403)",
-               404: "its endpoint does not serve it (HTTP 404)"}[failure.status]
         self.cooldown_until, self.cooldown_why = time.monotonic() + COOLDOWN_S, why
         self.cooldowns.inc(1, {"model": self.spec.id, "status": str(failure.status)})
         if self.on_out is not None:
@@ -289,5 +305,7 @@ class Retry:
     """A try that failed before its first byte: the endpoint's status, the gateway's error object for it, its
     ``Retry-After``, and the endpoint's own error (``upstream``: what ``proxray.pool.upstream`` reads)."""
 
-    def __init__(self, status: int, err: dict, retry_after: str | None, upstream: dict | None = None):
+    def __init__(self, status: int, err: dict, retry_after: str | None, upstream: dict | None = None,
+                 accepted: bool = False):
         self.status, self.error, self.retry_after, self.upstream = status, err, retry_after, upstream or {}
+        self.accepted = accepted  # the endpoint took the request (a read timed out): never asked again

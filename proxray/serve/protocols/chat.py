@@ -59,6 +59,7 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
     n: int | None = Field(None, ge=1, le=16)
+    best_of: int | None = Field(None, ge=1, le=16)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = Field(None, ge=-INT64, lt=INT64)

@@ -73,11 +73,17 @@ class Usage:
 
     # -- written
     def chat(self) -> dict:
+        """In chat's words, as prices read them (``PriceSpec.cost``): cache writes as
+        ``prompt_tokens_details.cache_write_tokens`` and hosted tools' calls as ``server_tool_use``, which chat has no
+        field for."""
         out = {"prompt_tokens": self.prompt, "completion_tokens": self.output, "total_tokens": self.prompt + self.output}
-        if self.cache_read:
-            out["prompt_tokens_details"] = {"cached_tokens": self.cache_read}
+        details = {k: v for k, v in (("cached_tokens", self.cache_read), ("cache_write_tokens", self.cache_write)) if v}
+        if details:
+            out["prompt_tokens_details"] = details
         if self.reasoning:
             out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning}
+        if self.tool_calls:
+            out["server_tool_use"] = dict(self.tool_calls)
         return out
 
     def responses(self) -> dict:
@@ -98,13 +104,21 @@ class Usage:
 
 # ---- the one output limit ----------------------------------------------------------------------------------------
 LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+COUNTS = ("n", "best_of")  # answers a request asks for: its hold is its limit times the larger
+MAX_LIMIT, MAX_COUNT = 1_000_000, 16
 
 
 def one_limit(body: dict, own: tuple, default: int | None = None) -> dict:
     """``body`` with at most one output limit, one of the protocol's ``own`` fields (the first is written, with
     ``default``, where it sends none): a body that sends more than one of the limit fields any protocol knows
     (``LIMIT_FIELDS``), or one its protocol does not have, is refused (400 naming them) — the model is sent one limit,
-    and what the request may cost is bounded by that one."""
+    and what the request may cost is bounded by that one; so is a limit or an answer count (``n``, ``best_of``) that
+    is not a whole number in its range."""
+    for name in LIMIT_FIELDS + COUNTS:  # what the hold multiplies: whole numbers, bounded, whatever the protocol
+        v = body.get(name)
+        top = MAX_COUNT if name in COUNTS else MAX_LIMIT
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top):
+            raise RequestError(400, f"{name}: a whole number from 1 to {top} (got {str(v)[:40]!r})", name)
     sent = [f for f in LIMIT_FIELDS if body.get(f) is not None]
     if len(sent) > 1:
         raise RequestError(400, f"{' and '.join(sent)}: give one output limit, not {len(sent)} (the model is sent "

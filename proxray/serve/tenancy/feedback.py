@@ -72,16 +72,20 @@ class AnswerBook:
         self._fit()
 
     def _fit(self) -> None:
-        """Past the book's bounds, the oldest entries of the key that holds the most bytes go — never another key's
-        because one key is busy."""
+        """Past the book's bounds, the oldest entries of the key furthest over its fair share go (the book's count and
+        bytes over the keys holding entries, in whichever it uses more of) — never a key within its fair share: while
+        the book is over, some key is over its fair share."""
         while len(self.answers) > self.max_answers or self.bytes > self.max_bytes:
-            biggest = max(self.key_used, key=self.key_used.get)
-            self._drop(next(iter(self.by_key[biggest])))
+            n = len(self.key_used)
+            fair_bytes, fair_count = self.max_bytes / n, self.max_answers / n
+            victim = max(self.key_used, key=lambda k: max(self.key_used[k] / fair_bytes,
+                                                           len(self.by_key[k]) / fair_count))
+            self._drop(next(iter(self.by_key[victim])))
 
     def remember(self, answer_id: str, record: dict, now: float | None = None) -> bool:
         """Keep an answer (False, nothing kept and nothing dropped, where it alone is larger than its key's share);
         past its share, a key's own oldest answers go (answers without a key of the keys file share the whole book),
-        past the book's bounds those of the key that holds the most."""
+        past the book's bounds those of the key furthest over its fair share (``_fit``)."""
         size, key = record_bytes(record), record.get("key")
         if size > (self.max_bytes if key is None else self.key_bytes):
             return False

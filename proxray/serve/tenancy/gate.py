@@ -1,7 +1,7 @@
 """The endpoint's door for API keys: who is asking (``KeyGate.identify``), the key's rules applied (``rules.KeyRules``:
-every rule of a key in one place), and what a request may cost it — its rate and budget admitted, a hold taken before
-the answer (``KeyGate.admit_plan``) and settled exactly once by the answer's usage (``Held``). The keys file, the ring
-that reads it and the ledger actor that counts spend are ``keys``."""
+every rule of a key in one place), and what a request may cost it — its rate and budget admitted before any work on
+the request, with a hold taken until its answer (``KeyGate.admit_request``) and settled exactly once by the answer's
+usage (``Held``). The keys file, the ring that reads it and the ledger actor that counts spend are ``keys``."""
 from __future__ import annotations
 
 import hmac
@@ -23,11 +23,25 @@ class KeyGate:
         self.ring = KeyRing(keys_file) if keys_file else None
         self.api_key, self.prices = api_key, prices
         self.rules = KeyRules(prices)  # every rule of a key: the request policy, listing, feedback, evidence ask it
+        self.inflight: dict = {}  # key name -> its requests in flight on this replica (``enter``)
         self.ledger = LedgerClient(app_name) if keys_file else None
         self.requests = Counter("proxray_key_requests", "requests by API key (keys file) and outcome: ok, cheapest "
                                 "(over budget, routed down), rate, budget, forbidden", tag_keys=("key", "outcome"))
         self.spend = Counter("proxray_key_spend_usd", "USD of the answers given to an API key (keys file)",
                              tag_keys=("key",))
+
+    def enter(self, spec: KeySpec | None) -> "Slot":
+        """One of the key's ``max_concurrent`` slots on this replica, held until the answer ends (``Slot.release``):
+        429 at once where they are all taken."""
+        if spec is None:
+            return Slot(self, None)
+        n = self.inflight.get(spec.name, 0)
+        if n >= spec.max_concurrent:
+            self.requests.inc(1, {"key": spec.name, "outcome": "concurrent"})
+            raise RequestError(429, f"key {spec.name!r}: {spec.max_concurrent} requests in flight at once at most "
+                               "(max_concurrent in the keys file)", kind="rate_limit_error", headers={"retry-after": "1"})
+        self.inflight[spec.name] = n + 1
+        return Slot(self, spec.name)
 
     def identify(self, request) -> KeySpec | None:
         """The key of the request's bearer token, or of its ``x-api-key`` header (None: the single key, or no auth
@@ -81,34 +95,41 @@ class KeyGate:
         self.requests.inc(1, {"key": spec.name, "outcome": "cheapest" if over else "ok"})
         return {"name": spec.name, "spent_usd": round(verdict["spent_usd"], 10), "over_budget": over}
 
-    async def admit_plan(self, spec: KeySpec | None, plan, body: dict, ticket: str | None, served, replan,
-                         estimate_of):
-        """The key's rate and budget for a planned request, which holds an upper bound of its cost (``hold``) until
-        its answer settles it (``Held``). Past a ``cheapest`` budget, ``KeyPolicy.past_budget`` decides: a routed
-        request is planned again (``await replan()``) with cost deciding. ``estimate_of(model)``: the router's
-        estimate for a named model with no price. Returns (the key's report or None, the plan, the estimate the
-        answer is charged at without usage)."""
+    async def admit_request(self, spec: KeySpec | None, body: dict, ticket: str | None, reach: list, routed: bool,
+                            served) -> tuple[dict | None, bool]:
+        """The key's rate and budget for a request, before any work on it (no embedding, no plan): it holds an upper
+        bound of its cost — its bounded ``body`` at the dearest priced model of ``reach`` (the models it may reach) —
+        until its answer settles it (``Held``; lowered to the chosen model's once planned). Returns (the key's report or
+        None, whether it is past a ``cheapest`` budget and routed: cost decides its plan). Past such a budget a request
+        naming another model than the cheapest is refused (``KeyRules.past_budget``)."""
+        if spec is None:
+            return None, False
+        hold = max((self.hold(m, body, None) for m in reach if m in self.prices), default=0.0)
+        report = await self.admit(spec, hold, ticket)
+        past = report["over_budget"] and self.rules.past_budget(spec, routed, reach[0] if reach else "", served)
+        return report, past
+
+    async def estimate(self, spec: KeySpec | None, plan, estimate_of) -> float | None:
+        """The cost an answer of ``plan``'s first candidate is charged without usage: the router's estimate of it,
+        asked (``estimate_of(model)``) for a budgeted key's named model that has no price."""
         model = plan.candidates[0]
         estimate = plan.report.get("estimates", {}).get(model, {}).get("cost")
-        if spec is None:
-            return None, plan, estimate
-        if estimate is None and spec.budget and model not in self.prices:  # a named model with no price
+        if estimate is None and spec is not None and spec.budget and model not in self.prices:
             estimate = await estimate_of(model)
-        report = await self.admit(spec, self.hold(model, body, estimate), ticket)
-        if report["over_budget"] and self.rules.past_budget(spec, plan.report["routed"], model, served):
-            plan = await replan()
-            estimate = plan.report["estimates"][plan.candidates[0]]["cost"]
-        return report, plan, estimate
+        return estimate
 
     def hold(self, model: str, body: dict, estimate: float | None) -> float:
         """An upper bound of what ``model``'s answer to ``body`` costs: its prompt — the whole body, messages, tools,
         schemas, instructions and a Responses request's rebuilt history, a token for every 3 characters — and its
-        whole ``max_tokens`` (``max_output_tokens``) for each of its ``n`` (``best_of``) answers, at its price. A model
-        with no price has no upper bound: the router's estimate stands for it (docs/guides/budgets.md)."""
-        from proxray.common.pricing import token_bound
+        whole ``max_tokens`` (``max_output_tokens``) for each of its ``n`` (``best_of``) answers, at its price (the
+        prompt at the cache-write price where the body asks for caching). A model with no price has no upper bound: the
+        router's estimate stands for it (docs/guides/budgets.md)."""
+        from proxray.common.pricing import token_bound, writes_cache
 
         price = self.prices.get(model)
-        return float(estimate or 0.0) if price is None else float(price.tokens(*token_bound(body)))
+        if price is None:
+            return float(estimate or 0.0)
+        return float(price.bound(*token_bound(body), writes_cache=writes_cache(body)))
 
     def charger(self, spec: KeySpec | None, model: str, estimate: float | None, ticket: str | None = None,
                 body: dict | None = None):
@@ -131,6 +152,18 @@ class KeyGate:
         return charge
 
 
+class Slot:
+    """A request's place among its key's ``max_concurrent`` on this replica, given back exactly once."""
+
+    def __init__(self, gate: KeyGate, name: str | None):
+        self.gate, self.name = gate, name
+
+    def release(self, *_) -> None:
+        if self.name is not None:
+            self.gate.inflight[self.name] = max(self.gate.inflight.get(self.name, 1) - 1, 0)
+            self.name = None
+
+
 class Held:
     """One request's hold on its key's budget (``KeyGate.hold``), settled exactly once: released at 0 where no answer
     came (refused, failed, the client gone before it), else by the answer's charger — at its usage, or at its hold
@@ -146,6 +179,12 @@ class Held:
         if self.spec is not None:
             self.ticket, self.open = uuid.uuid4().hex, True
         return self.ticket
+
+    def lower(self, usd: float) -> None:
+        """The hold taken before the plan (the dearest model the request could reach) lowered to ``usd``, its chosen
+        model's (never raised: admission was decided on the larger)."""
+        if self.open and self.spec.budget:
+            self.gate.ledger.lower(self.spec.name, self.ticket, float(usd))
 
     def release(self) -> None:
         if self.open:

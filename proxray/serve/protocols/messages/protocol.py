@@ -16,11 +16,13 @@ from proxray.serve.request.http import error_response
 def count_route(ingress):
     """``POST /v1/messages/count_tokens``: the tokens of a Messages request for the model it would reach — the routed
     model for ``model: "proxray"`` (or an alias that routes), planned as the request itself would be, or the named
-    one. A model whose endpoint serves Messages counts them itself; for every other the count is an estimate from the
-    request as that model reads it, marked ``proxray.estimated``. A count costs no budget."""
+    one. A model whose endpoint serves Messages counts them itself (sent without an output limit: the endpoint's rate
+    limiter books its prompt alone); for every other the count is an estimate from the request as that model reads it,
+    marked ``proxray.estimated``. A count costs no budget; it counts toward the key's request rate."""
     async def count(request: Request):
         try:
             key, req, rp = await ingress.open(request, CountTokensRequest)
+            await ingress.gate.admit(key, 0.0, None, budget=False)  # a count costs no budget but counts toward the rate
             turn = MessagesTurn(req, ingress.context(MESSAGES, key, request.headers))
             rp = replace(rp, conversation=rp.conversation or turn.session, explain=False)
             plan = await ingress.plan(req, rp, turn, {}, turn.text(ingress.args.routing_text), key, again=True)

@@ -5,12 +5,11 @@ The gateway checks only what it needs and what bounds a request's work; every ot
 that serve Messages, and otherwise handled by the translation's stated rule (``translate``)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from proxray.serve.protocols.base import MAX_CONTENT_CHARS, MAX_MESSAGES, RoutingOptions
-from proxray.serve.protocols.base import TextPart as Block  # a content block: its type, a text block's text
 
 MAX_BLOCKS = 512  # content blocks per message (an agent's turn holds many tool results)
 MAX_TOOLS = 256
@@ -37,6 +36,95 @@ def harness(text: str) -> bool:
     """A text block an agent harness wrote, not the user (Claude Code's ``<system-reminder>`` blocks)."""
     t = text.strip()
     return t.startswith("<system-reminder>") and t.endswith("</system-reminder>")
+
+
+# ---- content blocks: a discriminated union on ``type``; a type the gateway does not read passes as it is ----------
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str = Field(min_length=1, max_length=64)
+    text: str | None = None  # a text block's; every other block has none
+
+
+class TextBlock(_Block):
+    type: Literal["text"]
+    text: str = Field(max_length=MAX_CONTENT_CHARS)
+
+
+class Base64Source(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["base64"]
+    media_type: str = Field(min_length=1, max_length=128)
+    data: str
+
+
+class UrlSource(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["url"]
+    url: str = Field(min_length=1, max_length=8192)
+
+
+class OtherSource(BaseModel):
+    """A source the gateway does not translate (a file id, text): relayed as it is, refused by name on the way to chat."""
+    model_config = ConfigDict(extra="allow")
+    type: str = Field(min_length=1, max_length=64)
+
+
+def kind_of(known: tuple):
+    """The discriminator of a union on ``type``: the type where it is one of ``known``, else ``"other"``."""
+    def kind(v) -> str:
+        found = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+        return found if found in known else "other"
+
+    return kind
+
+
+Source = Annotated[Union[Annotated[Base64Source, Tag("base64")], Annotated[UrlSource, Tag("url")],
+                         Annotated[OtherSource, Tag("other")]], Discriminator(kind_of(("base64", "url")))]
+
+
+class ImageBlock(_Block):
+    type: Literal["image"]
+    source: Source
+
+
+class ToolUseBlock(_Block):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=128)
+    input: dict[str, Any]
+
+
+class OtherBlock(_Block):
+    """A block the gateway does not read (a document, a search result, a server tool's call or result, …)."""
+
+
+Inner = Annotated[Union[Annotated[TextBlock, Tag("text")], Annotated[ImageBlock, Tag("image")],
+                        Annotated[OtherBlock, Tag("other")]], Discriminator(kind_of(("text", "image")))]
+
+
+class ToolResultBlock(_Block):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1, max_length=256)
+    content: str | list[Inner] | None = None
+    is_error: bool | None = None
+
+
+class ThinkingBlock(_Block):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+Block = Annotated[Union[Annotated[TextBlock, Tag("text")], Annotated[ImageBlock, Tag("image")],
+                        Annotated[ToolUseBlock, Tag("tool_use")], Annotated[ToolResultBlock, Tag("tool_result")],
+                        Annotated[ThinkingBlock, Tag("thinking")], Annotated[OtherBlock, Tag("other")]],
+                  Discriminator(kind_of(("text", "image", "tool_use", "tool_result", "thinking")))]
+
+
+class Metadata(BaseModel):
+    """``metadata``: Claude Code's ``user_id`` (a JSON string the gateway reads the session from: bounded)."""
+    model_config = ConfigDict(extra="allow")
+    user_id: str | None = Field(None, max_length=1024)
 
 
 class MessageParam(BaseModel):
@@ -89,7 +177,7 @@ class MessagesRequest(BaseModel):
     model: str = Field(min_length=1, max_length=512)
     max_tokens: int = Field(ge=1, le=1_000_000)
     messages: list[MessageParam] = Field(min_length=1, max_length=MAX_MESSAGES)
-    system: str | list[Block] | None = None
+    system: str | list[TextBlock] | None = None
     stream: bool | None = False
     stop_sequences: list[str] | None = Field(None, max_length=64)
     temperature: float | None = Field(None, ge=0, le=1)
@@ -97,7 +185,7 @@ class MessagesRequest(BaseModel):
     top_k: int | None = Field(None, ge=0)
     tools: list[ToolParam] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: dict | None = None
-    metadata: dict | None = None
+    metadata: Metadata | None = None
     proxray: RoutingOptions = Field(default_factory=RoutingOptions)
 
     @field_validator("tool_choice")

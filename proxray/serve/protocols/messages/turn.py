@@ -15,7 +15,7 @@ import json
 from proxray.serve.config import ROUTER_MODEL
 from proxray.serve.errors import RequestError, is_error
 from proxray.serve.protocols.base import Turn, sse_data, text_of
-from proxray.serve.protocols.core import Usage, ViaChat, one_limit
+from proxray.serve.protocols.core import LIMIT_FIELDS, Usage, ViaChat, one_limit
 from proxray.serve.protocols.messages.schemas import anthropic_error
 from proxray.serve.protocols.messages.translate import CHAT_TO_MESSAGES, events_from_chat, from_chat, to_chat
 from proxray.serve.wire import UpstreamHeaders
@@ -73,6 +73,7 @@ def models(client, native: set, body: dict, headers: UpstreamHeaders) -> ViaChat
 async def count_tokens(via: ViaChat, model: str, body: dict) -> dict:
     """``{"input_tokens": n}`` for ``model``: the endpoint's own count where it serves Messages, else an estimate from
     the request as that model reads it (its chat form: a token for every 4 characters)."""
+    body = {k: v for k, v in body.items() if k not in LIMIT_FIELDS}  # a count generates nothing: nothing to book
     if model in via.native:
         async for obj in via.client.stream(model, COUNT_UPSTREAM, via.native_body({**body, "model": model}), True):
             if is_error(obj):
@@ -82,15 +83,17 @@ async def count_tokens(via: ViaChat, model: str, body: dict) -> dict:
     return {"input_tokens": (chars + 3) // 4, "proxray": {"model": model, "estimated": True}}
 
 
-def session_of(headers, metadata: dict | None) -> str | None:
+def session_of(headers, metadata) -> str | None:
     """A Messages conversation's id: the ``X-Claude-Code-Session-Id`` header, else the ``session_id`` Claude Code puts
-    in ``metadata.user_id`` (a JSON string); None where the client sends neither."""
+    in ``metadata.user_id`` (a JSON string, bounded at the boundary); None where the client sends neither."""
     found = headers.get(SESSION_HEADER)
-    if not found and isinstance((metadata or {}).get("user_id"), str):
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else getattr(metadata, "user_id", None)
+    if not found and isinstance(user_id, str):
         try:
-            found = (json.loads(metadata["user_id"]) or {}).get("session_id")
-        except (ValueError, AttributeError):
-            found = None
+            parsed = json.loads(user_id)
+        except (ValueError, RecursionError):
+            parsed = None
+        found = parsed.get("session_id") if isinstance(parsed, dict) else None
     return str(found)[:256] if found else None
 
 
@@ -124,7 +127,10 @@ class MessagesTurn(Turn):
         self._usage.update({k: v for k, v in u.items() if v is not None})
         if kind == "message_start":
             return None
-        return (Usage.of_messages(self._usage) or Usage()).chat()
+        used = Usage.of_messages(self._usage)
+        if used is None or used.prompt == used.output == 0:  # no usage came (a chat model that sends none): charged
+            return None  # as an answer without usage, at its hold, never at 0
+        return used.chat()
 
     def answer_id(self, obj: dict) -> str | None:
         return obj.get("id") or (obj.get("message") or {}).get("id")

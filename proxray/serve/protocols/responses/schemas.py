@@ -12,6 +12,36 @@ from proxray.serve.protocols.base import MAX_CONTENT_CHARS, MAX_MESSAGES, Routin
 from proxray.serve.protocols.core import one_limit
 
 
+class TextConfig(BaseModel):
+    """``text``: the output's format (``{"type": "text" | "json_object" | "json_schema", …}``) and verbosity."""
+    model_config = ConfigDict(extra="allow")
+    format: dict | None = None
+    verbosity: str | None = Field(None, max_length=16)
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, v):
+        if v is not None and not isinstance(v.get("type"), str):
+            raise ValueError("text.format needs a type: text, json_object or json_schema")
+        return v
+
+
+class ReasoningConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    effort: str | None = Field(None, max_length=16)
+    summary: str | None = Field(None, max_length=16)
+    generate_summary: str | None = Field(None, max_length=16)
+
+
+def _parts(value, where: str) -> None:
+    """A list of content parts (or tool outputs): each an object with a string ``type``."""
+    if isinstance(value, list):
+        for j, part in enumerate(value):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise ValueError(f"{where}[{j}]: a content part is an object with a string type (got "
+                                 f"{type(part).__name__})")
+
+
 class ResponsesRequest(BaseModel):
     """The fields the gateway reads or bounds; the rest passes through."""
 
@@ -27,6 +57,13 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = Field(None, max_length=16)
     previous_response_id: str | None = Field(None, min_length=1, max_length=256)
     tools: list[dict] | None = Field(None, max_length=128)
+    tool_choice: str | dict | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_tool_calls: int | None = Field(None, ge=1)
+    include: list[str] | None = Field(None, max_length=16)
+    truncation: str | None = Field(None, max_length=16)
     background: bool | None = None
     conversation: object | None = None
     proxray: RoutingOptions = Field(default_factory=RoutingOptions)
@@ -42,6 +79,25 @@ class ResponsesRequest(BaseModel):
             return v
         if not v or len(v) > MAX_MESSAGES:
             raise ValueError(f"a list of 1 to {MAX_MESSAGES} input items")
+        for i, item in enumerate(v):
+            if not isinstance(item.get("type", "message"), str):
+                raise ValueError(f"input[{i}].type: a string")
+            content = item.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise ValueError(f"input[{i}].content: a string or a list of content parts")
+            _parts(content, f"input[{i}].content")
+            output = item.get("output")
+            if output is not None and not isinstance(output, (str, list)):
+                raise ValueError(f"input[{i}].output: a string or a list of content parts")
+            _parts(output, f"input[{i}].output")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v):
+        for i, tool in enumerate(v or []):
+            if not isinstance(tool.get("type"), str):
+                raise ValueError(f"tools[{i}]: a tool is an object with a string type")
         return v
 
     @field_validator("metadata")

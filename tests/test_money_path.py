@@ -1,0 +1,189 @@
+"""The money path of every protocol against keys that try, over HTTP on 127.0.0.1 (the CPU demo's simulated models, a
+keys file, and a stand-in Anthropic endpoint that bills its prompt cache and a hosted tool): malformed bodies are 4xx
+naming the field and leave the app healthy; a decoy output-limit field is refused, alone and in a burst; count_tokens
+counts toward the key's rate and books no output tokens on a rate-limited endpoint; cache writes, cache reads and a
+hosted tool's calls are charged as the provider bills them; an upstream 404 or 403 a client's body provoked takes no
+model out; and a key over its rate costs the gateway no embedding and moves no budget. Bounded in count and time."""
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from anthropic_standin import MODEL, PRICES, AnthropicStandIn, bill
+from openai_standin import key_file
+from serve_helpers import STRONG, WEAK, ledger, start_app, stop_app
+
+pytestmark = pytest.mark.slow
+
+CLAUDE = "claude-standin"
+SIM_PRICES = {WEAK: {"input_per_mtok": 0.1, "output_per_mtok": 0.2}, STRONG: {"input_per_mtok": 3.0, "output_per_mtok": 15.0}}
+KEYS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory, encoder):
+    from proxray.serve.tenancy.keys import new_key_entry
+
+    tmp = tmp_path_factory.mktemp("money")
+    upstream_key, upstream_file = key_file(tmp)
+    standin = AnthropicStandIn(upstream_key)
+    admin = tmp / "admin"
+    admin.mkdir()
+    KEYS["admin"], admin_file = key_file(admin)
+    f = tmp / "keys.yaml"
+    KEYS["dev"] = new_key_entry(f, "dev", budget={"usd": 10.0})
+    KEYS["other"] = new_key_entry(f, "other", budget={"usd": 10.0})
+    KEYS["counter"] = new_key_entry(f, "counter", requests_per_minute=30)
+    KEYS["tight"] = new_key_entry(f, "tight", budget={"usd": 2e-4, "over_budget": "reject"})
+    one = {"min_replicas": 1, "max_replicas": 1}
+    models = [{"id": m, "engine": "sim", "autoscaling": one, "price": SIM_PRICES[m]} for m in (WEAK, STRONG)]
+    models.append({"id": CLAUDE, "engine": "openai", "source": MODEL, "base_url": standin.url,
+                   "api_key_file": str(upstream_file), "protocols": ["messages"],
+                   "rate_limit": {"tokens_per_minute": 20000},
+                   "price": {"input_per_mtok": PRICES["input"], "output_per_mtok": PRICES["output"],
+                             "tool_call_usd": {"web_search_requests": PRICES["web_search"]}}})
+    url = start_app(tmp, encoder, models, keys_file=str(f), api_key_file=str(admin_file), timeout_s=30,
+                    budget={"cost_per_query": 1e-4}, profile={CLAUDE: (0.1, 1e-3)})
+    yield url, standin
+    stop_app()
+    standin.stop()
+
+
+def post(app, path, body, key="dev", **headers):
+    return httpx.post(f"{app[0]}{path}", json=body, headers={"Authorization": f"Bearer {KEYS[key]}", **headers},
+                      timeout=60)
+
+
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+MALFORMED = [  # (path, body, the field the 400 names)
+    ("/v1/messages", {"model": "proxray", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": [1]}]}]}, "messages"),
+    ("/v1/messages", {"model": "proxray", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": 5}]}]}, "messages"),
+    ("/v1/messages", {"model": "proxray", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": "http://x/y.png"}]}]}, "messages"),
+    ("/v1/messages", {"model": "proxray", "max_tokens": 8, "messages": ASK,
+                      "metadata": {"user_id": "[" * 5000 + "]" * 5000}}, "metadata"),
+    ("/v1/messages/count_tokens", {"model": "proxray", "messages": ASK,
+                                   "metadata": {"user_id": "[" * 5000 + "]" * 5000}}, "metadata"),
+    ("/v1/messages", {"model": "proxray", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": "not an object"}]}]}, "messages"),
+    ("/v1/messages", {"model": "proxray", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "text"}]}]}, "messages"),
+    ("/v1/messages", {"model": "proxray", "max_tokens": 8, "messages": ASK, "n": "x"}, "n"),
+    ("/v1/messages", {"model": "proxray", "max_tokens": 8, "messages": ASK, "best_of": "x"}, "best_of"),
+    ("/v1/messages", {"model": "proxray", "max_tokens": "many", "messages": ASK}, "max_tokens"),
+    ("/v1/messages", {"model": "proxray", "max_tokens": 8, "messages": ASK, "tool_choice": "auto"}, "tool_choice"),
+    ("/v1/messages", {"model": "proxray", "max_tokens": 8, "messages": ASK, "system": [{"type": "text"}]}, "system"),
+    ("/v1/responses", {"model": "proxray", "input": "hi", "text": "x"}, "text"),
+    ("/v1/responses", {"model": "proxray", "input": "hi", "reasoning": "high"}, "reasoning"),
+    ("/v1/responses", {"model": "proxray", "input": [{"role": "user", "content": ["hi"]}]}, "input"),
+    ("/v1/responses", {"model": "proxray", "input": [{"role": "user", "content": 5}]}, "input"),
+    ("/v1/responses", {"model": "proxray", "input": "hi", "tools": [{"name": "f"}]}, "tools"),
+    ("/v1/responses", {"model": "proxray", "input": "hi", "n": "x"}, "n"),
+    ("/v1/responses", {"model": "proxray", "input": "hi", "top_logprobs": "many"}, "top_logprobs"),
+    ("/v1/chat/completions", {"model": "proxray", "messages": ASK, "n": "x"}, "n"),
+    ("/v1/chat/completions", {"model": "proxray", "messages": ASK, "best_of": "x"}, "best_of"),
+    ("/v1/chat/completions", {"model": "proxray", "messages": [{"role": "user", "content": [5]}]}, "messages"),
+    ("/v1/chat/completions", {"model": "proxray", "messages": ASK, "max_tokens": 5, "max_completion_tokens": 6},
+     "max_completion_tokens"),
+]
+
+
+def test_every_malformed_body_is_a_4xx_naming_the_field_and_the_app_stays_healthy(app):
+    got = []
+    for path, body, field in MALFORMED:
+        r = post(app, path, body)
+        text = json.dumps(r.json())
+        got.append((path, field, r.status_code))
+        assert 400 <= r.status_code < 500, (path, body, r.status_code, text[:300])
+        assert field in text, (path, field, text[:300])
+    print(json.dumps({"malformed": len(got), "statuses": sorted({s for _, _, s in got})}))
+    assert len(got) >= 20
+    assert httpx.get(f"{app[0]}/health", timeout=10).status_code == 200
+    ok = post(app, "/v1/chat/completions", {"model": "proxray", "messages": ASK, "max_tokens": 4,
+                                            "proxray": {"allowed_models": [WEAK, STRONG]}})
+    assert ok.status_code == 200, ok.text
+
+
+def test_a_decoy_limit_field_is_refused_alone_and_in_a_burst(app):
+    decoys = [("/v1/responses", {"model": WEAK, "input": "Write a long story.", "max_output_tokens": 100000,
+                                 "max_tokens": 1}, ("max_output_tokens", "max_tokens")),
+              ("/v1/messages", {"model": WEAK, "max_tokens": 100000, "max_completion_tokens": 1,
+                                "messages": [{"role": "user", "content": "Write a long story."}]},
+               ("max_tokens", "max_completion_tokens"))]
+    before = ledger("tight")["spent_usd"]
+    for path, body, fields in decoys:
+        r = post(app, path, body, key="tight")
+        assert r.status_code == 400 and all(f in json.dumps(r.json()) for f in fields), r.text
+        with ThreadPoolExecutor(16) as pool:
+            burst = list(pool.map(lambda _: post(app, path, body, key="tight").status_code, range(16)))
+        assert burst == [400] * 16
+    assert ledger("tight")["spent_usd"] == before  # nothing admitted, nothing spent
+    honest = post(app, "/v1/messages", {"model": WEAK, "max_tokens": 100000, "messages": [
+        {"role": "user", "content": "Write a long story."}]}, key="tight")
+    assert honest.status_code == 429 and "budget" in honest.text  # its one limit is what it is held for
+
+
+def test_count_tokens_counts_toward_the_rate_and_books_no_output_on_the_endpoint(app):
+    body = {"model": CLAUDE, "max_tokens": 1000000, "messages": ASK}
+    statuses = [post(app, "/v1/messages/count_tokens", body, key="counter").status_code for _ in range(100)]
+    assert statuses.count(200) == 30 and statuses.count(429) == 70  # the key's 30 requests a minute
+    counted = [b for p, _, b in app[1].requests if p.endswith("/count_tokens")]
+    assert counted and all("max_tokens" not in b for b in counted)  # nothing to generate, nothing to book
+    r = post(app, "/v1/messages", {"model": CLAUDE, "max_tokens": 16, "messages": ASK}, key="other")
+    assert r.status_code == 200 and r.json()["model"] == CLAUDE  # the endpoint's token limit is not spent
+
+
+def test_cache_writes_reads_and_a_hosted_tools_calls_are_charged_as_billed(app):
+    system = [{"type": "text", "text": "You are a careful assistant. " * 20, "cache_control": {"type": "ephemeral"}}]
+    tools = [{"type": "web_search_20250305", "name": "web_search"}]
+    billed = 0.0
+    before = ledger("dev")["spent_usd"]
+    for stream in (False, True, False):  # a cache write, then reads
+        body = {"model": CLAUDE, "max_tokens": 16, "system": system, "tools": tools, "messages": ASK, "stream": stream}
+        if not stream:
+            r = post(app, "/v1/messages", body)
+            assert r.status_code == 200, r.text
+            billed += bill(r.json()["usage"])
+            continue
+        with httpx.stream("POST", f"{app[0]}/v1/messages", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {KEYS['dev']}"}) as s:
+            events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+        usage = {**events[0]["message"]["usage"], **events[-2]["usage"]}
+        billed += bill(usage)
+    charged = ledger("dev")["spent_usd"] - before
+    print(json.dumps({"charged_usd": charged, "billed_usd": billed}))
+    assert charged == pytest.approx(billed, rel=0.01)
+    assert billed > 3 * bill({"input_tokens": 60, "output_tokens": 4})  # the cache and the tool are most of it
+
+
+@pytest.mark.parametrize("fault", ["[echo-404]", "[policy-403]"])
+def test_an_upstream_refusal_a_client_provoked_takes_no_model_out(app, fault):
+    bad = post(app, "/v1/messages", {"model": CLAUDE, "max_tokens": 8, "messages": [
+        {"role": "user", "content": f"Tell me about rs_x-model {fault}"}]}, key="dev")
+    assert bad.status_code in (403, 404), bad.text
+    after = post(app, "/v1/messages", {"model": CLAUDE, "max_tokens": 8, "messages": ASK}, key="other")
+    assert after.status_code == 200 and after.json()["model"] == CLAUDE and not after.json()["proxray"]["fallback_from"]
+
+
+def test_a_key_over_its_rate_costs_no_embedding_and_moves_no_budget(app):
+    admin = {"model": "proxray", "max_tokens": 4, "proxray": {"allowed_models": [WEAK, STRONG]}}
+
+    def budget():
+        r = post(app, "/v1/chat/completions", {**admin, "messages": [{"role": "user", "content": "hello there"}]},
+                 key="admin")
+        return r.json()["proxray"]["budget"]["requests"]
+
+    for _ in range(40):  # the counting key's rate is spent (30 a minute)
+        if post(app, "/v1/messages/count_tokens", {"model": CLAUDE, "messages": ASK}, key="counter").status_code == 429:
+            break
+    n = budget()
+    text = "A question nobody has asked this gateway before: how tall is the tallest tree in Tasmania?"
+    for _ in range(5):
+        r = post(app, "/v1/chat/completions", {**admin, "messages": [{"role": "user", "content": text}]}, key="counter")
+        assert r.status_code == 429
+    assert budget() == n + 1  # only the admin's own request moved the served budget
+    probe = post(app, "/v1/chat/completions", {**admin, "messages": [{"role": "user", "content": text}]}, key="admin")
+    assert probe.json()["proxray"]["timings"]["embedding_cache"] == "miss"  # refused before its text was embedded

@@ -1,0 +1,78 @@
+"""``proxray serve`` stopped as a supervisor stops it (SIGTERM) or as a person does (Ctrl-C: SIGINT) leaves nothing
+behind: when it exits, its HTTP port and Serve's HAProxy stats and metrics ports are free and no HAProxy it started
+still runs, so the next ``proxray serve`` starts on the same port. A local cluster of Ray on 127.0.0.1, bounded in time."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+
+from serve_helpers import WEAK, STRONG, fit_router
+from proxray.serve.front import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+
+def haproxies() -> list:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if cmd and os.path.basename(cmd[0].decode(errors="replace")).endswith("haproxy"):
+            out.append(int(pid))
+    return out
+
+
+def test_proxray_serve_stopped_twice_leaves_its_ports_free_and_starts_again(tmp_path, encoder):
+    fit_router(tmp_path / "router", encoder, [WEAK, STRONG])
+    port, stats, metrics = free_port(), free_port(), free_port()
+    config = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": port},
+              "applications": [{"name": "proxray", "route_prefix": "/", "import_path": "proxray.serve.app:build_app",
+                                "args": {"router": str(tmp_path / "router"), "timeout_s": 10, "models": [
+                                    {"id": m, "engine": "sim", "autoscaling": {"min_replicas": 1, "max_replicas": 1}}
+                                    for m in (WEAK, STRONG)]}}]}
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "RAY_SERVE_HAPROXY_STATS_PORT": str(stats), "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics)}
+    before = set(haproxies())
+    for how in (signal.SIGTERM, signal.SIGINT):
+        log = open(tmp_path / f"serve-{how.name}.log", "w")
+        serving = subprocess.Popen([sys.executable, "-m", "proxray", "serve", "--config", str(tmp_path / "serve.yaml")],
+                                   stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            for _ in range(600):  # up to 5 minutes for the first answer
+                assert serving.poll() is None, (tmp_path / f"serve-{how.name}.log").read_text()[-3000:]
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+            else:
+                raise AssertionError("proxray serve did not answer /health")
+            assert set(haproxies()) - before  # Serve's HAProxy ingress is in front
+            serving.send_signal(how)
+            assert serving.wait(90) == 0
+        finally:
+            if serving.poll() is None:
+                os.killpg(serving.pid, signal.SIGKILL)
+        left = set(haproxies()) - before
+        print({"signal": how.name, "haproxy_left": len(left), "ports_free": [free(p) for p in (port, stats, metrics)]})
+        assert not left and free(port) and free(stats) and free(metrics)
