@@ -96,8 +96,10 @@ def ledger(name, app_name="proxray"):
     except ValueError:  # no request yet
         return {"spent_usd": 0.0, "held_usd": 0.0}
     for _ in range(200):  # settles are sent after the answers: wait until nothing is held
-        rep = ray.get(ray.get_actor(f"proxray-keys-{app_name}", namespace="proxray").report.remote()).get(name, {})
-        if rep and rep["held_usd"] == 0:
+        rep = ray.get(ray.get_actor(f"proxray-keys-{app_name}", namespace="proxray").report.remote()).get(name)
+        if rep is None:  # never admitted: nothing spent or held
+            return {"spent_usd": 0.0, "held_usd": 0.0}
+        if rep["held_usd"] == 0:
             return rep
         time.sleep(0.05)
     raise AssertionError(f"{name}: holds never settled: {rep}")

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from proxray.common.secrets import scrub
 from proxray.pool.spec import Sampling
-from proxray.pool.upstream import RETRY, error_object, verdict  # what an upstream's answer means: one module
+from proxray.pool.upstream import RETRY, error_object, probe_headers, verdict  # one module: what an upstream says
 
 
 def endpoint_key(spec) -> str:
@@ -158,8 +158,7 @@ def probe(spec) -> str | None:
         return f"model {spec.id!r}: {e}"
     where = f"model {spec.id!r}: {spec.base_url}"
     try:
-        r = httpx.get(spec.base_url.rstrip("/") + "/models", timeout=min(spec.timeout_s, 20.0),
-                      headers={"Authorization": f"Bearer {key}"} if key else {})
+        r = httpx.get(spec.base_url.rstrip("/") + "/models", timeout=min(spec.timeout_s, 20.0), headers=probe_headers(key))
     except (httpx.TimeoutException, httpx.TransportError) as e:
         return f"{where}: cannot reach it ({type(e).__name__}: {scrub(str(e), key=key)})"
     if r.status_code in (401, 403):

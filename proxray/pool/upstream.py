@@ -124,3 +124,10 @@ def error_status(err: dict, default: int = 500) -> int:
     if isinstance(code, int):
         return code
     return int(code) if isinstance(code, str) and code.isdigit() else default
+
+
+def probe_headers(key: str) -> dict:
+    """The headers of a probe of an endpoint with the gateway's key and nothing of a client's (``GET /models``): the key
+    as ``Authorization: Bearer`` and as ``x-api-key`` (with the ``anthropic-version`` such an endpoint asks for), so
+    that an endpoint reading it either way (OpenAI's, Anthropic's) answers the probe."""
+    return {"Authorization": f"Bearer {key}", "x-api-key": key, "anthropic-version": "2023-06-01"} if key else {}

@@ -32,7 +32,7 @@ from ray import serve
 
 from proxray.routing.index import single_thread
 from proxray.serve.config import ROUTER_MODEL, AppArgs, load_api_key, resolve_alias
-from proxray.serve.deployments.client import TENANT, ModelClient
+from proxray.serve.deployments.client import ModelClient
 from proxray.serve.deployments.endpoint_server import relays
 from proxray.serve.deployments.liveness import Liveness
 from proxray.serve.deployments.models import OpenAIModel
@@ -186,7 +186,7 @@ class RouterIngress:
         try:
             key, req, rp = await self.open(request, protocol.request, timings)
             slot = self.gate.enter(key)  # one of the key's requests in flight on this replica, until the answer ends
-            TENANT.set(key.owner[:32] if key is not None else "")  # its prompt-cache salt, for the models that take one
+            self.client.salt(key.owner[:32] if key is not None else "")  # its prompt-cache salt, for models that take one
             # the body every candidate gets (model aside), in the protocol or as the one internal request
             turn = await protocol.begin(req, self.context(protocol, key, request.headers))
             if turn.previous_id is not None:  # a stored response's conversation: its id names it in the report

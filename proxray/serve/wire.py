@@ -18,7 +18,3 @@ class UpstreamHeaders(dict):
         super().__init__(headers)
         self.key_header = key_header
 
-
-# sent with the relay's own probe of an endpoint (``GET /models`` with the gateway's key and nothing of a client's), so
-# that an endpoint reading its key from ``x-api-key`` (Anthropic's) answers it as one reading ``Authorization`` does
-PROBE_VERSION_HEADERS = {"anthropic-version": "2023-06-01"}

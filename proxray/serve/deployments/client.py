@@ -75,6 +75,11 @@ class ModelClient:
         self.caps: dict = {}  # model id -> {endpoint: frozenset of parameters it honours}, asked lazily
         self.caps_retry: dict = {}  # model id -> when to ask again a model that did not answer
 
+    @staticmethod
+    def salt(value: str) -> None:
+        """The asking key's prompt-cache salt for the rest of this request (``TENANT``; "" for none)."""
+        TENANT.set(value)
+
     def stream(self, model: str, endpoint: str, body: dict, patient: bool = True):
         """The model's stream of OpenAI objects (a deployment's, watched: ``liveness.WatchedStream``; a ``LocalStream``
         for an in-process model: ``cancel()`` stops either). ``patient``: the request's last candidate, waited for while

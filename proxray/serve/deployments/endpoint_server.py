@@ -42,11 +42,11 @@ import time
 from proxray.common.pricing import token_bound
 from proxray.common.shared_actor import SharedActorClient, SharedStateDown
 from proxray.common.secrets import scrub
-from proxray.pool.upstream import ASK_LISTING, RETRY, TAKE_OUT, error_object, lists_model, verdict
+from proxray.pool.upstream import ASK_LISTING, RETRY, TAKE_OUT, error_object, lists_model, probe_headers, verdict
 from proxray.serve.config import ServedModel
 from proxray.serve.deployments.models import OpenAIModel
 from proxray.serve.errors import error, is_error
-from proxray.serve.wire import PROBE_VERSION_HEADERS, UpstreamHeaders
+from proxray.serve.wire import UpstreamHeaders
 
 NAMES = {"latency": "proxray_endpoint_latency_s", "answers": "proxray_endpoint_answers",
          "limited": "proxray_endpoint_rate_limited"}
@@ -245,8 +245,7 @@ class EndpointRelay(OpenAIModel):
         and nothing of any client's — it refuses that key (401, 403), or does not list the model — or None where it
         does, or where it cannot tell (unreachable, another status, not JSON: nothing is taken out on a guess)."""
         try:
-            headers = {**PROBE_VERSION_HEADERS, **({"x-api-key": self.key} if self.key else {})}
-            r = await self.client.get("/models", timeout=5.0, headers=headers)
+            r = await self.client.get("/models", timeout=5.0, headers=probe_headers(self.key))
             if r.status_code in (401, 403):
                 return f"its endpoint refused the gateway's key (HTTP {r.status_code})"
             if r.status_code == 200 and not lists_model(r.json(), self.spec.source or self.spec.id):
