@@ -195,16 +195,11 @@ class RouterIngress:
                 rp = replace(rp, conversation=turn.session)
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = turn.text(self.args.routing_text)
-            # admission before any work on the request (embedding, plan, the budget's λ, the monitor's report): the
-            # key's rate, and a hold of the dearest model it may reach, settled exactly once
-            held = Held(self.gate, key)
-            routed = req.model == ROUTER_MODEL
-            reach = self.policy.reach(rp) if routed else [req.model]
-            key_report, past = await self.gate.admit_request(key, turn.body, held.take(), reach, routed,
-                                                             self.client.handles)
-            p = await self.plan(req, rp.over_budget() if past else rp, turn, timings, text, key)
-            estimate = await self.gate.estimate(key, p, lambda m: self._estimate(text, m))
-            held.lower(self.gate.hold(p.candidates[0], turn.body, estimate))
+            p = await self.plan(req, rp, turn, timings, text, key)
+            held = Held(self.gate, key)  # the key's hold on its budget, settled exactly once
+            key_report, p, estimate = await self.gate.admit_plan(
+                key, p, turn.body, held.take(), self.client.handles, estimate_of=lambda m: self._estimate(text, m),
+                replan=lambda: self.plan(req, rp.over_budget(), turn, timings, text, key, again=True))
             t_model = time.perf_counter()
             model, head, gen = await first_answer(turn.client, p, turn.body, turn.upstream, req.stream, deadline,
                                                   self.args.timeout_s, self._failed, turn.has_content)

@@ -1,7 +1,7 @@
 """The endpoint's door for API keys: who is asking (``KeyGate.identify``), the key's rules applied (``rules.KeyRules``:
-every rule of a key in one place), and what a request may cost it — its rate and budget admitted before any work on
-the request, with a hold taken until its answer (``KeyGate.admit_request``) and settled exactly once by the answer's
-usage (``Held``). The keys file, the ring that reads it and the ledger actor that counts spend are ``keys``."""
+every rule of a key in one place), and what a request may cost it — its rate and budget admitted with a hold taken
+before the answer (``KeyGate.admit_plan``) and settled exactly once by the answer's usage (``Held``). The keys file,
+the ring that reads it and the ledger actor that counts spend are ``keys``."""
 from __future__ import annotations
 
 import hmac
@@ -95,28 +95,24 @@ class KeyGate:
         self.requests.inc(1, {"key": spec.name, "outcome": "cheapest" if over else "ok"})
         return {"name": spec.name, "spent_usd": round(verdict["spent_usd"], 10), "over_budget": over}
 
-    async def admit_request(self, spec: KeySpec | None, body: dict, ticket: str | None, reach: list, routed: bool,
-                            served) -> tuple[dict | None, bool]:
-        """The key's rate and budget for a request, before any work on it (no embedding, no plan): it holds an upper
-        bound of its cost — its bounded ``body`` at the dearest priced model of ``reach`` (the models it may reach) —
-        until its answer settles it (``Held``; lowered to the chosen model's once planned). Returns (the key's report or
-        None, whether it is past a ``cheapest`` budget and routed: cost decides its plan). Past such a budget a request
-        naming another model than the cheapest is refused (``KeyRules.past_budget``)."""
-        if spec is None:
-            return None, False
-        hold = max((self.hold(m, body, None) for m in reach if m in self.prices), default=0.0)
-        report = await self.admit(spec, hold, ticket)
-        past = report["over_budget"] and self.rules.past_budget(spec, routed, reach[0] if reach else "", served)
-        return report, past
-
-    async def estimate(self, spec: KeySpec | None, plan, estimate_of) -> float | None:
-        """The cost an answer of ``plan``'s first candidate is charged without usage: the router's estimate of it,
-        asked (``estimate_of(model)``) for a budgeted key's named model that has no price."""
+    async def admit_plan(self, spec: KeySpec | None, plan, body: dict, ticket: str | None, served, replan,
+                         estimate_of):
+        """The key's rate and budget for a planned request, which holds an upper bound of its cost (``hold``) until
+        its answer settles it (``Held``). Past a ``cheapest`` budget, ``KeyRules.past_budget`` decides: a routed
+        request is planned again (``await replan()``) with cost deciding. ``estimate_of(model)``: the router's
+        estimate for a named model with no price. Returns (the key's report or None, the plan, the estimate the
+        answer is charged at without usage)."""
         model = plan.candidates[0]
         estimate = plan.report.get("estimates", {}).get(model, {}).get("cost")
-        if estimate is None and spec is not None and spec.budget and model not in self.prices:
+        if spec is None:
+            return None, plan, estimate
+        if estimate is None and spec.budget and model not in self.prices:  # a named model with no price
             estimate = await estimate_of(model)
-        return estimate
+        report = await self.admit(spec, self.hold(model, body, estimate), ticket)
+        if report["over_budget"] and self.rules.past_budget(spec, plan.report["routed"], model, served):
+            plan = await replan()
+            estimate = plan.report["estimates"][plan.candidates[0]]["cost"]
+        return report, plan, estimate
 
     def hold(self, model: str, body: dict, estimate: float | None) -> float:
         """An upper bound of what ``model``'s answer to ``body`` costs: its prompt — the whole body, messages, tools,
@@ -179,12 +175,6 @@ class Held:
         if self.spec is not None:
             self.ticket, self.open = uuid.uuid4().hex, True
         return self.ticket
-
-    def lower(self, usd: float) -> None:
-        """The hold taken before the plan (the dearest model the request could reach) lowered to ``usd``, its chosen
-        model's (never raised: admission was decided on the larger)."""
-        if self.open and self.spec.budget:
-            self.gate.ledger.lower(self.spec.name, self.ticket, float(usd))
 
     def release(self) -> None:
         if self.open:

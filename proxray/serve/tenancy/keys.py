@@ -49,7 +49,7 @@ class KeySpec(StrictModel):
                                              "by name); default: all")
     requests_per_minute: float | None = Field(None, gt=0, description="its request rate across every replica")
     budget: KeyBudget | None = None
-    max_concurrent: int = Field(32, ge=1, description=(
+    max_concurrent: int = Field(64, ge=1, description=(
         "its requests in flight at once on one ingress replica (a stream until it ends); past it a 429 at once, so "
         "one key cannot hold the slots every key shares (an endpoint's max_ongoing_requests per replica, 64 by "
         "default)"))
@@ -213,13 +213,6 @@ class KeyLedger(Checkpointed):
         self._dirty()
         return {"ok": True, "reason": "over_budget" if over else None, "retry_after_s": 0.0, "spent_usd": spent}
 
-    def lower(self, name: str, ticket: str, usd: float) -> None:
-        """A held request's hold lowered to ``usd`` (never raised), once its model is chosen."""
-        holds = self.holds.get(name) or {}
-        if ticket in holds and usd < holds[ticket][0]:
-            holds[ticket] = (max(float(usd), 0.0), holds[ticket][1])
-            self._dirty()
-
     def settle(self, name: str, ticket: str, usd: float, now: float | None = None) -> None:
         """A held request's answer ended: its hold is replaced by ``usd``, what it cost (a hold that had expired and
         was charged: the difference)."""
@@ -279,9 +272,6 @@ class LedgerClient(SharedActorClient):
             raise RequestError(503, f"key {spec.name!r}: its rate and budget cannot be checked right now (the keys "
                                "ledger is restarting); retry in a few seconds", kind="service_unavailable",
                                headers={"retry-after": "2"}) from e
-
-    def lower(self, name: str, ticket: str, usd: float) -> None:
-        self.tell("lower", name, ticket, usd)
 
     def settle(self, name: str, ticket: str | None, usd: float) -> None:
         if ticket is None:
