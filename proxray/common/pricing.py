@@ -26,7 +26,7 @@ def token_bound(body: dict) -> tuple[int, int]:
     ``max_output_tokens``) for each of its ``n`` (``best_of``) answers."""
     import json
 
-    prompt = len(json.dumps(body, separators=(",", ":"), default=str)) // 3
+    prompt = len(json.dumps(body, separators=(",", ":"))) // 3
     limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens") or 0)
     return prompt, limit * max(int(body.get("n") or 1), int(body.get("best_of") or 1))
 
