@@ -142,6 +142,7 @@ def config_page() -> str:
     from proxray.monitor.config import MonitorConfig
     from proxray.serve.config import AppArgs
     from proxray.serve.protocols.base import RoutingOptions
+    from proxray.serve.tenancy.keys import KeysFile
 
     pages = [("The evaluation job (`proxray build-table --config JOB.yaml`)", JobConfig,
               "A YAML file; see `jobs/configs/` for examples."),
@@ -153,6 +154,9 @@ def config_page() -> str:
              ("The drift monitor as a Serve application (`args:` of `proxray.monitor.app:build_app`)", MonitorAppArgs,
               "The `args:` mapping of the monitor's application in a Serve YAML (the KubeRay RayService's); it starts "
               "the monitor of `config` and starts it again when it is gone."),
+             ("The keys file (`keys_file:` of the Serve app, `proxray keys new` writes it)", KeysFile,
+              "A YAML file of mode 600 holding each key's SHA-256 hash (never the key) and its policy; every ingress "
+              "replica reads it again within two seconds of a change."),
              ("Per request (`\"proxray\": {…}` in a request body)", RoutingOptions,
               "Sent by a client in the body (the openai client's `extra_body`); removed before the model sees it.")]
     out = [HEADER, "# Configuration reference\n\n",

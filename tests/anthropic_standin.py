@@ -34,6 +34,7 @@ def _text(content) -> str:
 class AnthropicStandIn:
     def __init__(self, key: str):
         self.key, self.cached, self.requests = key, set(), []
+        self.billed: list = []  # the usage of every answer it generated (what its provider would bill), in order
         self.lock = threading.Lock()
         outer = self
 
@@ -92,6 +93,8 @@ class AnthropicStandIn:
                     usage["cache_creation_input_tokens" if first else "cache_read_input_tokens"] = cached
                 if any(t.get("type", "").startswith("web_search") for t in body.get("tools") or []):
                     usage["server_tool_use"] = {"web_search_requests": 1}
+                with outer.lock:
+                    outer.billed.append(usage)  # generated whole, whether or not its reader stays to the end
                 message = {"id": "msg_standin", "type": "message", "role": "assistant", "model": MODEL,
                            "stop_reason": "end_turn", "stop_sequence": None}
                 if not body.get("stream"):

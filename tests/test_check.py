@@ -150,6 +150,18 @@ def test_every_shipped_job_config_passes_as_its_guide_runs_it(tmp_path, monkeypa
     assert out.count("ok, it would deploy") == len(configs) == 6
 
 
+def test_a_fresh_clone_is_told_to_build_the_tiny_models_first(tmp_path, monkeypatch, capsys):
+    """`proxray check --config jobs/configs/cpu_tiny.yaml` before `proxray make-tiny-model`: not "it would deploy" on
+    a folder read as a Hub id, but a non-zero exit naming each missing folder and the command that builds it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "jobs").symlink_to(ROOT / "jobs")
+    assert main(["check", "--config", "jobs/configs/cpu_tiny.yaml"]) == 2
+    out = capsys.readouterr().out
+    for name in ("tiny-llama-a", "tiny-llama-b"):
+        assert f"source './out/{name}': no such model folder" in out
+        assert f"proxray make-tiny-model --out ./out/{name}" in out
+
+
 def test_a_job_config_names_every_problem(tmp_path):
     bad = {"query_sets": [{"path": str(tmp_path / "missing.jsonl")}],
            "models": [{"id": "a", "engine": "sim", "price": {"input_per_mtok": 1, "output_per_mtok": 1}},

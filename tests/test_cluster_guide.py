@@ -14,7 +14,7 @@ from test_gpu_configs import demand  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = (ROOT / "docs" / "guides" / "deploy-on-a-cluster.md").read_text()
-VCPUS = {"p5.48xlarge": 192, "p4de.24xlarge": 96, "p3dn.24xlarge": 96}
+VCPUS = {"p5.48xlarge": 192, "p4de.24xlarge": 96}
 
 
 def test_every_file_the_guide_names_exists():
@@ -41,9 +41,16 @@ def test_the_quota_is_serving_plus_an_evaluation_on_cluster_yamls_node_types():
             math.ceil(demand(ROOT / "monitor_configs" / f"paper_pool_{t}.yaml")[kind] / per_node)
         vcpus = nodes * VCPUS[c[node]["node_config"]["InstanceType"]]
         assert re.search(rf"{kind} \*\*{vcpus}( vCPUs)?\*\*", GUIDE), (kind, vcpus)
-    v100 = math.ceil(demand(ROOT / "jobs" / "configs" / "paper_pool_v100.yaml")["V100"] / 8) * \
-        VCPUS[c["v100_worker"]["node_config"]["InstanceType"]]
-    assert f"V100 **{v100}**" in GUIDE
+    assert "v100_worker" not in c and "V100 **" not in GUIDE  # no V100 node type: CUDA 13 has no Volta
+
+
+def test_the_guide_says_what_each_journey_costs_and_takes_on_its_first_screen():
+    aws = GUIDE[:GUIDE.index("## 0. Prerequisites")]
+    k8s = GUIDE[GUIDE.index("## On Kubernetes (KubeRay)"):]
+    k8s = k8s[:k8s.index("**Prerequisites**")]
+    for first in (aws, k8s):
+        assert "**What it costs and how long it takes**" in first and "per hour" in first and "takes" in first
+        assert "p5.48xlarge" in first and "2026-12-01" in first  # list prices, dated
 
 
 def test_the_kubernetes_steps_fit_the_router_before_the_service_starts():

@@ -114,3 +114,21 @@ def test_install_script_refuses_an_unknown_platform_before_touching_anything(tmp
     r = subprocess.run(["bash", str(tmp_path / "install.sh"), "cuda"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown platform 'cuda' (cpu, vllm-cpu, dev or gpu)" in r.stderr
     assert not (tmp_path / ".venv").exists()
+
+
+ENV_READ = re.compile(r"""(?:environ(?:\.get|\.setdefault|\.pop)?\s*[(\[]\s*|getenv\()["']([A-Z_][A-Z0-9_]+)["']""")
+
+
+def test_every_environment_variable_the_code_reads_is_documented():
+    """docs/reference/environment.md lists every variable the package, the job entry points, the benchmarks and the
+    installer read — literal reads in the code, the serving front's own names, install.sh's ${...}."""
+    from proxray.serve.front import FRONT, HAPROXY_PORTS
+
+    read = set(FRONT) | set(HAPROXY_PORTS)
+    for folder in ("proxray", "jobs", "bench"):
+        for path in (ROOT / folder).rglob("*.py"):
+            read |= set(ENV_READ.findall(path.read_text()))
+    read |= set(re.findall(r"\$\{([A-Z_][A-Z0-9_]+)", (ROOT / "install.sh").read_text()))
+    page = (ROOT / "docs" / "reference" / "environment.md").read_text()
+    assert len(read) >= 15
+    assert sorted(v for v in read if f"`{v}`" not in page) == []

@@ -352,3 +352,114 @@ def test_a_redeploy_with_smaller_bounds_trims_the_shared_books():
         book.remember(f"a{i}", {"text": "q", "model": "m", "key": "k", "cost": 0.0}, now=float(i))
     book.configure(10, 100.0, 2**20, 0.3)
     assert list(book.answers) == [("k", "a7"), ("k", "a8"), ("k", "a9")] and book.retention_s == 100.0
+
+
+def test_a_relayed_answers_rate_limit_booking_is_corrected_to_what_it_used(monkeypatch, tmp_path):
+    """The endpoint's shared limiter books a request's bound (its body as prompt, its max_tokens) before it is sent;
+    once the answer's usage arrives — whole, streamed in chat's words, a Messages stream's first and last events — the
+    booking is corrected to the tokens the endpoint reported, so a large max_tokens does not keep the limit spent."""
+    import asyncio
+
+    import ray.util.metrics
+
+    from openai_standin import MODEL, StandIn, key_file
+    from proxray.serve.deployments.endpoint_server import EndpointRelay, usage_in
+    from proxray.pool.openai_engine import RateLimiter
+
+    class Quiet:
+        def __init__(self, *a, **k):
+            pass
+
+        def inc(self, *a):
+            pass
+
+        observe = inc
+
+    monkeypatch.setattr(ray.util.metrics, "Counter", Quiet)
+    monkeypatch.setattr(ray.util.metrics, "Histogram", Quiet)
+    key, path = key_file(tmp_path)
+    standin = StandIn(key, faults=False)
+    try:
+        relay = EndpointRelay({"id": "frontier", "engine": "openai", "source": MODEL, "base_url": standin.url,
+                               "api_key_file": str(path), "rate_limit": {"tokens_per_minute": 100000}})
+        limiter = RateLimiter(None, 100000)
+
+        class Local:  # the limiter actor's calls, in process
+            tpm = 100000
+
+            async def reserve(self, tokens, max_wait):
+                return limiter.reserve(tokens, max_wait)
+
+            def correct(self, reserved, used):
+                if used is not None and used != reserved:
+                    limiter.correct(reserved, used)
+
+        relay.limiter = Local()
+        body = {"messages": [{"role": "user", "content": "What is six times seven?"}], "max_tokens": 30000}
+
+        async def go(stream):
+            b = {**body, "stream": True, "stream_options": {"include_usage": True}} if stream else body
+            return [obj async for obj in relay.respond("chat", b)]
+
+        for stream in (False, True):
+            asyncio.run(go(stream))
+        booked = [n for _, n in limiter.spent]
+        assert len(booked) == 2 and max(booked) < 100, booked  # corrected from > 30,000 to the few tokens used
+    finally:
+        standin.stop()
+    events = [{"type": "message_start", "message": {"usage": {"input_tokens": 1000, "cache_read_input_tokens": 500,
+                                                              "output_tokens": 1}}},
+              {"type": "content_block_delta"}, {"type": "message_delta", "usage": {"output_tokens": 40}}]
+    seen = None
+    for e in events:
+        seen = usage_in(e, seen)
+    assert (seen.prompt, seen.output) == (1500, 40)
+    assert usage_in({"input_tokens": 77}, None).prompt == 77  # a count's answer
+
+
+def test_a_stream_its_client_leaves_is_read_on_for_its_usage_until_its_deadline():
+    """``Pumped``: the client takes the first event and goes; what the model still sends is read (the usage at its
+    end counted), and the stream's end reported once. Past the deadline a stream that never ends is cancelled."""
+    import asyncio
+    import time
+
+    from proxray.serve.request.sse import PUMPS, relay
+
+    class Fmt:
+        end = "data: [DONE]\n\n"
+
+        @staticmethod
+        def event(obj):
+            return json.dumps(obj)
+
+        @staticmethod
+        def error(body):
+            return json.dumps(body)
+
+    async def model(n, hang=False):
+        for i in range(n):
+            await asyncio.sleep(0.01)
+            yield {"i": i}
+        if hang:
+            await asyncio.sleep(3600)
+        yield {"usage": {"prompt_tokens": 7, "completion_tokens": n}}
+
+    async def leave_after_first(n, until, hang=False):
+        from proxray.serve.request.sse import Pumped
+
+        seen, done = [], []
+        events = relay([], Pumped(model(n, hang), until), Fmt, on_done=done.append, on_chunk=seen.append)
+        first = await events.__anext__()
+        await events.aclose()  # the client is gone
+        for _ in range(300):
+            if done:
+                break
+            await asyncio.sleep(0.01)
+        return first, seen, done
+
+    first, seen, done = asyncio.run(leave_after_first(20, time.monotonic() + 30))
+    assert json.loads(first) == {"i": 0} and done == [True]
+    assert seen[-1] == {"usage": {"prompt_tokens": 7, "completion_tokens": 20}} and len(seen) == 21
+    first, seen, done = asyncio.run(leave_after_first(3, time.monotonic() + 0.3, hang=True))
+    assert done == [True] and not any("usage" in s for s in seen)  # cut at its deadline: charged without usage
+    assert not PUMPS

@@ -16,7 +16,7 @@ GPU_CONFIGS = sorted([*ROOT.glob("serve_configs/paper_pool_*.yaml"), *ROOT.glob(
 SUM = re.compile(r"((?:\d+(?:\.\d+)? x )?\d+(?:\.\d+)?(?: \+ (?:\d+(?:\.\d+)? x )?\d+(?:\.\d+)?)*) = "
                  r"(\d+(?:\.\d+)?) ([AHV]100)s")
 WORDS = {"two": 2, "three": 3, "four": 4, "five": 5}
-NODE = {"H100": "h100_worker", "A100": "a100_worker", "V100": "v100_worker"}
+NODE = {"H100": "h100_worker", "A100": "a100_worker"}
 
 
 def demand(path: Path) -> dict:
@@ -67,6 +67,4 @@ def test_cluster_yaml_starts_the_nodes_of_serving_plus_an_evaluation():
         node = types[NODE[kind]]
         per_node = node["resources"][f"accelerator_type:{kind}"]
         assert node["max_workers"] >= math.ceil(serve / per_node) + math.ceil(evaluation / per_node), kind
-    v100 = types["v100_worker"]
-    assert v100["node_config"]["InstanceType"] == "p3dn.24xlarge"  # 32 GB V100s: the V100 job's 13B model fits one
-    assert v100["max_workers"] * 8 >= demand(ROOT / "jobs" / "configs" / "paper_pool_v100.yaml")["V100"]
+    assert "v100_worker" not in types  # the image's CUDA 13 PyTorch and vLLM have no Volta kernels

@@ -63,7 +63,7 @@ class Ledger:
     def __init__(self):
         self.settled = []
 
-    def settle(self, name, ticket, usd):
+    def settle(self, name, ticket, usd, tokens=None):
         self.settled.append((name, ticket, usd))
 
 

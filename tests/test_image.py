@@ -67,7 +67,7 @@ def test_the_guide_builds_and_pushes_the_image_as_the_dockerfile_says():
     steps = ["aws ecr create-repository --repository-name proxray",
              "aws ecr get-login-password --region us-west-2 | docker login --username AWS --password-stdin $REGISTRY",
              "docker build -f deploy/Dockerfile -t $REGISTRY/proxray:gpu . && docker push $REGISTRY/proxray:gpu",
-             'sed -i "s|REGISTRY/proxray:gpu|$REGISTRY/proxray:gpu|" cluster.yaml deploy/kuberay/*.yaml']
+             'sed -i "s|REGISTRY/proxray:gpu|$REGISTRY/proxray:gpu|; s|r=REGISTRY;|r=$REGISTRY;|" cluster.yaml deploy/kuberay/*.yaml']
     for text in (DOCKERFILE, GUIDE[:GUIDE.index("## 2.")], GUIDE[GUIDE.index("## On Kubernetes"):]):
         where = [text.index(s) for s in steps]
         assert where == sorted(where)
@@ -112,3 +112,121 @@ def test_the_head_may_launch_the_workers_and_the_workers_reach_the_bucket_only()
                    "iam:PassRole", "s3:GetObject", "s3:PutObject", "s3:ListBucket"):
         assert action in setup, action
     assert "role/proxray-worker" in setup
+    import json
+
+    policies = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", setup, re.S)]
+    assert len(policies) == 2  # the head's, the workers'
+    for policy in policies:  # both pull the image from ECR (after initialization_commands log the host in)
+        actions = {a for s in policy["Statement"] for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+        assert {"ecr:GetAuthorizationToken", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"} <= actions, actions
+        assert {"s3:GetObject", "s3:PutObject", "s3:ListBucket"} <= actions
+    assert not any(a.startswith(("ec2:", "iam:")) for s in policies[1]["Statement"]
+                   for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"]))  # the workers launch nothing
+
+
+CONDA_BASHRC = """# ~/.bashrc: executed by bash(1) for non-login shells.
+case $- in
+    *i*) ;;
+      *) return;;
+esac
+# >>> conda initialize >>>
+# !! Contents within this block are managed by 'conda init' !!
+__conda_setup="$("$HOME/anaconda3/bin/conda" 'shell.bash' 'hook' 2> /dev/null)"
+if [ $? -eq 0 ]; then
+    eval "$__conda_setup"
+else
+    if [ -f "$HOME/anaconda3/etc/profile.d/conda.sh" ]; then
+        . "$HOME/anaconda3/etc/profile.d/conda.sh"
+    else
+        export PATH="$HOME/anaconda3/bin:$PATH"
+    fi
+fi
+unset __conda_setup
+# <<< conda initialize <<<
+export PATH=$HOME/anaconda3/bin:$PATH
+"""
+
+
+def _launcher_shell(tmp_path, with_image_line: bool) -> dict:
+    """What `ray`, `python`, `proxray` and `serve` resolve to in the shell Ray 2.60's launcher runs a container command
+    in (its own ``_with_interactive`` wrapping), in a home whose ~/.bashrc does what Ray's base image's does (conda's
+    block, anaconda first on PATH) — followed by deploy/bashrc as the image appends it, or not."""
+    import os
+    import stat
+    import subprocess
+
+    from ray.autoscaler._private.command_runner import _with_interactive
+
+    home = tmp_path / ("image" if with_image_line else "base")
+    conda = home / "anaconda3" / "bin"
+    conda.mkdir(parents=True)
+    for tool in ("python", "python3", "ray", "serve", "pip"):  # anaconda's: a Python without proxray
+        (conda / tool).write_text("#!/bin/sh\necho anaconda\nexit 3\n")
+        (conda / tool).chmod(stat.S_IRWXU)
+    bashrc = CONDA_BASHRC
+    if with_image_line:
+        bashrc += (ROOT / "deploy" / "bashrc").read_text().replace("/home/ray/proxray", str(ROOT))
+    (home / ".bashrc").write_text(bashrc)
+    (home / ".profile").write_text('if [ -n "$BASH_VERSION" ] && [ -f "$HOME/.bashrc" ]; then . "$HOME/.bashrc"; fi\n')
+    venv = ROOT / ".venv" / "bin"
+    cmd = ("for t in ray python proxray serve; do echo \"$t=$(command -v $t)\"; done; "
+           "python -c 'import proxray, sys; print(\"prefix=\" + sys.prefix)'; ray --version")
+    env = {"HOME": str(home), "PATH": f"{venv}:{conda}:/usr/bin:/bin",  # the image's ENV PATH, then the base image's
+           "TERM": "dumb", "LANG": os.environ.get("LANG", "C.UTF-8")}
+    r = subprocess.run(" ".join(_with_interactive(cmd)), shell=True, env=env, capture_output=True, text=True,
+                       timeout=120, stdin=subprocess.DEVNULL)
+    found = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    return {"found": found, "out": r.stdout, "rc": r.returncode}
+
+
+def test_the_launchers_login_shell_runs_the_projects_ray_and_proxray(tmp_path):
+    """Ray's launcher wraps every command as ``bash --login -c -i 'source ~/.bashrc; …'``; the base image's conda block
+    puts anaconda first, so without deploy/bashrc `ray start` would be anaconda's Ray (and its workers anaconda's Python,
+    which has no proxray). With the line the image appends, every tool is the project's environment."""
+    import sys
+
+    base = _launcher_shell(tmp_path, with_image_line=False)
+    assert base["found"]["ray"].endswith("anaconda3/bin/ray") and base["found"]["python"].endswith("anaconda3/bin/python")
+    image = _launcher_shell(tmp_path, with_image_line=True)
+    venv = str(ROOT / ".venv" / "bin")
+    assert image["rc"] == 0, image["out"]
+    assert {t: image["found"][t] for t in ("ray", "python", "proxray", "serve")} == \
+        {t: f"{venv}/{t}" for t in ("ray", "python", "proxray", "serve")}
+    assert Path(image["found"]["prefix"]).resolve() == Path(sys.prefix).resolve()  # proxray imports there
+    assert "2.60.0" in image["out"]  # `ray --version`: the project's Ray
+
+
+def test_the_image_makes_its_users_cache_folders_and_appends_the_shell_line():
+    run = DOCKERFILE[DOCKERFILE.index("\nRUN "):DOCKERFILE.index("\nENV PATH")]
+    assert "mkdir -p /home/ray/.cache/huggingface/hub /home/ray/.ray" in run  # as the image's user, ray
+    assert "cat deploy/bashrc >> /home/ray/.bashrc" in run
+    assert not re.search(r"^USER ", DOCKERFILE, re.M)  # the base image's user (ray) builds them, so owns them
+    line = [x for x in (ROOT / "deploy" / "bashrc").read_text().splitlines() if not x.startswith("#")]
+    assert line == ["export PATH=/home/ray/proxray/.venv/bin:$PATH"]
+
+
+def test_every_host_logs_in_to_the_registry_before_rays_docker_pull():
+    """Ray runs a plain `docker pull` on each host (command_runner.py) and never logs in itself: the launcher's
+    initialization_commands (on the host, before the container) log docker in to ECR, on every node type."""
+    c = cluster()
+    login = c["initialization_commands"][0]
+    assert "aws ecr get-login-password" in login and "docker login --username AWS --password-stdin" in login
+    assert 'cut -d. -f4' in login and login.startswith("r=REGISTRY;")  # the region from the registry's host name
+    for name, t in c["available_node_types"].items():
+        assert t.get("initialization_commands", c["initialization_commands"])[0] == login, name
+    import subprocess
+    region = subprocess.run(["bash", "-c", login.split(";")[0].replace("REGISTRY", "123456789012.dkr.ecr.eu-central-1"
+                             ".amazonaws.com") + '; echo "$r" | cut -d. -f4'], capture_output=True, text=True)
+    assert region.stdout.strip() == "eu-central-1"
+
+
+def test_gpu_nodes_keep_weights_on_their_nvme_store_and_no_node_is_volta():
+    types = cluster()["available_node_types"]
+    gpus = {n: t for n, t in types.items() if any(k.startswith("accelerator_type:") for k in t.get("resources", {}))}
+    assert set(gpus) == {"a100_worker", "h100_worker"}  # CUDA 13 (the image's torch and vLLM) has no Volta
+    for name, t in gpus.items():
+        opts = t["docker"]["worker_run_options"]
+        assert "-v /opt/dlami/nvme/proxray-weights:/home/ray/weights" in opts and \
+            "-e HF_HUB_CACHE=/home/ray/weights" in opts, name
+        assert any("chown 1000:100 /opt/dlami/nvme/proxray-weights" in c for c in t["initialization_commands"]), name
+        assert t["node_config"]["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] >= 150, name  # the image, unpacked

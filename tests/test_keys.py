@@ -76,6 +76,24 @@ def test_holds_keep_concurrent_requests_within_the_budget_and_settle_to_the_real
     assert led.holds["k"] == {}
 
 
+def test_a_hold_taken_before_the_plan_moves_to_the_chosen_models():
+    """Admission holds the request as sent at the dearest model it may reach; once planned the hold moves to the chosen
+    model's bound: lowered, the budget has room again; raised past the budget (a stored history the body did not
+    carry), the verdict says so, and no other key's books move."""
+    led, budget = KeyLedger(), {"usd": 1.0, "window_s": 3600.0}
+    assert led.admit("k", None, budget, hold_usd=0.9, ticket="a", now=1.0)["reason"] is None
+    assert led.admit("k", None, budget, hold_usd=0.9, ticket="b", now=1.0)["reason"] == "over_budget"
+    led.settle("k", "b", 0.0, now=1.0)  # refused
+    assert led.rehold("k", budget, "a", 0.1, now=2.0) == {"over_budget": False, "spent_usd": pytest.approx(0.1)}
+    assert led.admit("k", None, budget, hold_usd=0.5, ticket="c", now=3.0)["reason"] is None  # room again
+    v = led.rehold("k", budget, "c", 2.0, now=4.0)
+    assert v["over_budget"] and v["spent_usd"] == pytest.approx(2.1)
+    led.settle("k", "c", 0.0, now=5.0)
+    led.rehold("k", budget, "gone", 9.0, now=5.0)  # a settled ticket is not held again
+    assert led.report()["k"] == {"spent_usd": 0.0, "held_usd": pytest.approx(0.1), "prompt_tokens": 0, "cached_tokens": 0,
+                                 "cached_share": None} and "other" not in led.report()
+
+
 def test_admission_costs_the_same_after_a_day_of_traffic():
     """A key's memory is bounded whatever its traffic: the rate's starts of the last minute and the budget's 60
     buckets (its spend leaves the window in steps of a sixtieth of it)."""
@@ -89,3 +107,15 @@ def test_admission_costs_the_same_after_a_day_of_traffic():
     assert len(led.starts["k"]) == 20 and len(led.windows["k"].sums) == BUCKETS and led.holds["k"] == {}
     assert led.admit("k", 600, budget, now=86400.0)["spent_usd"] == pytest.approx(28.8, rel=0.02)
     assert led.admit("k", 600, budget, now=2 * 86400.0)["spent_usd"] == 0.0
+
+
+def test_the_ledger_reports_each_keys_cached_share():
+    led, budget = KeyLedger(), {"usd": 10.0, "window_s": 3600.0}
+    led.admit("k", None, budget, hold_usd=0.5, ticket="a", now=1.0)
+    led.settle("k", "a", 0.01, now=2.0, tokens=(10_000, 9_000))  # a turn whose prefix the provider had cached
+    led.charge("k", 0.02, now=3.0, tokens=(5_000, 0))  # a key without a budget: charged, not held
+    assert led.report()["k"] == {"spent_usd": pytest.approx(0.03), "held_usd": 0.0, "prompt_tokens": 15_000,
+                                 "cached_tokens": 9_000, "cached_share": 0.6}
+    again = KeyLedger()
+    again._load(led._state())  # the checkpoint keeps it
+    assert again.report()["k"]["cached_share"] == 0.6

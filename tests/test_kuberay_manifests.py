@@ -68,10 +68,14 @@ def test_pods_read_their_secrets_and_keep_the_token_out_of_the_cache(name):
         assert all(m.get("readOnly") for m in container["volumeMounts"] if "secret" in volumes[m["name"]])
         assert env["HF_TOKEN_PATH"] == mounts["hf-token"] + "/token"
         assert not env["HF_HOME"].startswith(mounts["hf-token"]) and not mounts["hf-token"].startswith(env["HF_HOME"])
-        # weights on the shared claim (deploy/kuberay/weights.yaml), not in the container's writable layer
-        assert env["HF_HOME"] == mounts["weights"] and not any(m.get("readOnly") for m in container["volumeMounts"]
-                                                               if m["name"] == "weights")
-        assert volumes["weights"]["persistentVolumeClaim"]["claimName"] == manifest("weights.yaml")["metadata"]["name"]
+        if "nvidia.com/gpu" in container["resources"]["limits"]:
+            # weights on the shared claim (deploy/kuberay/weights.yaml), not in the container's writable layer
+            assert env["HF_HOME"] == mounts["weights"] and not any(m.get("readOnly") for m in container["volumeMounts"]
+                                                                   if m["name"] == "weights")
+            assert volumes["weights"]["persistentVolumeClaim"]["claimName"] == \
+                manifest("weights.yaml")["metadata"]["name"]
+        else:  # the head and the ingress run no model: they start whether or not the claim is bound yet
+            assert "weights" not in volumes and "weights" not in mounts, group
         # hosted-API keys (api_key_env) from a Secret into every pod's environment
         assert container["envFrom"] == [{"secretRef": {"name": "proxray-env", "optional": True}}]
         assert mounts["api-key"] + "/api_key" == "/home/ray/.proxray/api_key"  # api_key_file: ~/.proxray/api_key
@@ -122,6 +126,51 @@ def test_the_weights_claim_is_shared_and_holds_the_pool():
     claim = manifest("weights.yaml")
     assert claim["kind"] == "PersistentVolumeClaim" and claim["spec"]["accessModes"] == ["ReadWriteMany"]
     assert claim["spec"]["resources"]["requests"]["storage"] == "1Ti"  # the H100 pool's weights, ~370 GB, twice over
+
+
+def core_problems(doc: dict) -> list:
+    name = {"StorageClass": "io.k8s.api.storage.v1.StorageClass",
+            "PersistentVolumeClaim": "io.k8s.api.core.v1.PersistentVolumeClaim"}[doc["kind"]]
+    schema = {**SCHEMA, "$ref": f"#/$defs/{name}"}
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in Draft202012Validator(schema).iter_errors(doc)]
+
+
+def test_the_weights_claim_has_the_storage_class_it_names():
+    """weights.yaml's claim binds only where its storage class exists: the shipped one (EFS CSI, an access point owned
+    by the image's user) passes Kubernetes 1.33's strict StorageClass schema, as the claim passes the claim's."""
+    claim, sc = manifest("weights.yaml"), manifest("storageclass.yaml")
+    assert core_problems(claim) == [] and core_problems(sc) == []
+    assert claim["spec"]["storageClassName"] == sc["metadata"]["name"]
+    assert sc["provisioner"] == "efs.csi.aws.com" and sc["parameters"]["provisioningMode"] == "efs-ap"
+    assert (sc["parameters"]["uid"], sc["parameters"]["gid"]) == ("1000", "100")  # ray, users: as fsGroup above
+    bad = copy.deepcopy(sc)
+    bad["parameter"] = bad.pop("parameters")
+    assert any("parameter" in p for p in core_problems(bad))
+    guide = (ROOT / "docs" / "guides" / "deploy-on-a-cluster.md").read_text()
+    for step in ("aws efs create-file-system", "--throughput-mode elastic", "aws efs create-mount-target",
+                 "--port 2049", "AmazonEFSCSIDriverPolicy", "--addon-name aws-efs-csi-driver",
+                 "kubectl apply -f deploy/kuberay/storageclass.yaml -f deploy/kuberay/weights.yaml"):
+        assert step in guide, step
+
+
+@pytest.mark.parametrize("name", ["rayjob.yaml", "rayservice.yaml"])
+def test_the_head_and_the_ingress_are_placed_on_the_cpu_node_group(name):
+    guide = (ROOT / "docs" / "guides" / "deploy-on-a-cluster.md").read_text()
+    for group, pod in templates(manifest(name)):
+        (container,) = pod["containers"]
+        if "nvidia.com/gpu" in container["resources"]["limits"]:
+            assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}, group
+        else:
+            assert pod["nodeSelector"] == {"proxray.io/pool": "cpu"}, group
+    assert "--node-labels proxray.io/pool=cpu" in guide  # the node group the guide creates carries the label
+
+
+def test_an_edit_of_the_cluster_does_not_start_a_second_one():
+    svc = manifest("rayservice.yaml")
+    assert svc["spec"]["upgradeStrategy"] == {"type": "None"}
+    bad = copy.deepcopy(svc)
+    bad["spec"]["upgradeStrategy"] = {"type": "Nope"}
+    assert any("upgradeStrategy.type" in p for p in problems(bad))
 
 
 def test_the_job_has_headroom_for_a_lost_node():

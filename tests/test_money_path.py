@@ -17,6 +17,7 @@ from serve_helpers import STRONG, WEAK, ledger, start_app, stop_app
 pytestmark = pytest.mark.slow
 
 CLAUDE = "claude-standin"
+UNPRICED_TOOLS = "claude-standin-unpriced-tools"
 SIM_PRICES = {WEAK: {"input_per_mtok": 0.1, "output_per_mtok": 0.2}, STRONG: {"input_per_mtok": 3.0, "output_per_mtok": 15.0}}
 KEYS: dict = {}
 
@@ -36,6 +37,8 @@ def app(tmp_path_factory, encoder):
     KEYS["other"] = new_key_entry(f, "other", budget={"usd": 10.0})
     KEYS["counter"] = new_key_entry(f, "counter", requests_per_minute=30)
     KEYS["tight"] = new_key_entry(f, "tight", budget={"usd": 2e-4, "over_budget": "reject"})
+    KEYS["limited"] = new_key_entry(f, "limited", requests_per_minute=2)
+    KEYS["broke"] = new_key_entry(f, "broke", budget={"usd": 1e-12, "over_budget": "reject"})
     one = {"min_replicas": 1, "max_replicas": 1}
     models = [{"id": m, "engine": "sim", "autoscaling": one, "price": SIM_PRICES[m]} for m in (WEAK, STRONG)]
     models.append({"id": CLAUDE, "engine": "openai", "source": MODEL, "base_url": standin.url,
@@ -43,8 +46,11 @@ def app(tmp_path_factory, encoder):
                    "rate_limit": {"tokens_per_minute": 20000},
                    "price": {"input_per_mtok": PRICES["input"], "output_per_mtok": PRICES["output"],
                              "tool_call_usd": {"web_search_requests": PRICES["web_search"]}}})
+    models.append({**models[-1], "id": UNPRICED_TOOLS, "rate_limit": None,  # the same model, its tools unpriced
+                   "price": {"input_per_mtok": PRICES["input"], "output_per_mtok": PRICES["output"]}})
     url = start_app(tmp, encoder, models, keys_file=str(f), api_key_file=str(admin_file), timeout_s=30,
-                    budget={"cost_per_query": 1e-4}, profile={CLAUDE: (0.1, 1e-3)})
+                    budget={"cost_per_query": 1e-4}, profile={CLAUDE: (0.1, 1e-3), UNPRICED_TOOLS: (0.1, 1e-3)},
+                    monitor="proxray-monitor-money")  # reports counted even while no monitor runs
     yield url, standin
     stop_app()
     standin.stop()
@@ -137,26 +143,59 @@ def test_count_tokens_counts_toward_the_rate_and_books_no_output_on_the_endpoint
 
 
 def test_cache_writes_reads_and_a_hosted_tools_calls_are_charged_as_billed(app):
+    """Create, stream, a stream its client leaves after the first event, create: each charged what the stand-in's
+    published prices bill for what it generated (a stream left early is read on to its end for its usage)."""
+    import time
+
+    standin = app[1]
     system = [{"type": "text", "text": "You are a careful assistant. " * 20, "cache_control": {"type": "ephemeral"}}]
     tools = [{"type": "web_search_20250305", "name": "web_search"}]
-    billed = 0.0
-    before = ledger("dev")["spent_usd"]
-    for stream in (False, True, False):  # a cache write, then reads
-        body = {"model": CLAUDE, "max_tokens": 16, "system": system, "tools": tools, "messages": ASK, "stream": stream}
-        if not stream:
+    before, n0 = ledger("dev")["spent_usd"], len(standin.billed)
+    for how in ("create", "stream", "left early", "create"):  # a cache write, then reads
+        body = {"model": CLAUDE, "max_tokens": 16, "system": system, "tools": tools, "messages": ASK,
+                "stream": how != "create"}
+        if how == "create":
             r = post(app, "/v1/messages", body)
             assert r.status_code == 200, r.text
-            billed += bill(r.json()["usage"])
             continue
         with httpx.stream("POST", f"{app[0]}/v1/messages", json=body, timeout=60,
                           headers={"Authorization": f"Bearer {KEYS['dev']}"}) as s:
-            events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
-        usage = {**events[0]["message"]["usage"], **events[-2]["usage"]}
-        billed += bill(usage)
-    charged = ledger("dev")["spent_usd"] - before
+            events = []
+            for line in s.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    if how == "left early":
+                        break  # gone after message_start, before any usage of its output
+        assert events[0]["type"] == "message_start"
+    billed = sum(bill(u) for u in standin.billed[n0:])
+    assert len(standin.billed) - n0 == 4
+    for _ in range(100):  # the stream left early settles once the gateway has read it to its end
+        charged = ledger("dev")["spent_usd"] - before
+        if charged == pytest.approx(billed, rel=0.01):
+            break
+        time.sleep(0.1)
     print(json.dumps({"charged_usd": charged, "billed_usd": billed}))
     assert charged == pytest.approx(billed, rel=0.01)
-    assert billed > 3 * bill({"input_tokens": 60, "output_tokens": 4})  # the cache and the tool are most of it
+    assert billed > 4 * bill({"input_tokens": 60, "output_tokens": 4})  # the cache and the tool are most of it
+    # what the operator reads: the key's cached share, from the running app's ledger
+    import os
+    import subprocess
+    import sys
+
+    shown = subprocess.run([sys.executable, "-m", "proxray", "keys", "report", "--app", "proxray"],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    dev = json.loads(shown.stdout)["dev"]
+    cached = sum(u.get("cache_read_input_tokens", 0) for u in standin.billed[n0:])
+    assert dev["cached_tokens"] >= cached > 0 and 0 < dev["cached_share"] < 1
+
+
+def test_a_hosted_tool_without_a_price_is_refused_for_a_budgeted_key(app):
+    tools = [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}]
+    r = post(app, "/v1/messages", {"model": UNPRICED_TOOLS, "max_tokens": 8, "tools": tools, "messages": ASK})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert "tools[0]" in r.json()["error"]["message"] and "tool_call_usd" in r.json()["error"]["message"]
+    assert post(app, "/v1/messages", {"model": CLAUDE, "max_tokens": 8, "tools": tools, "messages": ASK}).status_code == 200
 
 
 @pytest.mark.parametrize("fault", ["[echo-404]", "[policy-403]"])
@@ -166,3 +205,48 @@ def test_an_upstream_refusal_a_client_provoked_takes_no_model_out(app, fault):
     assert bad.status_code in (403, 404), bad.text
     after = post(app, "/v1/messages", {"model": CLAUDE, "max_tokens": 8, "messages": ASK}, key="other")
     assert after.status_code == 200 and after.json()["model"] == CLAUDE and not after.json()["proxray"]["fallback_from"]
+
+
+def counts() -> dict:
+    from ray import serve
+
+    return serve.get_deployment_handle("RouterIngress", "proxray").counts.remote().result()
+
+
+def test_keys_over_their_rate_or_budget_cost_a_parse_and_nothing_else(app):
+    """Admission comes first: a request its key may not send is refused before its history, its embedding, its plan,
+    the served budget's λ or the monitor's report — on every protocol, streamed or not."""
+    routed = {"model": "proxray", "messages": ASK, "max_tokens": 8}
+    assert [post(app, "/v1/chat/completions", routed, key="limited").status_code for _ in range(2)] == [200, 200]
+    before = counts()
+    assert before["planned"] >= 2 and before["embedded"] >= 2 and before["monitor_reports"] >= 2
+    bodies = [("/v1/chat/completions", routed), ("/v1/chat/completions", {**routed, "stream": True}),
+              ("/v1/responses", {"model": "proxray", "input": "What is the capital of France?",
+                                 "max_output_tokens": 8}),
+              ("/v1/messages", {"model": "proxray", "max_tokens": 8, "messages": ASK}),
+              ("/v1/completions", {"model": "proxray", "prompt": "The capital of France is", "max_tokens": 8})]
+    refused = [post(app, path, body, key=k).status_code for k in ("limited", "broke") for path, body in bodies * 2]
+    assert refused == [429] * len(refused)
+    after = counts()
+    print({"refused": len(refused), "before": before, "after": after})
+    assert after == before  # nothing embedded, planned, reported, nor counted toward the served budget
+
+
+def test_a_key_is_not_shown_cache_reads_of_a_hosted_providers_shared_cache(app):
+    """One key writes a prefix to the hosted provider's prompt cache; another key sending the same prefix is billed a
+    cache read by the provider (the gateway has one account there) — it is charged what was billed, but its answer's
+    usage shows those tokens as plain input, whole and streamed, so no key learns what another sent."""
+    standin = app[1]
+    system = [{"type": "text", "text": "A prefix only the key dev wrote to the cache. " * 20,
+               "cache_control": {"type": "ephemeral"}}]
+    body = {"model": CLAUDE, "max_tokens": 8, "system": system, "messages": ASK}
+    first = post(app, "/v1/messages", body, key="dev").json()["usage"]
+    assert first.get("cache_creation_input_tokens", 0) > 0
+    n0 = len(standin.billed)
+    other = post(app, "/v1/messages", body, key="other").json()["usage"]
+    assert standin.billed[n0].get("cache_read_input_tokens", 0) > 0  # the provider read dev's prefix for other
+    assert "cache_read_input_tokens" not in other and other["input_tokens"] >= standin.billed[n0]["cache_read_input_tokens"]
+    with httpx.stream("POST", f"{app[0]}/v1/messages", json={**body, "stream": True}, timeout=60,
+                      headers={"Authorization": f"Bearer {KEYS['other']}"}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert not any("cache_read_input_tokens" in json.dumps(e) for e in events)

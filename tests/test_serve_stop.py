@@ -41,38 +41,57 @@ def haproxies() -> list:
     return out
 
 
+def stopped_twice(tmp_path, argv: list, port: int, ready) -> list:
+    """Starts ``proxray <argv>`` on ``port``, waits until ``ready(log_text)`` and /health answers 200, stops it by
+    SIGTERM, then again by SIGINT: after each stop no HAProxy it started runs and its ports are free."""
+    stats, metrics = free_port(), free_port()
+    env = {**os.environ, "RAY_SERVE_HAPROXY_STATS_PORT": str(stats), "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics)}
+    before, seen = set(haproxies()), []
+    for how in (signal.SIGTERM, signal.SIGINT):
+        path = tmp_path / f"{argv[0]}-{how.name}.log"
+        with open(path, "w") as log:
+            running = subprocess.Popen([sys.executable, "-m", "proxray", *argv], stdout=log, stderr=subprocess.STDOUT,
+                                       env=env, start_new_session=True)
+        try:
+            for _ in range(600):  # up to 5 minutes for the first answer
+                assert running.poll() is None, path.read_text()[-3000:]
+                try:
+                    if ready(path.read_text()) and \
+                            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+            else:
+                raise AssertionError(f"proxray {argv[0]} did not answer /health")
+            assert set(haproxies()) - before  # Serve's HAProxy ingress is in front
+            running.send_signal(how)
+            assert running.wait(90) == 0, path.read_text()[-3000:]
+        finally:
+            if running.poll() is None:
+                os.killpg(running.pid, signal.SIGKILL)
+        left = set(haproxies()) - before
+        seen.append({"signal": how.name, "haproxy_left": len(left), "ports_free": [free(p) for p in (port, stats, metrics)]})
+        print(seen[-1])
+        assert not left and free(port) and free(stats) and free(metrics)
+    return seen
+
+
 def test_proxray_serve_stopped_twice_leaves_its_ports_free_and_starts_again(tmp_path, encoder):
     fit_router(tmp_path / "router", encoder, [WEAK, STRONG])
-    port, stats, metrics = free_port(), free_port(), free_port()
+    port = free_port()
     config = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": port},
               "applications": [{"name": "proxray", "route_prefix": "/", "import_path": "proxray.serve.app:build_app",
                                 "args": {"router": str(tmp_path / "router"), "timeout_s": 10, "models": [
                                     {"id": m, "engine": "sim", "autoscaling": {"min_replicas": 1, "max_replicas": 1}}
                                     for m in (WEAK, STRONG)]}}]}
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
-    env = {**os.environ, "RAY_SERVE_HAPROXY_STATS_PORT": str(stats), "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics)}
-    before = set(haproxies())
-    for how in (signal.SIGTERM, signal.SIGINT):
-        log = open(tmp_path / f"serve-{how.name}.log", "w")
-        serving = subprocess.Popen([sys.executable, "-m", "proxray", "serve", "--config", str(tmp_path / "serve.yaml")],
-                                   stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            for _ in range(600):  # up to 5 minutes for the first answer
-                assert serving.poll() is None, (tmp_path / f"serve-{how.name}.log").read_text()[-3000:]
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
-            else:
-                raise AssertionError("proxray serve did not answer /health")
-            assert set(haproxies()) - before  # Serve's HAProxy ingress is in front
-            serving.send_signal(how)
-            assert serving.wait(90) == 0
-        finally:
-            if serving.poll() is None:
-                os.killpg(serving.pid, signal.SIGKILL)
-        left = set(haproxies()) - before
-        print({"signal": how.name, "haproxy_left": len(left), "ports_free": [free(p) for p in (port, stats, metrics)]})
-        assert not left and free(port) and free(stats) and free(metrics)
+    stopped_twice(tmp_path, ["serve", "--config", str(tmp_path / "serve.yaml")], port, lambda log: True)
+
+
+def test_proxray_demo_drift_stopped_twice_leaves_its_ports_free_and_starts_again(tmp_path):
+    """The demo runs a local Ray, Serve with HAProxy and the monitor's CLI in its own process tree; stopped in the
+    middle of its loop (right after it serves), by either signal, nothing of it is left."""
+    port = free_port()
+    stopped_twice(tmp_path, ["demo", "drift", "--n-per-task", "10", "--port", str(port)], port,
+                  lambda log: f"serving on http://127.0.0.1:{port}/v1" in log)

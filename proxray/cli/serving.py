@@ -7,6 +7,10 @@ import sys
 
 
 def _cmd_keys(a):
+    if a.what == "report":
+        return _keys_report(a)
+    if not a.file or not a.name:
+        raise SystemExit("proxray keys new: --file and --name are required")
     from proxray.serve.tenancy.keys import new_key_entry
 
     budget = None
@@ -17,6 +21,31 @@ def _cmd_keys(a):
     print(f"added key {a.name!r} to {a.file} (its hash; ingress replicas pick it up within seconds). The key, shown "
           "this once:", file=sys.stderr)
     print(key)
+
+
+def _keys_report(a):
+    """What the running app's keys ledger knows of each key: USD spent and held, its answers' prompt tokens and the
+    share its providers read from their prompt cache (JSON on standard output)."""
+    import json
+
+    import ray
+
+    from proxray.common.actors import NAMESPACE, ActorDown, call, find
+    from proxray.serve.tenancy.keys import LedgerClient
+
+    name = f"{LedgerClient.prefix}-{a.app}"
+    ray.init(address=a.address, namespace=NAMESPACE, log_to_driver=False)
+    try:
+        actor = find(name)
+        if actor is None:
+            raise SystemExit(f"no keys ledger {name!r} is running (the app {a.app!r} has a keys_file and answered a "
+                             "keyed request?)")
+        try:
+            print(json.dumps(call(actor, name, "report", timeout_s=30), indent=2, sort_keys=True))
+        except ActorDown as e:
+            raise SystemExit(f"keys ledger {name!r} did not answer: {e.why}") from None
+    finally:
+        ray.shutdown()
 
 
 def _cmd_check(a):
@@ -80,7 +109,7 @@ def descendants(pid: int) -> list:
 
 
 def supervise(child) -> int:
-    """Wait for ``serve run``; stopped by SIGTERM (a supervisor) or SIGINT (Ctrl-C), stop it and leave nothing behind:
+    """Wait for ``serve run`` (or a demo); stopped by SIGTERM (a supervisor) or SIGINT (Ctrl-C), stop it and leave nothing behind:
     ``serve run`` is told to stop (SIGTERM: it shuts Serve and the local Ray down), and every process that was below it
     when the stop came and still runs after it (Serve's HAProxy, re-parented to init, holding the HTTP port and its
     stats and metrics ports) is ended — so the next ``proxray serve`` binds the same ports. Returns 0 for a stop asked
@@ -145,9 +174,17 @@ def _end(pids: list, grace_s: float = 5.0) -> None:
 
 
 def _cmd_demo(a):
-    from proxray.demos.drift import main as drift_main
+    """The demo in a child process under ``supervise``: the demo starts a local Ray and Serve (with Serve's HAProxy) in
+    its own process, which a SIGTERM ends without its cleanup; stopped by SIGTERM or Ctrl-C, every process below it is
+    ended too, so no HAProxy outlives it and its ports are free for the next run."""
+    import subprocess
 
-    raise SystemExit(drift_main(a.rest))
+    if any(x in ("-h", "--help") for x in a.rest):
+        from proxray.demos.drift import main as drift_main
+
+        raise SystemExit(drift_main(a.rest))
+    child = subprocess.Popen([sys.executable, "-m", "proxray.demos.drift", *a.rest])
+    raise SystemExit(supervise(child))
 
 
 def _cmd_monitor(a):
@@ -222,10 +259,14 @@ def add_serving(sub) -> None:
     from proxray.common.cliargs import comma_list, flag_with_old_positional
 
     keys = sub.add_parser("keys", help="API keys with their own policy: `new` adds one to a keys file (the app's "
-                          "keys_file) and prints the key once")
-    keys.add_argument("what", choices=["new"], help="new: add a key")
-    keys.add_argument("--file", required=True, help="the keys file (created if absent; it holds hashes only)")
-    keys.add_argument("--name", required=True, help="the key's name in metrics and reports")
+                          "keys_file) and prints the key once; `report` shows what a running app's keys spent")
+    keys.add_argument("what", choices=["new", "report"], help="new: add a key; report: each key's spend, holds, "
+                      "prompt tokens and cached share, from the running app's keys ledger")
+    keys.add_argument("--file", help="new: the keys file (created if absent; it holds hashes only)")
+    keys.add_argument("--name", help="new: the key's name in metrics and reports")
+    keys.add_argument("--app", default="proxray", help="report: the Serve application's name (default proxray)")
+    keys.add_argument("--address", default="auto", help="report: the Ray cluster (default auto: RAY_ADDRESS or the "
+                      "local one)")
     keys.add_argument("--lam", type=float, default=None, help="default λ of its routed requests")
     keys.add_argument("--models", type=comma_list(), default=None, help="comma-separated models it may reach "
                       "(default: all)")

@@ -1,5 +1,8 @@
-"""The one cost function: what an answer costs from its token counts and the model's prices per million tokens."""
+"""The one cost function: what an answer costs from its token counts and the model's prices per million tokens, and the
+one usage record (``Usage``) those counts are read into from every API's words."""
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,3 +47,134 @@ def writes_cache(body: dict) -> bool:
         elif isinstance(v, list):
             stack.extend(v)
     return False
+
+
+def _int(value) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else 0
+
+
+@dataclass
+class Usage:
+    """What an answer used, in every kind an upstream bills: ``input`` (at the input price: neither read from nor
+    written to a prompt cache), ``cache_read`` and ``cache_write`` input, ``output`` (reasoning included) and of it
+    ``reasoning``, and hosted tools' calls (``tool_calls``: tool -> calls). Read from and written in each protocol's
+    words here, and nowhere else."""
+
+    input: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    output: int = 0
+    reasoning: int = 0
+    tool_calls: dict = field(default_factory=dict)
+
+    @property
+    def prompt(self) -> int:
+        """Every input token, cached or not."""
+        return self.input + self.cache_read + self.cache_write
+
+    # -- read: OpenAI counts cached input inside its prompt; Anthropic apart from its input_tokens
+    @classmethod
+    def of_chat(cls, u) -> "Usage | None":
+        if not isinstance(u, dict) or ("prompt_tokens" not in u and "completion_tokens" not in u):
+            return None
+        cached = _int((u.get("prompt_tokens_details") or {}).get("cached_tokens"))
+        prompt = _int(u.get("prompt_tokens"))
+        return cls(input=max(prompt - cached, 0), cache_read=min(cached, prompt),
+                   output=_int(u.get("completion_tokens")),
+                   reasoning=_int((u.get("completion_tokens_details") or {}).get("reasoning_tokens")))
+
+    @classmethod
+    def of_responses(cls, u) -> "Usage | None":
+        if not isinstance(u, dict) or "input_tokens" not in u:
+            return None
+        cached = _int((u.get("input_tokens_details") or {}).get("cached_tokens"))
+        prompt = _int(u.get("input_tokens"))
+        return cls(input=max(prompt - cached, 0), cache_read=min(cached, prompt), output=_int(u.get("output_tokens")),
+                   reasoning=_int((u.get("output_tokens_details") or {}).get("reasoning_tokens")))
+
+    @classmethod
+    def of_messages(cls, u) -> "Usage | None":
+        if not isinstance(u, dict) or ("input_tokens" not in u and "output_tokens" not in u):
+            return None
+        tools = {k: _int(v) for k, v in (u.get("server_tool_use") or {}).items() if _int(v)}
+        return cls(input=_int(u.get("input_tokens")), cache_read=_int(u.get("cache_read_input_tokens")),
+                   cache_write=_int(u.get("cache_creation_input_tokens")), output=_int(u.get("output_tokens")),
+                   tool_calls=tools)
+
+    @classmethod
+    def of_any(cls, u) -> "Usage | None":
+        """A usage object in whichever API's words it comes (an endpoint relayed as it is): chat's
+        (``prompt_tokens``), the Responses API's (``input_tokens`` with ``total_tokens`` or its details) or Messages'."""
+        if not isinstance(u, dict):
+            return None
+        if "prompt_tokens" in u or "completion_tokens" in u:
+            return cls.of_chat(u)
+        if "input_tokens" in u and ("total_tokens" in u or "input_tokens_details" in u):
+            return cls.of_responses(u)
+        return cls.of_messages(u)
+
+    @staticmethod
+    def without_cache_reads(obj: dict) -> dict:
+        """An answer, chunk or event whose usage (in any API's words, where it has one) shows no cache reads: the
+        tokens read from a provider's cache counted as plain input — what a key is shown of a provider's prompt cache
+        it shares with every key of the gateway (another key's prefix is no hit it can see). The charge reads the
+        usage before this."""
+        def plain(u):
+            if not isinstance(u, dict):
+                return u
+            u = dict(u)
+            if isinstance(u.get("prompt_tokens_details"), dict):  # chat: cached_tokens are inside prompt_tokens
+                u["prompt_tokens_details"] = {k: v for k, v in u["prompt_tokens_details"].items() if k != "cached_tokens"}
+            if isinstance(u.get("input_tokens_details"), dict):  # Responses: inside input_tokens
+                u["input_tokens_details"] = {**u["input_tokens_details"], "cached_tokens": 0}
+            if "cache_read_input_tokens" in u:  # Messages: beside input_tokens
+                u["input_tokens"] = _int(u.get("input_tokens")) + _int(u.pop("cache_read_input_tokens"))
+            return u
+
+        if not isinstance(obj, dict):
+            return obj
+        out = {**obj, "usage": plain(obj["usage"])} if "usage" in obj else obj
+        for inner in ("response", "message"):
+            if isinstance(out.get(inner), dict) and "usage" in out[inner]:
+                out = {**out, inner: {**out[inner], "usage": plain(out[inner]["usage"])}}
+        return out
+
+    def merged(self, other: "Usage | None") -> "Usage":
+        """The larger of each count (a Messages stream tells its input in its first event, its output in its last)."""
+        if other is None:
+            return self
+        tools = {k: max(self.tool_calls.get(k, 0), other.tool_calls.get(k, 0))
+                 for k in {*self.tool_calls, *other.tool_calls}}
+        return Usage(max(self.input, other.input), max(self.cache_read, other.cache_read),
+                     max(self.cache_write, other.cache_write), max(self.output, other.output),
+                     max(self.reasoning, other.reasoning), tools)
+
+    # -- written
+    def chat(self) -> dict:
+        """In chat's words, as prices read them (``PriceSpec.cost``): cache writes as
+        ``prompt_tokens_details.cache_write_tokens`` and hosted tools' calls as ``server_tool_use``, which chat has no
+        field for."""
+        out = {"prompt_tokens": self.prompt, "completion_tokens": self.output, "total_tokens": self.prompt + self.output}
+        details = {k: v for k, v in (("cached_tokens", self.cache_read), ("cache_write_tokens", self.cache_write)) if v}
+        if details:
+            out["prompt_tokens_details"] = details
+        if self.reasoning:
+            out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning}
+        if self.tool_calls:
+            out["server_tool_use"] = dict(self.tool_calls)
+        return out
+
+    def responses(self) -> dict:
+        return {"input_tokens": self.prompt, "input_tokens_details": {"cached_tokens": self.cache_read},
+                "output_tokens": self.output, "output_tokens_details": {"reasoning_tokens": self.reasoning},
+                "total_tokens": self.prompt + self.output}
+
+    def messages(self) -> dict:
+        out = {"input_tokens": self.input, "output_tokens": self.output}
+        if self.cache_read:
+            out["cache_read_input_tokens"] = self.cache_read
+        if self.cache_write:
+            out["cache_creation_input_tokens"] = self.cache_write
+        if self.tool_calls:
+            out["server_tool_use"] = dict(self.tool_calls)
+        return out

@@ -99,7 +99,7 @@ POISONS = ("inverted-feedback", "random-judge")
 
 
 def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None, timeout_s=300,
-        kill_mid_evaluation=False, name="proxray-monitor", labels="judge", poison=None):
+        kill_mid_evaluation=False, name="proxray-monitor", labels="judge", poison=None, port=None):
     import openai
     import ray
     from ray import serve
@@ -138,13 +138,14 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     os.environ.update(front_env(local=True))  # the serving front proxray's clusters run (proxray.serve.front)
     ctx = ray.init(include_dashboard=True, log_to_driver=False, num_cpus=max(4, os.cpu_count() or 1))
     jobs_address = f"http://{ctx.dashboard_url}"  # the Ray Jobs API is served by the dashboard
-    port = free_port()  # after Ray's own processes took theirs
+    port = port or free_port()  # after Ray's own processes took theirs
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     auto = {"min_replicas": 1, "max_replicas": 1}
     serve.run(build_app({"router": str(state / "router_v0"), "monitor": name, "reload_every_s": 1.0,
                          "models": [{"id": m, "engine": "sim", "autoscaling": auto,
                                      "engine_kwargs": {"table": str(state / "full_table.parquet")}} for m in POOL]}),
               name="proxray", route_prefix="/")
+    log(f"serving on http://127.0.0.1:{port}/v1 (model 'proxray')")
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
     # the app names a monitor that does not exist yet: serving does not need it
     early = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "What is 2 + 2?"}])
@@ -318,9 +319,10 @@ def main(argv=None):
     p.add_argument("--poison", choices=POISONS, default=None,
                    help="labels that lie: the users' scores inverted (with --labels feedback), or a judge that grades at "
                         "random; the gate keeps the served version")
+    p.add_argument("--port", type=int, default=None, help="the endpoint's port on 127.0.0.1 (default: a free one)")
     a = p.parse_args(argv)
     print(json.dumps(run(a.task, a.n_per_task, a.min_batch, kill_mid_evaluation=a.kill_mid_evaluation, labels=a.labels,
-                         poison=a.poison)))
+                         poison=a.poison, port=a.port)))
     return 0
 
 

@@ -30,7 +30,8 @@ def local_source(source: str):
     if not local:
         return None, None
     if not p.is_dir():
-        return None, f"source {source!r}: no such model folder ({p.resolve()})"
+        return None, (f"source {source!r}: no such model folder ({p.resolve()}); build it first — the tiny test models "
+                      f"of the CPU configs with `proxray make-tiny-model --out {source}` (their comments give the seed)")
     if not (p / "config.json").is_file():
         return None, f"source {source!r}: the folder has no config.json (not a Hugging Face model folder)"
     return str(p.resolve()), None

@@ -150,9 +150,10 @@ class AppArgs(StrictModel):
         "a turn that only returns tool results is not one — so an agent harness's system prompt, repeated on every "
         "request, neither drowns the ask nor counts toward max_prompt_chars), system+last_user, all_user or all"))
     model_aliases: dict[str, ModelAlias] = Field({}, description=(
-        "model names clients ask for, mapped to routing or to a pool model: {claude-*: {model: proxray, lam: 10}, "
-        "claude-haiku-*: {model: proxray, allowed_models: [small]}} — a name as it is, else the first glob that "
-        "matches; so Claude Code or any client with its own model ids needs only the base URL"))
+        "model names clients ask for, mapped to routing or to a pool model: {claude-haiku-*: {model: proxray, "
+        "allowed_models: [small]}, claude-*: {model: proxray, lam: 10}} — a name as it is, else the first glob that "
+        "matches (the narrower glob first); so Claude Code or any client with its own model ids needs only the base "
+        "URL"))
     conversations: ConversationSpec = Field(default_factory=ConversationSpec, description=(
         "requests naming a conversation keep its model across turns unless another is better by a margin "
         "(proxray.serve.tenancy.conversations)"))

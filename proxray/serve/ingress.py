@@ -11,8 +11,9 @@ with one deployment per model; ``proxray.serve.app:build_app`` is the Serve conf
       client, metrics
 
 A request of any protocol crosses the same stages in the same order (``_handle``): open (key, body, alias, the
-request's policy, the key's 403s), its protocol's turn (the one internal request every candidate is sent), plan (the
-routing text embedded, the router's decision), admit (the key's rate and budget, a hold), the candidates in order
+request's policy, the key's 403s), admit (the key's rate and budget, a hold of its body as sent: nothing else is done
+for a request its key may not send), its protocol's turn (the one internal request every candidate is sent), plan (the
+routing text embedded, the router's decision; the hold moved to the chosen model's), the candidates in order
 (``first_answer``), then the answer or its stream, whose usage settles what it holds. The client's request goes to the
 chosen model as sent (only ``model`` is rewritten) or, to a model whose endpoint does not serve its protocol,
 translated to chat completions; the answer comes back in the client's protocol with a ``proxray`` object added (and
@@ -30,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
+from proxray.common.pricing import Usage
 from proxray.routing.index import single_thread
 from proxray.serve.config import ROUTER_MODEL, AppArgs, load_api_key, resolve_alias
 from proxray.serve.deployments.client import ModelClient
@@ -41,6 +43,7 @@ from proxray.serve.metrics import GatewayMetrics
 from proxray.serve.monitor_client import MonitorClient
 from proxray.serve.protocols import PROTOCOLS
 from proxray.serve.protocols.base import Context
+from proxray.serve.protocols.core import as_sent
 from proxray.serve.request import plan as planning
 from proxray.serve.request.encoder_service import EncoderService
 from proxray.serve.request.fallback import first_answer
@@ -186,6 +189,15 @@ class RouterIngress:
         try:
             key, req, rp = await self.open(request, protocol.request, timings)
             slot = self.gate.enter(key)  # one of the key's requests in flight on this replica, until the answer ends
+            # admission before any work on the request (history, embedding, plan, the budget's λ, the monitor's
+            # report): the key's rate, and a hold of its body as sent at the dearest model it may reach
+            held = Held(self.gate, key)  # the key's hold on its budget, settled exactly once
+            routed = req.model == ROUTER_MODEL
+            key_report, past, first_hold = await self.gate.admit_request(
+                key, lambda: as_sent(req, self.args.default_max_tokens), held.take,
+                self.policy.reach(rp) if routed else [req.model], routed, self.client.handles)
+            if past:  # over a ``cheapest`` budget: cost decides its plan
+                rp = rp.over_budget()
             self.client.salt(key.owner[:32] if key is not None else "")  # its prompt-cache salt, for models that take one
             # the body every candidate gets (model aside), in the protocol or as the one internal request
             turn = await protocol.begin(req, self.context(protocol, key, request.headers))
@@ -196,10 +208,10 @@ class RouterIngress:
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = turn.text(self.args.routing_text)
             p = await self.plan(req, rp, turn, timings, text, key)
-            held = Held(self.gate, key)  # the key's hold on its budget, settled exactly once
-            key_report, p, estimate = await self.gate.admit_plan(
-                key, p, turn.body, held.take(), self.client.handles, estimate_of=lambda m: self._estimate(text, m),
-                replan=lambda: self.plan(req, rp.over_budget(), turn, timings, text, key, again=True))
+            p, estimate = await self.gate.hold_plan(  # the hold moved to the chosen model's bound on the whole turn
+                key, key_report, p, turn.body, held.ticket, first_hold, lambda m: self._estimate(text, m),
+                self.client.handles, replan=lambda: self.plan(req, rp.over_budget(), turn, timings, text, key,
+                                                               again=True))
             t_model = time.perf_counter()
             model, head, gen = await first_answer(turn.client, p, turn.body, turn.upstream, req.stream, deadline,
                                                   self.args.timeout_s, self._failed, turn.has_content)
@@ -240,12 +252,18 @@ class RouterIngress:
                               self.answers.recorder(turn.answer_id(head[0]), text, model, key and key.owner,
                                                     self.gate.prices.get(model), estimate)
                               if len(text) <= self.args.max_prompt_chars else None, slot.release) if f]
+        relayed = self.client.relayed(model)
+        # a hosted provider's prompt cache is shared by every key of the gateway: a key is not shown its cache reads
+        # (another key's prefix would be a hit it could see); co-hosted models keep each key's apart (cache_salt)
+        view = Usage.without_cache_reads if key is not None and relayed else None
         if req.stream:
-            events = await answer_stream(turn, head, gen, p.report, counts, lambda: self.metrics.error(502))
+            events = await answer_stream(turn, head, gen, p.report, counts, lambda: self.metrics.error(502),
+                                         read_on_until=deadline if relayed else None, view=view)
             return StreamingResponse(events, media_type="text/event-stream", headers=response_headers(p.report))
         for count in counts:
             count(turn.usage(head[0]))
-        return JSONResponse(await turn.answer(head[0], p.report), headers=response_headers(p.report))
+        shown = view(head[0]) if view is not None else head[0]
+        return JSONResponse(await turn.answer(shown, p.report), headers=response_headers(p.report))
 
     # ---- the gateway's own routes (http.gateway_api binds them beside the protocols') -------------------------
     def __serve_build_asgi_app__(self) -> FastAPI:
@@ -264,6 +282,15 @@ class RouterIngress:
         except RequestError as e:
             self.metrics.error(e.status)
             return error_response(e)
+
+    def counts(self) -> dict:
+        """What this replica did for the requests it took (through a Serve handle, for operators' tools and tests;
+        never over HTTP): texts embedded, requests planned, reports made to the monitor, and the served budget's
+        requests counted and λ."""
+        budget = self.policy.budget
+        return {"embedded": self.encoder.asked, "planned": self.metrics.planned,
+                "monitor_reports": self.monitor.reported if self.monitor is not None else 0,
+                "budget_requests": budget.n if budget is not None else 0, "budget_lam": budget.lam if budget else None}
 
     async def health(self):
         """Liveness for probes and load balancers, without a key: nothing about the pool or the traffic."""

@@ -25,11 +25,13 @@ class GatewayMetrics:
                                  tag_keys=("model",))
         self.feedback_score = Counter(NAMES["feedback_score"], "sum of the feedback scores, by model (divided by "
                                       "proxray_feedback: the mean score)", tag_keys=("model",))
+        self.planned = 0  # routed requests planned by this replica (the routing histogram's count, kept here too)
 
     def answered(self, model: str, routed: bool) -> None:
         self.decisions.inc(1, {"model": model, "routed": str(routed).lower()})
 
     def routed(self, ms: float, outlier: float) -> None:
+        self.planned += 1
         self.routing_ms.observe(ms)
         self.outlier.observe(outlier)
 

@@ -26,13 +26,14 @@ class MonitorClient(SharedActorClient):
         super().__init__("", name=name)
         self.reload_every_s, self.router_path, self.encoder_id = reload_every_s, router_path, encoder_id
         self.on_router, self.retry_s = on_router, retry_s
-        self.dropped = 0
+        self.dropped = self.reported = 0  # reports dropped (the monitor not there) and reports made in all
         self._watcher = None
 
     def report(self, text: str, x, outlier: float) -> None:
         """Fire and forget: the request never waits for the monitor."""
         if self._watcher is None:
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        self.reported += 1
         if not self.send("report", text, x, outlier):
             self.dropped += 1
 

@@ -75,6 +75,11 @@ class ModelClient:
         self.caps: dict = {}  # model id -> {endpoint: frozenset of parameters it honours}, asked lazily
         self.caps_retry: dict = {}  # model id -> when to ask again a model that did not answer
 
+    def relayed(self, model: str) -> bool:
+        """Whether ``model`` is an endpoint relayed from this process (its provider bills each answer), not a
+        deployment the app hosts."""
+        return isinstance(self.handles.get(model), OpenAIModel)
+
     @staticmethod
     def salt(value: str) -> None:
         """The asking key's prompt-cache salt for the rest of this request (``TENANT``; "" for none)."""

@@ -39,7 +39,7 @@ import json
 import logging
 import time
 
-from proxray.common.pricing import token_bound
+from proxray.common.pricing import Usage, token_bound
 from proxray.common.shared_actor import SharedActorClient, SharedStateDown
 from proxray.common.secrets import scrub
 from proxray.pool.upstream import ASK_LISTING, RETRY, TAKE_OUT, error_object, lists_model, probe_headers, verdict
@@ -137,6 +137,8 @@ class EndpointRelay(OpenAIModel):
         sent = {**body, "model": self.spec.source or self.spec.id}
         given = sent.pop(UpstreamHeaders.FIELD, None)  # a protocol's headers; a client's own field is dropped
         tokens = sum(token_bound(sent)) or 256  # what the rate limit books: the request's bound, as a budget's hold
+        if self.limiter is not None and self.limiter.tpm:
+            tokens = min(tokens, int(self.limiter.tpm))  # as the limiter books it (RateLimiter.reserve)
         path, headers = endpoint, {}
         if isinstance(given, UpstreamHeaders):
             headers = {k: str(v) for k, v in given.items()}
@@ -153,15 +155,18 @@ class EndpointRelay(OpenAIModel):
                 if delay > 0:
                     self.limited.inc(1, tag)
                     await asyncio.sleep(delay)
-            failure, tried = None, self._attempt(path, sent, body.get("stream"), tag, headers)
+            failure, tried, used = None, self._attempt(path, sent, body.get("stream"), tag, headers), None
             try:
                 async for obj in tried:
                     if isinstance(obj, Retry):
                         failure = obj
                         break
+                    used = usage_in(obj, used)
                     yield obj
             finally:
                 await tried.aclose()  # the connection goes back now, also when the caller went away
+                if self.limiter is not None and failure is None:  # the booking corrected to what was used, where told
+                    self.limiter.correct(tokens, used.prompt + used.output if used is not None else None)
             if failure is None:
                 return
             decision, wait = verdict(failure.status, failure.upstream, attempt, self.spec.max_retries,
@@ -274,6 +279,19 @@ class EndpointRelay(OpenAIModel):
                      param, kind)
 
 
+def usage_in(obj: dict, seen: Usage | None) -> Usage | None:
+    """An endpoint's usage so far, with what ``obj`` (an answer, a chunk or an event, in any API's words) adds."""
+    if not isinstance(obj, dict):
+        return seen
+    if set(obj) == {"input_tokens"}:  # a token count's answer (Messages' count_tokens): what it counted
+        return Usage(input=int(obj["input_tokens"] or 0))
+    for holder in (obj, obj.get("response"), obj.get("message")):  # a Responses event's response, message_start's
+        u = Usage.of_any(holder.get("usage")) if isinstance(holder, dict) else None
+        if u is not None:
+            return u.merged(seen)
+    return seen
+
+
 class LimiterClient(SharedActorClient):
     """The model's ``RateLimiter`` actor (``proxray-limit-<model>``), shared by every router replica of every app on the
     cluster that relays to it, told the limits of the caller's config on every call. A limiter that does not answer
@@ -288,9 +306,16 @@ class LimiterClient(SharedActorClient):
         self.actor_cls = RateLimiter
         super().__init__(slug(spec.id), spec)
         self.limits = (spec.rate_limit.requests_per_minute, spec.rate_limit.tokens_per_minute)
+        self.tpm = spec.rate_limit.tokens_per_minute
 
     def actor_args(self) -> tuple:
         return self.limits
+
+    def correct(self, reserved: int, used: int | None) -> None:
+        """A relayed answer's booking of ``reserved`` tokens corrected to the ``used`` its endpoint reported (input
+        and output; a count's input alone), sent without waiting; nothing where the endpoint reported none."""
+        if used is not None and self.tpm and used != reserved:
+            self.tell("correct", reserved, int(used))
 
     async def reserve(self, tokens: int, max_wait: float) -> float | None:
         try:

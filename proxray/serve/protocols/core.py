@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
+from proxray.common.pricing import Usage  # noqa: F401 - the usage record every protocol reads and writes
 from proxray.serve.errors import RequestError, error, is_error
 from proxray.serve.wire import CHAT_PATH as CHAT_UPSTREAM  # the internal request: the chat form every model takes
 
@@ -18,88 +19,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-# ---- usage -------------------------------------------------------------------------------------------------------
-def _int(value) -> int:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else 0
-
-
-@dataclass
-class Usage:
-    """What an answer used, in every kind an upstream bills: ``input`` (at the input price: neither read from nor
-    written to a prompt cache), ``cache_read`` and ``cache_write`` input, ``output`` (reasoning included) and of it
-    ``reasoning``, and hosted tools' calls (``tool_calls``: tool -> calls). Read from and written in each protocol's
-    words here, and nowhere else."""
-
-    input: int = 0
-    cache_read: int = 0
-    cache_write: int = 0
-    output: int = 0
-    reasoning: int = 0
-    tool_calls: dict = field(default_factory=dict)
-
-    @property
-    def prompt(self) -> int:
-        """Every input token, cached or not."""
-        return self.input + self.cache_read + self.cache_write
-
-    # -- read: OpenAI counts cached input inside its prompt; Anthropic apart from its input_tokens
-    @classmethod
-    def of_chat(cls, u) -> "Usage | None":
-        if not isinstance(u, dict) or ("prompt_tokens" not in u and "completion_tokens" not in u):
-            return None
-        cached = _int((u.get("prompt_tokens_details") or {}).get("cached_tokens"))
-        prompt = _int(u.get("prompt_tokens"))
-        return cls(input=max(prompt - cached, 0), cache_read=min(cached, prompt),
-                   output=_int(u.get("completion_tokens")),
-                   reasoning=_int((u.get("completion_tokens_details") or {}).get("reasoning_tokens")))
-
-    @classmethod
-    def of_responses(cls, u) -> "Usage | None":
-        if not isinstance(u, dict) or "input_tokens" not in u:
-            return None
-        cached = _int((u.get("input_tokens_details") or {}).get("cached_tokens"))
-        prompt = _int(u.get("input_tokens"))
-        return cls(input=max(prompt - cached, 0), cache_read=min(cached, prompt), output=_int(u.get("output_tokens")),
-                   reasoning=_int((u.get("output_tokens_details") or {}).get("reasoning_tokens")))
-
-    @classmethod
-    def of_messages(cls, u) -> "Usage | None":
-        if not isinstance(u, dict) or ("input_tokens" not in u and "output_tokens" not in u):
-            return None
-        tools = {k: _int(v) for k, v in (u.get("server_tool_use") or {}).items() if _int(v)}
-        return cls(input=_int(u.get("input_tokens")), cache_read=_int(u.get("cache_read_input_tokens")),
-                   cache_write=_int(u.get("cache_creation_input_tokens")), output=_int(u.get("output_tokens")),
-                   tool_calls=tools)
-
-    # -- written
-    def chat(self) -> dict:
-        """In chat's words, as prices read them (``PriceSpec.cost``): cache writes as
-        ``prompt_tokens_details.cache_write_tokens`` and hosted tools' calls as ``server_tool_use``, which chat has no
-        field for."""
-        out = {"prompt_tokens": self.prompt, "completion_tokens": self.output, "total_tokens": self.prompt + self.output}
-        details = {k: v for k, v in (("cached_tokens", self.cache_read), ("cache_write_tokens", self.cache_write)) if v}
-        if details:
-            out["prompt_tokens_details"] = details
-        if self.reasoning:
-            out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning}
-        if self.tool_calls:
-            out["server_tool_use"] = dict(self.tool_calls)
-        return out
-
-    def responses(self) -> dict:
-        return {"input_tokens": self.prompt, "input_tokens_details": {"cached_tokens": self.cache_read},
-                "output_tokens": self.output, "output_tokens_details": {"reasoning_tokens": self.reasoning},
-                "total_tokens": self.prompt + self.output}
-
-    def messages(self) -> dict:
-        out = {"input_tokens": self.input, "output_tokens": self.output}
-        if self.cache_read:
-            out["cache_read_input_tokens"] = self.cache_read
-        if self.cache_write:
-            out["cache_creation_input_tokens"] = self.cache_write
-        if self.tool_calls:
-            out["server_tool_use"] = dict(self.tool_calls)
-        return out
+# ---- usage: the one record (``proxray.common.pricing.Usage``), read and written in each protocol's words there ------
 
 
 # ---- the one output limit ----------------------------------------------------------------------------------------
@@ -108,13 +28,11 @@ COUNTS = ("n", "best_of")  # answers a request asks for: its hold is its limit t
 MAX_LIMIT, MAX_COUNT = 1_000_000, 16
 
 
-def one_limit(body: dict, own: tuple, default: int | None = None) -> dict:
-    """``body`` with at most one output limit, one of the protocol's ``own`` fields (the first is written, with
-    ``default``, where it sends none): a body that sends more than one of the limit fields any protocol knows
-    (``LIMIT_FIELDS``), or one its protocol does not have, is refused (400 naming them) — the model is sent one limit,
-    and what the request may cost is bounded by that one; so is a limit or an answer count (``n``, ``best_of``) that
-    is not a whole number in its range."""
-    for name in LIMIT_FIELDS + COUNTS:  # what the hold multiplies: whole numbers, bounded, whatever the protocol
+def whole_numbers(body: dict) -> list:
+    """What a hold multiplies, whatever the protocol: every output limit field and answer count (``n``, ``best_of``)
+    a body sends a whole number in its range, and at most one limit field — else a 400 naming the field(s). Returns
+    the limit fields it sends."""
+    for name in LIMIT_FIELDS + COUNTS:
         v = body.get(name)
         top = MAX_COUNT if name in COUNTS else MAX_LIMIT
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top):
@@ -123,10 +41,32 @@ def one_limit(body: dict, own: tuple, default: int | None = None) -> dict:
     if len(sent) > 1:
         raise RequestError(400, f"{' and '.join(sent)}: give one output limit, not {len(sent)} (the model is sent "
                            "one, and what the request may cost is bounded by it)", sent[1])
+    return sent
+
+
+def one_limit(body: dict, own: tuple, default: int | None = None) -> dict:
+    """``body`` with at most one output limit, one of the protocol's ``own`` fields (the first is written, with
+    ``default``, where it sends none): a body that sends more than one of the limit fields any protocol knows
+    (``LIMIT_FIELDS``), or one its protocol does not have, is refused (400 naming them) — the model is sent one limit,
+    and what the request may cost is bounded by that one; so is a limit or an answer count (``n``, ``best_of``) that
+    is not a whole number in its range."""
+    sent = whole_numbers(body)
     if sent and sent[0] not in own:
         raise RequestError(400, f"{sent[0]}: not a field of this API; its output limit is {own[0]}", sent[0])
     if not sent and default is not None:
         body = {**body, own[0]: default}
+    return body
+
+
+def as_sent(req, default_max_tokens: int | None = None) -> dict:
+    """A request's body as its key's first hold bounds it, before any work on it (``KeyGate.admit_request``): the body
+    as sent (its routing options aside), with its one output limit (the app's ``default_max_tokens`` where it sends
+    none; two are a 400 here, as they would be once begun). Its turn's body, once begun, may be larger (a stored conversation's
+    history): the hold follows it once the request is planned (``KeyGate.hold_plan``)."""
+    body = req.model_dump(exclude={"proxray"}, exclude_unset=True, mode="json")
+    sent = whole_numbers(body)  # a decoy second limit is the 400 it would be once begun, before any admission
+    limits = [body.pop(f) for f in sent]
+    body["max_tokens"] = limits[0] if limits else int(default_max_tokens or 0)
     return body
 
 

@@ -34,6 +34,7 @@ class EncoderService:
             self.encoder = SentenceEncoder(encoder, cache=False, progress=False)
             self.encoder.encode(["warm-up"])
         self.embeddings = LRUEmbeddings(cache_entries)
+        self.asked = 0  # texts asked for (from the LRU or the encoder)
         self.batcher = EncoderBatcher(self.encoder.encode, max_batch=max_batch, wait_s=batch_wait_s)
 
     @property
@@ -44,6 +45,7 @@ class EncoderService:
         """From the LRU (no thread hop, no batch) or the next encoder pass, shared with whatever else is queued. The LRU
         is kept apart per ``tenant`` (an API key's hash): no key's hit or speed says what another key sent."""
         t0 = time.perf_counter()
+        self.asked += 1
         key = self.embeddings.key(f"{tenant}\x00{text}" if tenant else text)
         v = self.embeddings.get(key)
         timings["embedding_cache"] = "hit" if v is not None else "miss"

@@ -88,6 +88,10 @@ class RoutingPolicy:
         self.router, self.router_path, self.routable = router, path, routable
         return True
 
+    def reach(self, rp: RequestPolicy) -> list:
+        """The routable models a routed request under ``rp`` may reach (its allowed models among them)."""
+        return [m for m in self.routable if rp.allowed_models is None or m in rp.allowed_models]
+
     def lam_for(self, rp: RequestPolicy) -> tuple[float, bool]:
         """(λ, whether it is the budget's): the request policy's (the request's own or its key's), else the served
         budget's, else the app's."""

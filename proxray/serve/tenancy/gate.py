@@ -1,15 +1,28 @@
 """The endpoint's door for API keys: who is asking (``KeyGate.identify``), the key's rules applied (``rules.KeyRules``:
-every rule of a key in one place), and what a request may cost it — its rate and budget admitted with a hold taken
-before the answer (``KeyGate.admit_plan``) and settled exactly once by the answer's usage (``Held``). The keys file,
-the ring that reads it and the ledger actor that counts spend are ``keys``."""
+every rule of a key in one place), and what a request may cost it — its rate and budget admitted before any work on the
+request, with a hold taken (``KeyGate.admit_request``), moved to its chosen model's once planned (``hold_plan``) and
+settled exactly once by the answer's usage (``Held``). The keys file, the ring that reads it and the ledger actor that
+counts spend are ``keys``."""
 from __future__ import annotations
 
 import hmac
 
-from proxray.common.pricing import answer_cost
+from proxray.common.pricing import Usage, answer_cost
 from proxray.serve.errors import RequestError
 from proxray.serve.tenancy.keys import KeyRing, KeySpec, LedgerClient
 from proxray.serve.tenancy.rules import KeyRules
+
+
+# tools the provider runs and bills apart (Anthropic's and the Responses API's server-side tools), by their type's start
+HOSTED_TOOLS = ("web_search", "web_fetch", "code_execution", "code_interpreter", "file_search", "image_generation",
+                "mcp")
+
+
+def hosted_tools(body: dict) -> list:
+    """(index, type) of each tool of ``body`` the provider runs itself and bills per call (``HOSTED_TOOLS``)."""
+    tools = body.get("tools")
+    return [(i, t["type"]) for i, t in enumerate(tools if isinstance(tools, list) else [])
+            if isinstance(t, dict) and isinstance(t.get("type"), str) and t["type"].startswith(HOSTED_TOOLS)]
 
 
 class KeyGate:
@@ -29,6 +42,9 @@ class KeyGate:
                                 "(over budget, routed down), rate, budget, forbidden", tag_keys=("key", "outcome"))
         self.spend = Counter("proxray_key_spend_usd", "USD of the answers given to an API key (keys file)",
                              tag_keys=("key",))
+        self.prompt_tokens = Counter("proxray_key_prompt_tokens", "prompt tokens of the answers given to an API key "
+                                     "(keys file), by whether its provider read them from its prompt cache",
+                                     tag_keys=("key", "cached"))
 
     def enter(self, spec: KeySpec | None) -> "Slot":
         """One of the key's ``max_concurrent`` slots on this replica, held until the answer ends (``Slot.release``):
@@ -95,37 +111,76 @@ class KeyGate:
         self.requests.inc(1, {"key": spec.name, "outcome": "cheapest" if over else "ok"})
         return {"name": spec.name, "spent_usd": round(verdict["spent_usd"], 10), "over_budget": over}
 
-    async def admit_plan(self, spec: KeySpec | None, plan, body: dict, ticket: str | None, served, replan,
-                         estimate_of):
-        """The key's rate and budget for a planned request, which holds an upper bound of its cost (``hold``) until
-        its answer settles it (``Held``). Past a ``cheapest`` budget, ``KeyRules.past_budget`` decides: a routed
-        request is planned again (``await replan()``) with cost deciding. ``estimate_of(model)``: the router's
-        estimate for a named model with no price. Returns (the key's report or None, the plan, the estimate the
-        answer is charged at without usage)."""
+    async def admit_request(self, spec: KeySpec | None, body_of, take, reach: list, routed: bool,
+                            served) -> tuple[dict | None, bool, float]:
+        """The key's rate and budget before any work on the request — no history rebuilt, nothing embedded or planned,
+        neither the served budget's λ nor the monitor told: a request past its key's rate or budget costs a parse. It
+        holds an upper bound of its cost, its body as sent (``body_of()``, read only for a key with a budget) at the
+        dearest priced model of ``reach`` (the models it may reach), until it is planned (``hold_plan``) and its answer
+        settles it (``Held``). Returns (the key's report or None, whether it is past a ``cheapest`` budget and routed:
+        cost decides its plan, the USD held). ``take()``: the hold's ticket, taken once the body is known good."""
+        if spec is None:
+            return None, False, 0.0
+        body = body_of() if spec.budget else {}
+        ticket = take()
+        hold = max((self.hold(m, body, None) for m in reach if m in self.prices), default=0.0) if spec.budget else 0.0
+        report = await self.admit(spec, hold, ticket)
+        past = report["over_budget"] and self.rules.past_budget(spec, routed, reach[0] if reach else "", served)
+        return report, past, hold
+
+    async def hold_plan(self, spec: KeySpec | None, report: dict | None, plan, body: dict, ticket: str | None,
+                        held_usd: float, estimate_of, served, replan):
+        """Once planned, the hold moves to the chosen model's bound on the turn's whole body (``hold``): lowered
+        without a wait, or — where the turn outgrew what was admitted (a stored conversation's history, an unpriced
+        model's estimate) — raised and the budget asked again (over a ``reject`` budget: 429; over ``cheapest``: a
+        routed request planned again, ``await replan()``). ``estimate_of(model)``: the router's estimate of a named
+        model with no price. Returns (the plan, the estimate its answer is charged at without usage)."""
         model = plan.candidates[0]
         estimate = plan.report.get("estimates", {}).get(model, {}).get("cost")
-        if spec is None:
-            return None, plan, estimate
-        if estimate is None and spec.budget and model not in self.prices:  # a named model with no price
+        if spec is None or not spec.budget:
+            return plan, estimate
+        if estimate is None and model not in self.prices:  # a named model with no price
             estimate = await estimate_of(model)
-        report = await self.admit(spec, self.hold(model, body, estimate), ticket)
-        if report["over_budget"] and self.rules.past_budget(spec, plan.report["routed"], model, served):
-            plan = await replan()
-            estimate = plan.report["estimates"][plan.candidates[0]]["cost"]
-        return report, plan, estimate
+        price = self.prices.get(model)
+        for i, kind in hosted_tools(body):  # its calls are billed apart: without their price nothing bounds them
+            if price is None or not price.tool_call_usd:
+                raise RequestError(400, f"tools[{i}]: {kind!r} is a hosted tool the provider bills per call, and model "
+                                   f"{model!r} has no price for its calls (price.tool_call_usd in the app's config): a "
+                                   f"key with a budget may not ask for it", f"tools[{i}]")
+        hold = self.hold(model, body, estimate)
+        if hold <= held_usd:
+            if hold < held_usd:
+                self.ledger.lower(spec, ticket, hold)
+            return plan, estimate
+        verdict = await self.ledger.rehold(spec, ticket, hold)
+        if verdict["over_budget"] and not report["over_budget"]:
+            report["over_budget"] = True
+            if spec.budget.over_budget == "reject":
+                self.requests.inc(1, {"key": spec.name, "outcome": "budget"})
+                raise RequestError(429, f"key {spec.name!r} spent {verdict['spent_usd']:.6g} USD of its "
+                                   f"{spec.budget.usd:g} USD budget per {spec.budget.window_s:g} s (held included), "
+                                   f"and this request may cost up to {hold:.6g} USD", kind="insufficient_quota")
+            if self.rules.past_budget(spec, plan.report["routed"], model, served):
+                plan = await replan()
+                estimate = plan.report["estimates"][plan.candidates[0]]["cost"]
+        return plan, estimate
 
     def hold(self, model: str, body: dict, estimate: float | None) -> float:
         """An upper bound of what ``model``'s answer to ``body`` costs: its prompt — the whole body, messages, tools,
         schemas, instructions and a Responses request's rebuilt history, a token for every 3 characters — and its
         whole ``max_tokens`` (``max_output_tokens``) for each of its ``n`` (``best_of``) answers, at its price (the
-        prompt at the cache-write price where the body asks for caching). A model with no price has no upper bound: the
-        router's estimate stands for it (docs/guides/budgets.md)."""
+        prompt at the cache-write price where the body asks for caching), and a hosted tool's ``max_uses`` calls at the
+        dearest tool price. A model with no price has no upper bound: the router's estimate stands for it
+        (docs/guides/budgets.md)."""
         from proxray.common.pricing import token_bound, writes_cache
 
         price = self.prices.get(model)
         if price is None:
             return float(estimate or 0.0)
-        return float(price.bound(*token_bound(body), writes_cache=writes_cache(body)))
+        uses = [body["tools"][i].get("max_uses") for i, _ in hosted_tools(body)]  # where the request bounds them
+        calls = sum(u for u in uses if isinstance(u, int) and not isinstance(u, bool) and 0 < u <= 10_000)
+        tool_usd = calls * max(price.tool_call_usd.values(), default=0.0)
+        return float(price.bound(*token_bound(body), writes_cache=writes_cache(body))) + tool_usd
 
     def charger(self, spec: KeySpec | None, model: str, estimate: float | None, ticket: str | None = None,
                 body: dict | None = None):
@@ -140,10 +195,16 @@ class KeyGate:
 
         def charge(usage):
             usd = answer_cost(price, usage, bound)[0] or 0.0
+            u = Usage.of_chat(usage)
+            tokens = (u.prompt, u.cache_read) if u is not None and u.prompt else None
             if usd > 0:
                 self.spend.inc(float(usd), {"key": spec.name})
-            if spec.budget or usd > 0:
-                self.ledger.settle(spec.name, ticket if spec.budget else None, float(usd))
+            if tokens:
+                for cached, n in (("true", tokens[1]), ("false", tokens[0] - tokens[1])):
+                    if n:
+                        self.prompt_tokens.inc(n, {"key": spec.name, "cached": cached})
+            if spec.budget or usd > 0:  # the ledger is asked about a key only where it charges (its tokens ride along)
+                self.ledger.settle(spec.name, ticket if spec.budget else None, float(usd), tokens)
 
         return charge
 

@@ -48,7 +48,7 @@ class KeySpec(StrictModel):
     allowed_models: list[str] | None = Field(None, min_length=1, description="the models it may reach (routed or "
                                              "by name); default: all")
     requests_per_minute: float | None = Field(None, gt=0, description="its request rate across every replica")
-    budget: KeyBudget | None = None
+    budget: KeyBudget | None = Field(None, description="what it may spend per window; none: no limit")
     max_concurrent: int = Field(64, ge=1, description=(
         "its requests in flight at once on one ingress replica (a stream until it ends); past it a 429 at once, so "
         "one key cannot hold the slots every key shares (an endpoint's max_ongoing_requests per replica, 64 by "
@@ -65,7 +65,7 @@ class KeySpec(StrictModel):
 
 
 class KeysFile(StrictModel):
-    keys: list[KeySpec] = Field(default_factory=list)
+    keys: list[KeySpec] = Field(default_factory=list, description="the keys, each name and hash once")
 
     @field_validator("keys")
     @classmethod
@@ -173,13 +173,14 @@ class KeyLedger(Checkpointed):
         self.holds: dict = {}  # name -> {ticket: (usd, expires)}
         self.expired: dict = {}  # name -> {ticket: (usd charged when its hold expired, when)}, for a late settle
         self.totals: dict = {}  # name -> USD charged (what ``report`` shows)
+        self.tokens: dict = {}  # name -> [prompt tokens, of them read from a provider's prompt cache] of its answers
         self.checkpoint_key = checkpoint
         self._restore()
 
     def _state(self) -> dict:
         return {"starts": {n: list(d) for n, d in self.starts.items()},
                 "windows": {n: [w.width, w.sums, w.ids] for n, w in self.windows.items()},
-                "holds": self.holds, "totals": self.totals, "expired": self.expired}
+                "holds": self.holds, "totals": self.totals, "expired": self.expired, "tokens": self.tokens}
 
     def _load(self, state: dict) -> None:
         self.starts = {n: self._deque(v) for n, v in state["starts"].items()}
@@ -189,6 +190,7 @@ class KeyLedger(Checkpointed):
         self.holds = {n: {t: tuple(h) for t, h in v.items()} for n, v in state["holds"].items()}
         self.totals = dict(state["totals"])
         self.expired = {n: {t: tuple(e) for t, e in v.items()} for n, v in state.get("expired", {}).items()}
+        self.tokens = {n: list(v) for n, v in state.get("tokens", {}).items()}
 
     def admit(self, name: str, rpm: float | None, budget: dict | None, hold_usd: float = 0.0, ticket: str | None = None,
               now: float | None = None) -> dict:
@@ -213,15 +215,30 @@ class KeyLedger(Checkpointed):
         self._dirty()
         return {"ok": True, "reason": "over_budget" if over else None, "retry_after_s": 0.0, "spent_usd": spent}
 
-    def settle(self, name: str, ticket: str, usd: float, now: float | None = None) -> None:
+    def rehold(self, name: str, budget: dict, ticket: str, usd: float, now: float | None = None) -> dict:
+        """A held request's hold moved to ``usd`` once it is planned (its chosen model's bound): ``{"over_budget",
+        "spent_usd"}``, whether what is spent and held, this hold included, is past the budget."""
+        now = time.time() if now is None else now
+        holds = self.holds.get(name) or {}
+        if ticket in holds:
+            holds[ticket] = (max(float(usd), 0.0), holds[ticket][1])
+            self._dirty()
+        spent = self._spent(name, budget, now)
+        return {"over_budget": spent > budget["usd"], "spent_usd": spent}
+
+    def settle(self, name: str, ticket: str, usd: float, now: float | None = None, tokens=None) -> None:
         """A held request's answer ended: its hold is replaced by ``usd``, what it cost (a hold that had expired and
-        was charged: the difference)."""
+        was charged: the difference); ``tokens``: its (prompt, cached) tokens, where its usage said."""
         (self.holds.get(name) or {}).pop(ticket, None)
         charged, _ = (self.expired.get(name) or {}).pop(ticket, (0.0, None))
-        self.charge(name, usd - charged, now)
+        self.charge(name, usd - charged, now, tokens=tokens)
 
-    def charge(self, name: str, usd: float, now: float | None = None, window_s: float | None = None) -> None:
+    def charge(self, name: str, usd: float, now: float | None = None, window_s: float | None = None,
+               tokens=None) -> None:
         now = time.time() if now is None else now
+        if tokens:
+            seen = self.tokens.setdefault(name, [0, 0])
+            seen[0], seen[1] = seen[0] + int(tokens[0]), seen[1] + int(tokens[1])
         self.totals[name] = self.totals.get(name, 0.0) + float(usd)
         window = self.windows.get(name)
         if window is None and window_s is not None:
@@ -248,10 +265,16 @@ class KeyLedger(Checkpointed):
         return window.total(now) + sum(usd for usd, _ in holds.values())
 
     def report(self) -> dict:
-        """Per key: USD charged, and USD held by requests not settled yet."""
-        return {name: {"spent_usd": self.totals.get(name, 0.0),
-                       "held_usd": sum(usd for usd, _ in (self.holds.get(name) or {}).values())}
-                for name in set(self.totals) | set(self.holds)}
+        """Per key: USD charged, USD held by requests not settled yet, and its answers' prompt tokens with the share
+        of them its providers read from their prompt cache (billed at the cache-read price)."""
+        out = {}
+        for name in set(self.totals) | set(self.holds) | set(self.tokens):
+            prompt, cached = self.tokens.get(name, [0, 0])
+            out[name] = {"spent_usd": self.totals.get(name, 0.0),
+                         "held_usd": sum(usd for usd, _ in (self.holds.get(name) or {}).values()),
+                         "prompt_tokens": prompt, "cached_tokens": cached,
+                         "cached_share": round(cached / prompt, 6) if prompt else None}
+        return out
 
 
 class LedgerClient(SharedActorClient):
@@ -273,11 +296,25 @@ class LedgerClient(SharedActorClient):
                                "ledger is restarting); retry in a few seconds", kind="service_unavailable",
                                headers={"retry-after": "2"}) from e
 
-    def settle(self, name: str, ticket: str | None, usd: float) -> None:
+    def lower(self, spec: KeySpec, ticket: str, usd: float) -> None:
+        """The hold of ``ticket`` lowered to ``usd``, sent without waiting (a lower hold needs no verdict)."""
+        self.tell("rehold", spec.name, spec.budget.model_dump(), ticket, usd)
+
+    async def rehold(self, spec: KeySpec, ticket: str, usd: float) -> dict:
+        """The hold of ``ticket`` raised to ``usd``: the ledger's verdict on the budget; a ledger that does not answer
+        fails closed (a 503 naming it)."""
+        try:
+            return await self.call("rehold", spec.name, spec.budget.model_dump(), ticket, usd)
+        except SharedStateDown as e:
+            raise RequestError(503, f"key {spec.name!r}: its budget cannot be checked right now (the keys ledger is "
+                               "restarting); retry in a few seconds", kind="service_unavailable",
+                               headers={"retry-after": "2"}) from e
+
+    def settle(self, name: str, ticket: str | None, usd: float, tokens: tuple | None = None) -> None:
         if ticket is None:
-            self.tell("charge", name, usd)
+            self.tell("charge", name, usd, None, None, tokens)
         else:
-            self.tell("settle", name, ticket, usd)
+            self.tell("settle", name, ticket, usd, None, tokens)
 
 
 def new_key_entry(path, name: str, **policy) -> str:

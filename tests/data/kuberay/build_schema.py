@@ -11,7 +11,8 @@ What it holds (descriptions dropped, everything else as published):
     as their JSON tags make them, and closed (an unknown field is an error, as `kubectl apply`'s strict field
     validation makes it);
   * every pod template, service and container setting as Kubernetes 1.33's own strict schema (PodTemplateSpec and
-    what it refers to), from kubernetes-validate (the yannh/instrumenta schemas).
+    what it refers to), from kubernetes-validate (the yannh/instrumenta schemas), and the same for the core objects
+    the manifests ship beside them: StorageClass (storage.k8s.io/v1) and PersistentVolumeClaim (v1).
 """
 import json
 import sys
@@ -74,8 +75,11 @@ KUBERAY = {
         "serveConfigV2": {"type": "string"}, "rayClusterConfig": ref("ray.io.v1.RayClusterSpec"),
         "serviceUnhealthySecondThreshold": INT32, "deploymentUnhealthySecondThreshold": INT32,
         "serveService": ref("io.k8s.api.core.v1.Service"), "excludeHeadPodFromServeSvc": {"type": "boolean"},
-        "upgradeStrategy": {"type": "object"}}, required=["rayClusterConfig"]),
+        "upgradeStrategy": closed({"type": {"type": "string", "enum": ["NewCluster", "None",
+                                                                       "NewClusterWithIncrementalUpgrade"]},
+                                   "clusterUpgradeOptions": {"type": "object"}})}, required=["rayClusterConfig"]),
 }
+CORE = ["io.k8s.api.storage.v1.StorageClass", "io.k8s.api.core.v1.PersistentVolumeClaim"]  # weights.yaml, storageclass.yaml
 
 
 def root(kind: str, spec: str) -> dict:
@@ -106,9 +110,10 @@ def closure(defs: dict, names: list) -> dict:
 
 def main(k8s_dir: str) -> None:
     defs = json.loads((Path(k8s_dir) / "_definitions.json").read_text())["$defs"]
-    needed = sorted({r["$ref"].split("/")[-1] for d in KUBERAY.values() for r in _refs(d)} - set(KUBERAY))
+    needed = sorted({r["$ref"].split("/")[-1] for d in KUBERAY.values() for r in _refs(d)} - set(KUBERAY)) + CORE
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
-              "$comment": "KubeRay v1.5.1 ray.io/v1 RayJob and RayService, Kubernetes 1.33 pod templates "
+              "$comment": "KubeRay v1.5.1 ray.io/v1 RayJob and RayService, Kubernetes 1.33 pod templates, "
+                          "StorageClass and PersistentVolumeClaim "
                           "(tests/data/kuberay/build_schema.py)",
               "$defs": {**closure(defs, needed), **KUBERAY,
                         "ray.io.v1.RayJob": root("RayJob", "ray.io.v1.RayJobSpec"),
