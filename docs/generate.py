@@ -1,10 +1,12 @@
 """Writes the generated reference pages from the code, so they cannot drift from it:
 
-    python docs/generate.py            # docs/reference/cli.md, config.md, python-api.md
+    python docs/generate.py            # docs/reference/cli.md, config.md, python-api.md, http.md, metrics.md
     python docs/generate.py --check    # exit 1 naming the stale pages (tests/test_docs.py runs this)
 
 cli.md comes from the ``proxray`` argument parser, config.md from the pydantic models' field descriptions,
-python-api.md from the signatures and docstrings of what ``import proxray`` exports.
+python-api.md from the signatures and docstrings of what ``import proxray`` exports, http.md from the gateway's route
+table (its protocols' rows and its own routes), request models, report fields and statuses, metrics.md from the metric
+definitions (``proxray.common.metric_defs``).
 """
 from __future__ import annotations
 
@@ -220,7 +222,183 @@ def api_page() -> str:
     return "".join(out)
 
 
-PAGES = {"cli.md": cli_page, "config.md": config_page, "python-api.md": api_page}
+# ---- HTTP ------------------------------------------------------------------------------------------
+BASE = "http://127.0.0.1:8000"
+AUTH = '-H "Authorization: Bearer $PROXRAY_API_KEY"'
+OPENAI = 'from openai import OpenAI\n\nclient = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=os.environ["PROXRAY_API_KEY"])\n'
+ANTHROPIC = ('import anthropic\n\nclient = anthropic.Anthropic(base_url="http://127.0.0.1:8000", '
+             'api_key=os.environ["PROXRAY_API_KEY"])\n')
+# "METHOD path" -> (curl, SDK): one of each for every route; a route without one stops the generator
+EXAMPLES = {
+    "POST /v1/chat/completions": (
+        f"curl -s {BASE}/v1/chat/completions {AUTH} -H 'Content-Type: application/json' \\\n"
+        "  -d '{\"model\": \"proxray\", \"messages\": [{\"role\": \"user\", \"content\": \"What is 17 * 23?\"}],\n"
+        "       \"proxray\": {\"lam\": 50}}'",
+        OPENAI + 'r = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "What is 17 * 23?"}],\n'
+        '                                   extra_body={"proxray": {"lam": 50}})\nprint(r.model, r.model_extra["proxray"]["estimated_cost"])'),
+    "POST /v1/completions": (
+        f"curl -s {BASE}/v1/completions {AUTH} -H 'Content-Type: application/json' \\\n"
+        "  -d '{\"model\": \"proxray\", \"prompt\": \"The capital of France is\", \"max_tokens\": 8}'",
+        OPENAI + 'r = client.completions.create(model="proxray", prompt="The capital of France is", max_tokens=8)\nprint(r.choices[0].text)'),
+    "POST /v1/responses": (
+        f"curl -s {BASE}/v1/responses {AUTH} -H 'Content-Type: application/json' \\\n"
+        "  -d '{\"model\": \"proxray\", \"input\": \"A box holds 12 eggs. How many in 3 boxes?\"}'",
+        OPENAI + 'r = client.responses.create(model="proxray", input="A box holds 12 eggs. How many in 3 boxes?")\n'
+        'r2 = client.responses.create(model="proxray", input="And 5 boxes?", previous_response_id=r.id)'),
+    "GET /v1/responses/{response_id}": (
+        f"curl -s {BASE}/v1/responses/resp_0123abcd {AUTH}",
+        OPENAI + 'r = client.responses.retrieve("resp_0123abcd")'),
+    "DELETE /v1/responses/{response_id}": (
+        f"curl -s -X DELETE {BASE}/v1/responses/resp_0123abcd {AUTH}",
+        OPENAI + 'client.responses.delete("resp_0123abcd")'),
+    "GET /v1/responses/{response_id}/input_items": (
+        f"curl -s '{BASE}/v1/responses/resp_0123abcd/input_items?limit=20&order=asc' {AUTH}",
+        OPENAI + 'items = client.responses.input_items.list("resp_0123abcd", limit=20, order="asc")'),
+    "POST /v1/messages": (
+        f"curl -s {BASE}/v1/messages -H \"x-api-key: $PROXRAY_API_KEY\" -H 'anthropic-version: 2023-06-01' \\\n"
+        "  -H 'Content-Type: application/json' \\\n"
+        "  -d '{\"model\": \"proxray\", \"max_tokens\": 256, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'",
+        ANTHROPIC + 'm = client.messages.create(model="proxray", max_tokens=256, messages=[{"role": "user", "content": "Hello"}])'),
+    "POST /v1/messages/count_tokens": (
+        f"curl -s {BASE}/v1/messages/count_tokens -H \"x-api-key: $PROXRAY_API_KEY\" \\\n"
+        "  -H 'anthropic-version: 2023-06-01' -H 'Content-Type: application/json' \\\n"
+        "  -d '{\"model\": \"proxray\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'",
+        ANTHROPIC + 'n = client.messages.count_tokens(model="proxray", messages=[{"role": "user", "content": "Hello"}])'),
+    "POST /v1/feedback": (
+        f"curl -s {BASE}/v1/feedback {AUTH} -H 'Content-Type: application/json' \\\n"
+        "  -d '{\"id\": \"chatcmpl-0123abcd\", \"score\": 1.0, \"comment\": \"right answer\"}'",
+        OPENAI + 'client.post("/feedback", body={"id": r.id, "score": 1.0}, cast_to=object)'),
+    "GET /v1/models": (
+        f"curl -s {BASE}/v1/models {AUTH}",
+        OPENAI + 'print([m.id for m in client.models.list()])'),
+    "GET /v1/models/{model:path}": (
+        f"curl -s {BASE}/v1/models/meta-llama%2FLlama-3.2-1B-Instruct {AUTH}",
+        OPENAI + 'm = client.models.retrieve("meta-llama/Llama-3.2-1B-Instruct")'),
+    "GET /health": (f"curl -s {BASE}/health", 'import httpx\n\nprint(httpx.get("http://127.0.0.1:8000/health").json())'),
+}
+
+
+def http_routes() -> list:
+    """(method, path, summary, request model or None, protocol or None) of every route, in the order the app binds
+    them (``proxray.serve.request.http.gateway_api``)."""
+    from proxray.serve.protocols import PROTOCOLS
+    from proxray.serve.request.http import GATEWAY_ROUTES
+
+    rows = []
+    for route, p in PROTOCOLS.items():
+        rows.append(("POST", route, p.summary, p.request, p))
+        rows += [(r.method, r.path, r.summary, r.request, p) for r in p.routes]
+    rows += [(r.method, r.path, r.summary, r.request, None) for r in GATEWAY_ROUTES]
+    return rows
+
+
+def _field_rows(model, mirrors: str) -> list[str]:
+    out = []
+    for name, f in model.model_fields.items():
+        if name == "model" and mirrors:
+            desc = "`proxray` (routed), a model alias of the app, or a served model's id (passed through)"
+        elif name == "proxray":
+            desc = "routing options, removed before the model sees it: [`RoutingOptions`](config.md#routingoptions)"
+        elif f.description:
+            desc = " ".join(f.description.split()).replace("|", "\\|")
+        else:
+            desc = f"as in [the API it mirrors]({mirrors})" if mirrors else ""
+        req = "required" if f.is_required() else ""
+        out.append(f"| `{name}` | {_type_name(f.annotation)}{_limits(f)} | {req} | {desc} |\n")
+    return out
+
+
+def http_page() -> str:
+    from proxray.serve.errors import STATUSES, RequestError, openai_shape
+    from proxray.serve.protocols.messages.schemas import anthropic_shape
+    from proxray.serve.request.report import REPORT_FIELDS
+
+    rows = http_routes()
+    names = {f"{m} {p}" for m, p, *_ in rows}
+    missing, extra = sorted(names - set(EXAMPLES)), sorted(set(EXAMPLES) - names)
+    if missing or extra:
+        raise ValueError(f"http.md: routes without an example {missing}, examples of no route {extra} (EXAMPLES)")
+    out = [HEADER, "# HTTP API\n\n",
+           f"Every route the gateway serves (at `{BASE}` in the shipped configs), from its route table. A key goes in "
+           "`Authorization: Bearer …` — on the Messages routes `x-api-key` too, as the anthropic SDK and Claude Code "
+           "send it. Every answer carries the [`proxray` report](#the-proxray-report) and `x-proxray-*` headers; every "
+           "error answers in [its protocol's shape](#errors). The Python examples assume `import os` and the "
+           "environment variable `PROXRAY_API_KEY` (any text where the app has no key).\n\n",
+           "| method | path | what |\n|---|---|---|\n"]
+    out += [f"| `{m}` | [`{p}`](#{(m + ' ' + p).lower().replace(' ', '-').replace('/', '').replace('{', '').replace('}', '').replace(':', '')}) | {s.split('; ')[0]} |\n"
+            for m, p, s, *_ in rows]
+    for method, path, summary, model, protocol in rows:
+        curl, sdk = EXAMPLES[f"{method} {path}"]
+        out.append(f"\n## {method} {path}\n\n{summary[0].upper() + summary[1:]}.\n\n")
+        main = protocol is not None and path == protocol.route
+        if main and protocol.mirrors:
+            who = "Anthropic" if "anthropic" in protocol.mirrors else "OpenAI"
+            out.append(f"Mirrors [{who}'s API]({protocol.mirrors}); fields "
+                       "the gateway reads or bounds are below, others pass through to the model.\n\n")
+        out.append(f"```bash\n{curl}\n```\n\n```python\n{sdk}\n```\n")
+        if model is not None:
+            out += [f"\n`{model.__name__}`:\n\n| field | type | | meaning |\n|---|---|---|---|\n",
+                    *_field_rows(model, protocol.mirrors if protocol else "")]
+        shape = "Anthropic's" if protocol is not None and protocol.error is anthropic_shape else "OpenAI's"
+        out.append(f"\nErrors in {shape} shape.\n")
+    out.append("\n## Errors\n\nEvery error is an HTTP status and a body in the route's protocol's shape: OpenAI's "
+               "(`error.code` is the status, `param` the field at fault) everywhere but the Messages routes, which "
+               "answer Anthropic's.\n\n| status | when | OpenAI shape (`type`) | Anthropic shape (status, `type`) |\n"
+               "|---|---|---|---|\n")
+    kinds = {429: "rate_limit_error", 404: "not_found_error", 413: "request_too_large", 502: "server_error",
+             504: "timeout", 503: "service_unavailable", 401: "authentication_error", 403: "permission_error"}
+    for status, when in STATUSES.items():
+        o = openai_shape(RequestError(status, "…", kind=kinds.get(status, "invalid_request_error")))[1]["error"]["type"]
+        a_status, a = anthropic_shape(RequestError(status, "…"))
+        out.append(f"| {status} | {when} | `{o}` | {a_status} `{a['error']['type']}` |\n")
+    out.append("\nA body in each shape:\n\n```json\n{\"error\": {\"message\": \"messages: Field required\", "
+               "\"type\": \"invalid_request_error\", \"param\": \"messages\", \"code\": 400}}\n```\n\n```json\n"
+               "{\"type\": \"error\", \"error\": {\"type\": \"invalid_request_error\", \"message\": \"messages: Field "
+               "required\"}}\n```\n")
+    out.append("\n## The `proxray` report\n\nIn a whole answer's `proxray` object and a stream's first chunk (a "
+               "Messages stream's `message_start`); `GET /v1/responses/{id}` returns it as stored.\n\n"
+               "| field | present | meaning |\n|---|---|---|\n")
+    out += [f"| `{k}` | {when} | {what} |\n" for k, (when, what) in REPORT_FIELDS.items()]
+    return "".join(out)
+
+
+# ---- metrics ---------------------------------------------------------------------------------------
+def metrics_page() -> str:
+    from proxray.common.metric_defs import METRICS, MONITOR_TEXT
+
+    out = [HEADER, "# Metrics\n\n",
+           "Every series proxray exports, by the name a Prometheus scrape of Ray's metrics endpoint (each node's "
+           "metrics export port) shows it: Ray adds the `ray_` prefix, a counter's series ends in `_total`, a "
+           "histogram's in `_bucket`, `_sum` and `_count` — the names the Grafana dashboard "
+           "([`dashboards/proxray_grafana.json`](../../dashboards/proxray_grafana.json): import it and pick the "
+           "Prometheus data source that scrapes the Ray cluster) queries. Ray adds its own labels to each series "
+           "(`Component`, `NodeAddress`, `SessionName`, `Version`, `WorkerId`). \"After\": the event or setting "
+           "before which a scrape does not show the series.\n"]
+    titles = {"ingress": "The gateway (each ingress replica)",
+              "relay": "The relay to external endpoints (each `engine: openai` model's deployment)",
+              "monitor": "The drift monitor's Serve application (`proxray.monitor.app`, set on every health check)"}
+    for source, title in titles.items():
+        out.append(f"\n## {title}\n\n| series | type | labels | after | what |\n|---|---|---|---|---|\n")
+        for m in METRICS.values():
+            if m.source != source:
+                continue
+            names = m.scraped()
+            series = f"`{names[0]}`" + "".join(f", `{n.removeprefix('ray_' + m.name)}`" for n in names[1:])
+            labels = ", ".join(f"`{t}`" for t in m.tags)
+            out.append(f"| {series} | {m.kind} | {labels} | {m.when or 'the first routed request'} | {m.help} |\n")
+    out.append("\n## The monitor's own text (`proxray monitor metrics`)\n\n`proxray monitor metrics` prints the "
+               "monitor's state as Prometheus text (no `ray_` prefix: it is not Ray's endpoint); `proxray monitor "
+               "status` the same as JSON ([Drift monitor](../guides/drift-monitor.md)).\n\n"
+               "| series | type | labels | what |\n|---|---|---|---|\n")
+    out += [f"| `{n}` | {kind} | {', '.join(f'`{x.strip()}`' for x in labels.split(',') if x.strip())} | {what} |\n"
+            for n, (kind, labels, what) in MONITOR_TEXT.items()]
+    out.append("\n## Per answer\n\nEach answer also carries its own figures in its `proxray` report: `route_ms` and "
+               "`timings` (`read_ms`, `parse_ms`, `embed_ms` with `embedding_cache`, `encode_ms`, `encoder_batch`, "
+               "`conversation_ms`, `estimate_ms`, `model_ms`): [HTTP API](http.md#the-proxray-report).\n")
+    return "".join(out)
+
+
+PAGES = {"cli.md": cli_page, "config.md": config_page, "python-api.md": api_page, "http.md": http_page, "metrics.md": metrics_page}
 
 
 def main(argv=None) -> int:

@@ -463,3 +463,45 @@ def test_a_stream_its_client_leaves_is_read_on_for_its_usage_until_its_deadline(
     first, seen, done = asyncio.run(leave_after_first(3, time.monotonic() + 0.3, hang=True))
     assert done == [True] and not any("usage" in s for s in seen)  # cut at its deadline: charged without usage
     assert not PUMPS
+
+
+def test_the_rate_limiter_books_as_the_minute_scan_does(rng):
+    """The limiter's sorted bookings and running total give the waits a scan of the last minute's bookings gives
+    (the rule as first written, kept here as the reference, with its window read as ``t + 60 > start``: written as
+    ``t > start - 60`` it could loop for ever on a start equal to a booking's end in floating point), over a seeded
+    stream of reservations and corrections."""
+    from proxray.pool.openai_engine import RateLimiter
+
+    class Scan:
+        def __init__(self, rpm, tpm):
+            self.interval, self.tpm, self.next_start, self.spent = (60.0 / rpm if rpm else 0.0), tpm, 0.0, []
+
+        def reserve(self, tokens, max_wait, now):
+            self.spent = [(t, n) for t, n in self.spent if t + 60.0 > now]
+            start = max(now, self.next_start)
+            tokens = min(tokens, self.tpm)
+            while sum(n for t, n in self.spent if t + 60.0 > start) + tokens > self.tpm:
+                start = max(start, min(t for t, _ in self.spent if t + 60.0 > start) + 60.0)
+            if max_wait is not None and start - now > max_wait:
+                return None
+            self.spent.append((start, tokens))
+            self.next_start = start + self.interval
+            return start - now
+
+        def correct(self, reserved, used):
+            for i in range(len(self.spent) - 1, -1, -1):
+                if self.spent[i][1] == reserved:
+                    self.spent[i] = (self.spent[i][0], used)
+                    return
+
+    for rpm in (None, 600):
+        fast, ref, now = RateLimiter(rpm, 20000), Scan(rpm, 20000), 1000.0
+        for _ in range(1500):  # ~24,000 tokens a minute offered: some wait, some are refused
+            now += float(rng.exponential(1.0))
+            tokens, wait = int(rng.integers(1, 800)), (None if rng.uniform() < 0.3 else float(rng.uniform(0, 30)))
+            got, want = fast.reserve(tokens, wait, now), ref.reserve(tokens, wait, now)
+            assert (got is None) == (want is None) and (got is None or abs(got - want) < 1e-9)
+            if got is not None and rng.uniform() < 0.3:
+                used = int(rng.integers(1, 800))
+                fast.correct(tokens, used), ref.correct(tokens, used)
+        assert fast.total == sum(n for _, n in fast.spent)

@@ -179,3 +179,27 @@ def test_a_model_known_down_fails_at_once():
     t0 = time.monotonic()
     asyncio.run(go())
     assert time.monotonic() - t0 < 0.1
+
+
+def test_candidates_that_lost_their_replica_are_asked_again_until_one_is_back():
+    """Every candidate's replica died under the request (Ray's actor error: Serve replaces it): the request asks them
+    again, a quarter second apart, and is answered by the first back — not refused."""
+    from ray.exceptions import ActorDiedError
+
+    class Restarting(Scripted):
+        def __init__(self, script, dead_for: int):
+            super().__init__(script)
+            self.dead_for = dead_for
+
+        def stream(self, model, endpoint, body, patient=True):
+            if len(self.asked) < self.dead_for:
+                self.asked.append((model, body["model"]))
+                return Scripted({model: ActorDiedError()}).stream(model, endpoint, body, patient)
+            return super().stream(model, endpoint, body, patient)
+
+    client = Restarting({"a": [answer("a")], "b": [answer("b")]}, dead_for=5)  # two passes and a half
+    (model, head, _), p, failed = run(client, ["a", "b"])
+    assert model == "b" and len(failed) == 5 and [m for m, _ in client.asked] == ["a", "b", "a", "b", "a", "b"]
+    with pytest.raises(RequestError) as e:  # a model with no replica to come is not waited for
+        run(Scripted({"a": ModelUnavailable("a", "none answered for 2.0 s")}), ["a"])
+    assert e.value.status == 503

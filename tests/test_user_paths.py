@@ -110,8 +110,54 @@ def test_the_readme_first_routed_answer_on_a_plain_install(clone, user_env):
         (model, cost), (answered, tokens) = (line.split() for line in done.stdout.splitlines())
         assert model in cmds[0] and float(cost) > 0, done.stdout  # one of the four fitted models, at a priced estimate
         assert answered in cmds[0] and int(tokens) > 0, done.stdout  # a Responses answer, stored and retrieved
+        _the_claude_code_guide(clone, user_env, cmds[0], serve[0])
     finally:
         _stop(proc)
+
+
+CLAUDE_STUB = """#!{python}
+# stands in for Claude Code's CLI: sends the request Claude Code 2.1.328 sent (tests/data/claude_code_request.json),
+# its ask replaced by -p's, to $ANTHROPIC_BASE_URL with $ANTHROPIC_AUTH_TOKEN, and prints the streamed answer's text
+import json, os, sys
+import httpx
+rec = json.load(open({recorded!r}))
+body, ask = rec["body"], sys.argv[sys.argv.index("-p") + 1]
+text = json.dumps(body).replace("What is 2 + 2?", ask)
+headers = dict(rec["headers"], authorization="Bearer " + os.environ["ANTHROPIC_AUTH_TOKEN"])
+out = []
+with httpx.stream("POST", os.environ["ANTHROPIC_BASE_URL"] + rec["path"], content=text, headers=headers,
+                  timeout=120) as r:
+    if r.status_code != 200:
+        sys.exit(f"{{r.status_code}} {{r.read()[:500]}}")
+    for line in r.iter_lines():
+        if line.startswith("data: "):
+            ev = json.loads(line[6:])
+            if ev.get("type") == "content_block_delta" and ev["delta"].get("type") == "text_delta":
+                out.append(ev["delta"]["text"])
+print("".join(out))
+"""
+
+
+def _the_claude_code_guide(clone, user_env, fit, serve):
+    """The Claude Code guide's block as written, against the app the README's commands serve: its install, fit and
+    serve are the README's (run above), its exports set, its ``claude -p`` run by a stand-in for the CLI."""
+    guide = section(ROOT / "docs/guides/claude-code.md", "## Claude Code in three lines")
+    cmds = [c for c in commands(blocks(guide, "bash")[0]) if c]
+    readme_install = blocks((ROOT / "README.md").read_text(), "bash")[0].strip().split(" && ")[0]
+    assert cmds[:3] == [readme_install, fit, serve], cmds[:3]
+    env = dict(user_env)
+    for c in cmds[3:-1]:
+        name, value = c.removeprefix("export ").split("=", 1)
+        env[name] = value
+    bin_dir = clone / "stub-bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "claude"
+    stub.write_text(CLAUDE_STUB.format(python=sys.executable, recorded=str(ROOT / "tests/data/claude_code_request.json")))
+    stub.chmod(0o755)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    assert cmds[-1].startswith("claude -p ")
+    out = run(cmds[-1], clone, env, timeout=180)
+    assert out.strip(), "the routed answer's text"
 
 
 def _wait_until_it_answers(proc, log, limit_s=420):

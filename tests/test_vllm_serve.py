@@ -51,6 +51,34 @@ def chat_template_tokens(folder, messages):
     return len(tok(text, add_special_tokens=False)["input_ids"])
 
 
+def test_a_named_request_right_after_health_is_answered_by_vllm_under_routed_load(app):
+    """The first requests after ``/health`` answers 200: one naming the vLLM model while four clients route (to the
+    same engine, busy on this CPU) — every one answered by vLLM, none refused as if its replica were gone."""
+    import threading
+
+    import httpx
+
+    url = app[0]
+    assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+    routed = []
+
+    def client():
+        for _ in range(3):
+            r = httpx.post(f"{url}/v1/chat/completions", json={"model": "proxray", "messages": MESSAGES,
+                                                               "max_tokens": 32}, timeout=300)
+            routed.append((r.status_code, r.headers.get("x-proxray-model")))
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    named = httpx.post(f"{url}/v1/chat/completions", json={"model": VLLM_MODEL, "messages": MESSAGES,
+                                                           "max_tokens": 16}, timeout=300)
+    for t in threads:
+        t.join()
+    assert named.status_code == 200 and named.json()["model"] == VLLM_MODEL, named.text[:300]
+    assert routed == [(200, VLLM_MODEL)] * 12, routed
+
+
 def test_routed_answer_from_the_vllm_model(client, app):
     r = client.chat.completions.with_raw_response.create(model="proxray", messages=MESSAGES, max_tokens=12,
                                                          temperature=0.0, seed=1)

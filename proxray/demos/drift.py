@@ -185,7 +185,7 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     scored = feedback_rounds(client, port, [int(i) for i in t_live], full, acc, cost, min_batch, status, timeout_s,
                              inverted=poison == "inverted-feedback", probes=inliers) if by_feedback else send(live)
     deadline = t_sent + timeout_s
-    killed = False
+    killed, killed_at = False, None
     final = None
     st = {}
     while time.time() < deadline:
@@ -199,7 +199,7 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
         if kill_mid_evaluation and not killed and running:
             log(f"killing the monitor actor while {running[0]['id']} runs")
             ray.kill(monitor, no_restart=False)  # Ray restarts it (max_restarts=-1)
-            killed = True
+            killed, killed_at = True, time.time()
             time.sleep(1)
             continue
         if sum(st["gate"]["decisions"].values()) and _settled(st):  # the gate decided and nothing more is under way
@@ -247,14 +247,70 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
               "served_before_monitor": bool(early.choices[0].message.content), "driver": "monitor",
               "labels": labels, "feedback_scored": scored or 0, "feedback": st["feedback"], "poison": poison,
               "served_version": st["served_version"], "gate": st["gate"], "label_sources": st["label_sources"],
-              "versions": [{k: v.get(k) for k in ("version", "status", "why", "gate")}
-                           for v in ray.get(monitor.versions.remote(), timeout=60)],
+              "versions": timeline(ray.get(monitor.versions.remote(), timeout=60), t_sent, load_router,
+                                   X[t_test], acc[t_test], cost[t_test]),
+              "killed_at_s": round(killed_at - t_sent, 1) if killed else None,
+              "first_drift_at_s": round(first["time"] - t_sent, 1) if first and "time" in first else None,
               "evaluation_kinds": [j["kind"] for j in st["jobs"]]}  # nothing here called report/tick/evaluate
     subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "stop", "--name", name,
                     "--address", ctx.address_info["gcs_address"]], capture_output=True, timeout=120)
     serve.shutdown()
     ray.shutdown()
     return result
+
+
+def timeline(versions: list, t0: float, load_router, X, acc, cost) -> list:
+    """Each router version the run made: its number, status, why, gate figures, when (seconds after the first
+    new-task query) and its AUC on the held-out new-task queries."""
+    out = []
+    for v in versions:
+        try:
+            auc = round(auc_on(load_router(v["path"]), X, acc, cost), 2)
+        except Exception:  # noqa: BLE001 - a version whose files are gone: shown without its AUC
+            auc = None
+        out.append({**{k: v.get(k) for k in ("version", "status", "why", "gate")},
+                    "at_s": round(v["at"] - t0, 1) if v.get("at") else None, "auc": auc})
+    return out
+
+
+def draw(result: dict, path) -> None:
+    """The drift loop of one run as a PNG: each router version's AUC on the held-out new-task queries at the time it
+    was made, by what the gate did with it, the served AUC over time, the first drift flagged and the kill."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    vs = [v for v in result["versions"] if v["auc"] is not None]
+    end = max([v["at_s"] or 0 for v in vs] + [result.get("absorbed_after_s") or 0]) * 1.08 + 1
+    served = sorted((max(v["at_s"] or 0, 0), v["auc"]) for v in vs if v["status"] in ("served", "replaced"))
+    xs = [x for x, _ in served] + [end]
+    ax.step(xs, [a for _, a in served] + [served[-1][1]], where="post", color="tab:green", alpha=0.5,
+            label="served router")
+    marks = {"served": ("o", "tab:green", "promoted, served"), "replaced": ("o", "tab:green", "promoted, served"),
+             "rejected": ("x", "tab:red", "rejected by the gate"), "candidate": ("s", "tab:gray", "in its window"),
+             "rolled_back": ("v", "tab:red", "rolled back")}
+    seen = set()
+    for v in vs:
+        m, c, label = marks.get(v["status"], ("o", "black", v["status"]))
+        x = max(v["at_s"] or 0, 0)
+        ax.scatter([x], [v["auc"]], marker=m, color=c, s=60, zorder=5, label=None if label in seen else label)
+        seen.add(label)
+        ax.annotate(f"v{v['version']}", (x, v["auc"]), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    for key, style, label in (("first_drift_at_s", "tab:orange", "first query flagged"),
+                              ("killed_at_s", "tab:red", "monitor killed")):
+        if result.get(key) is not None:
+            ax.axvline(result[key], color=style, ls="--", lw=1, label=label)
+    ax.set_xlabel(f"seconds after the first {result['task']} query")
+    ax.set_ylabel(f"AUC % on held-out {result['task']}")
+    ax.set_title(f"proxray demo drift: {result['before']:.1f} % → {result['after']:.1f} %, "
+                 f"{result['spent_usd']:.4f} USD spent")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _settled(st: dict) -> bool:
@@ -320,9 +376,15 @@ def main(argv=None):
                    help="labels that lie: the users' scores inverted (with --labels feedback), or a judge that grades at "
                         "random; the gate keeps the served version")
     p.add_argument("--port", type=int, default=None, help="the endpoint's port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--figure", default=None, help="also draw the run's router versions, their AUC and the gate's "
+                   "decisions over time as a PNG here")
     a = p.parse_args(argv)
-    print(json.dumps(run(a.task, a.n_per_task, a.min_batch, kill_mid_evaluation=a.kill_mid_evaluation, labels=a.labels,
-                         poison=a.poison, port=a.port)))
+    result = run(a.task, a.n_per_task, a.min_batch, kill_mid_evaluation=a.kill_mid_evaluation, labels=a.labels,
+                 poison=a.poison, port=a.port)
+    if a.figure:
+        draw(result, a.figure)
+        log(f"wrote {a.figure}")
+    print(json.dumps(result))
     return 0
 
 

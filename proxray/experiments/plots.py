@@ -10,7 +10,8 @@ from proxray.routing.registry import LABELS as ROUTER_LABELS
 
 
 def plot_curves(res: dict, path) -> None:
-    """Accuracy–cost curves per split (first seed) for every router and baseline, as a PNG."""
+    """Accuracy–cost curves per split (first seed) for every router and baseline, and each single model's point, as
+    a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,6 +32,10 @@ def plot_curves(res: dict, path) -> None:
     for ax, sp in zip(axes, SPLITS):
         for key, pts in curves[sp].items():
             pts = np.asarray(pts)
+            if key == "singles":  # each model of the pool alone
+                ax.scatter(pts[:, 0], pts[:, 1] * 100, s=14, color="tab:orange", alpha=0.7, label="single models",
+                           zorder=4)
+                continue
             if key in ("random", "largest"):
                 pts = pts[-1:]  # the largest model's own point (its row 0 is the cheapest model)
                 ax.scatter(pts[:, 0], pts[:, 1] * 100, marker="*" if key == "largest" else "x", s=80, label=key, zorder=5)

@@ -141,7 +141,7 @@ def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: in
         scores[split] = s
         if keep_curves and c is not None:
             curves[split] = {name: sweep(e[0][m], e[1][m], a, c)[2] for name, e in estimates.items()}
-            curves[split].update({key: v for key, v in baseline_points(a, c, largest).items() if key != "singles"})
+            curves[split].update(baseline_points(a, c, largest))  # the single models' points drawn too
     budget = []
     if budgets and cost is not None:
         cal = {"base": X[sp.base_train], "prox": X[sp.base_train], "allsee": X[sp.allsee_train]}

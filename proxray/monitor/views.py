@@ -74,17 +74,14 @@ class GateGauges:
     them on every health check)."""
 
     def __init__(self):
-        from ray.util.metrics import Gauge
+        from proxray.common.metric_defs import metric
 
-        self.served = Gauge("proxray_monitor_served_version", "router version served")
-        self.candidate = Gauge("proxray_monitor_candidate_version", "router version in its shadow window (-1: none)")
-        self.decisions = Gauge("proxray_monitor_gate_decisions", "gate decisions so far", tag_keys=("decision",))
-        self.last = Gauge("proxray_monitor_gate_last_decision", "the last gate decision (1), its version and reason",
-                          tag_keys=("version", "decision", "why"))
-        self.agreement = Gauge("proxray_monitor_label_source_agreement", "a label source's agreement with its spot "
-                               "checks", tag_keys=("source",))
-        self.set_aside = Gauge("proxray_monitor_label_source_set_aside", "1: the source trains nothing more",
-                               tag_keys=("source",))
+        self.served = metric("proxray_monitor_served_version")
+        self.candidate = metric("proxray_monitor_candidate_version")
+        self.decisions = metric("proxray_monitor_gate_decisions")
+        self.last = metric("proxray_monitor_gate_last_decision")
+        self.agreement = metric("proxray_monitor_label_source_agreement")
+        self.set_aside = metric("proxray_monitor_label_source_set_aside")
         self._last = None
 
     def set(self, s: dict) -> None:

@@ -15,7 +15,9 @@ vLLM / SGLang / TGI server another team runs), for the evaluation job (served: `
 """
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,7 +44,22 @@ class RateLimiter:
         self.interval = 60.0 / requests_per_minute if requests_per_minute else 0.0
         self.tpm = tokens_per_minute
         self.next_start = 0.0
-        self.spent: list = []  # (start time, tokens) of the last minute and of reservations ahead
+        self.spent: list = []  # (start time, tokens) of the last minute and of reservations ahead, sorted by time
+        self.total = 0  # their tokens: a booking costs a search, not a scan of the minute's bookings
+
+    def _first_live(self, at: float) -> int:
+        """The index of the first booking still in the minute before ``at`` (its start + 60 s after ``at``): the same
+        sum ``t + 60 > at`` everywhere, so that a start moved to a booking's end always moves past it."""
+        i = bisect.bisect_right(self.spent, (at - 60.0, math.inf))
+        while i > 0 and self.spent[i - 1][0] + 60.0 > at:
+            i -= 1
+        while i < len(self.spent) and self.spent[i][0] + 60.0 <= at:
+            i += 1
+        return i
+
+    def _booked(self, i: int) -> int:
+        """Tokens of the bookings from index ``i`` on."""
+        return self.total - sum(n for _, n in self.spent[:i]) if i else self.total
 
     def reserve(self, tokens: int, max_wait: float | None = None, now: float | None = None,
                 limits: tuple | None = None) -> float | None:
@@ -51,16 +68,22 @@ class RateLimiter:
         if limits is not None:
             self.interval, self.tpm = (60.0 / limits[0] if limits[0] else 0.0), limits[1]
         now = time.time() if now is None else now
-        self.spent = [(t, n) for t, n in self.spent if t > now - 60.0]
+        gone = self._first_live(now)
+        if gone:
+            self.total -= sum(n for _, n in self.spent[:gone])
+            del self.spent[:gone]
         start = max(now, self.next_start)
         if self.tpm:
             tokens = min(tokens, self.tpm)  # one request larger than a minute's tokens still goes, alone
-            while sum(n for t, n in self.spent if t > start - 60.0) + tokens > self.tpm:
-                start = max(start, min(t for t, _ in self.spent if t > start - 60.0) + 60.0)
+            i = self._first_live(start)
+            while self._booked(i) + tokens > self.tpm:  # wait for the oldest booking in the window to leave it
+                start = self.spent[i][0] + 60.0
+                i = self._first_live(start)
         if max_wait is not None and start - now > max_wait:
             return None  # refused: nothing booked
         if self.tpm:
-            self.spent.append((start, tokens))
+            bisect.insort(self.spent, (start, tokens))
+            self.total += tokens
         self.next_start = start + self.interval
         return start - now
 
@@ -69,6 +92,7 @@ class RateLimiter:
         for i in range(len(self.spent) - 1, -1, -1):
             if self.spent[i][1] == reserved:
                 self.spent[i] = (self.spent[i][0], used)
+                self.total += used - reserved
                 return
 
 

@@ -14,6 +14,10 @@ from proxray.serve.preflight import relay_problems, router_problems
 from proxray.serve.tenancy.keys import read_keys
 
 
+# how often Serve's controller asks each model replica whether it lives (its default, 10 s, leaves a dead replica
+# unreplaced, and requests waiting for it, for up to 10 s; the check is a cheap call on its own thread)
+HEALTH_CHECK_PERIOD_S = 2.0
+
 def app_args(args: dict) -> AppArgs:
     """The app's ``args`` validated (every field problem at once), as its rehearsal when ``simulate``."""
     return rehearsed(AppArgs.model_validate(args))
@@ -68,7 +72,8 @@ def _vllm_deployment(m: ServedModel, source: str):
                     deployment_config={"autoscaling_config": m.autoscaling.model_dump(exclude_none=True)},
                     **vllm_placement(m))
     # name_prefix="" falls back to "LLMServer:"; override_serve_options gives the plain name
-    serve_options = {"name": deployment_name(m.id), "max_queued_requests": m.max_queued_requests}
+    serve_options = {"name": deployment_name(m.id), "max_queued_requests": m.max_queued_requests,
+                     "health_check_period_s": HEALTH_CHECK_PERIOD_S}
     if m.max_replicas_per_node:
         serve_options["max_replicas_per_node"] = m.max_replicas_per_node
     if m.max_ongoing_requests:
@@ -105,7 +110,7 @@ def build(args: dict, protocols: dict | None = None):
                 ray_actor_options={"num_cpus": m.cpus(0.1), "num_gpus": m.gpus,
                                    **({"accelerator_type": m.accelerator_type} if m.accelerator_type else {})},
                 max_ongoing_requests=m.max_ongoing_requests or 8,
-                max_queued_requests=m.max_queued_requests,
+                max_queued_requests=m.max_queued_requests, health_check_period_s=HEALTH_CHECK_PERIOD_S,
                 **({"max_replicas_per_node": m.max_replicas_per_node} if m.max_replicas_per_node else {}),
             ).bind({**m.model_dump(), "source": sources[m.id] if m.engine == "transformers" else m.source})
     spread = {"max_replicas_per_node": a.router_max_replicas_per_node} if a.router_max_replicas_per_node else {}

@@ -1,30 +1,23 @@
 """The gateway's metrics, exported with ``ray.util.metrics`` (Ray's Prometheus endpoint serves them with a
-``ray_`` prefix; ``dashboards/proxray_grafana.json`` charts them)."""
+``ray_`` prefix; ``dashboards/proxray_grafana.json`` charts them); every one is defined in
+``proxray.common.metric_defs``."""
 from __future__ import annotations
 
-ROUTING_MS_BOUNDARIES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
-OUTLIER_BOUNDARIES = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0]
-NAMES = {"decisions": "proxray_routing_decisions", "routing_ms": "proxray_routing_latency_ms",
-         "fallbacks": "proxray_fallbacks", "outlier": "proxray_outlier_score", "errors": "proxray_request_errors",
-         "feedback": "proxray_feedback", "feedback_score": "proxray_feedback_score_sum"}
 
 
 class GatewayMetrics:
-    def __init__(self):
-        from ray.util.metrics import Counter, Histogram
+    """The ingress's metrics (defined in ``proxray.common.metric_defs``)."""
 
-        self.decisions = Counter(NAMES["decisions"], "requests answered, by model and whether routed",
-                                 tag_keys=("model", "routed"))
-        self.routing_ms = Histogram(NAMES["routing_ms"], "time to route a request (encode + estimate + plan), ms",
-                                    boundaries=ROUTING_MS_BOUNDARIES)
-        self.fallbacks = Counter(NAMES["fallbacks"], "model calls that failed and passed the request on",
-                                 tag_keys=("model",))
-        self.outlier = Histogram(NAMES["outlier"], "outlier score of routed requests", boundaries=OUTLIER_BOUNDARIES)
-        self.errors = Counter(NAMES["errors"], "requests answered with an error, by HTTP status", tag_keys=("code",))
-        self.feedbacks = Counter(NAMES["feedback"], "feedback accepted on answers, by the model that answered",
-                                 tag_keys=("model",))
-        self.feedback_score = Counter(NAMES["feedback_score"], "sum of the feedback scores, by model (divided by "
-                                      "proxray_feedback: the mean score)", tag_keys=("model",))
+    def __init__(self):
+        from proxray.common.metric_defs import metric
+
+        self.decisions = metric("proxray_routing_decisions")
+        self.routing_ms = metric("proxray_routing_latency_ms")
+        self.fallbacks = metric("proxray_fallbacks")
+        self.outlier = metric("proxray_outlier_score")
+        self.errors = metric("proxray_request_errors")
+        self.feedbacks = metric("proxray_feedback")
+        self.feedback_score = metric("proxray_feedback_score_sum")
         self.planned = 0  # routed requests planned by this replica (the routing histogram's count, kept here too)
 
     def answered(self, model: str, routed: bool) -> None:

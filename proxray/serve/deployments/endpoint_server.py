@@ -48,9 +48,6 @@ from proxray.serve.deployments.models import OpenAIModel
 from proxray.serve.errors import error, is_error
 from proxray.serve.wire import UpstreamHeaders
 
-NAMES = {"latency": "proxray_endpoint_latency_s", "answers": "proxray_endpoint_answers",
-         "limited": "proxray_endpoint_rate_limited"}
-LATENCY_BOUNDARIES = [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60]
 COOLDOWN_S = 60.0  # a model whose endpoint refuses the gateway's key, or does not know it, is left out this long
 logger = logging.getLogger("ray.serve")
 
@@ -80,7 +77,7 @@ class EndpointRelay(OpenAIModel):
         import asyncio
 
         import httpx
-        from ray.util.metrics import Counter, Histogram
+        from proxray.common.metric_defs import metric
 
         from proxray.common.quickack import async_transport
         from proxray.pool.openai_engine import endpoint_key
@@ -95,17 +92,11 @@ class EndpointRelay(OpenAIModel):
         self.limiter = LimiterClient(self.spec) if self.spec.rate_limit is not None else None
         self.cap = self.spec.max_ongoing_requests or DEFAULT_CONCURRENCY
         self.slots = asyncio.Semaphore(self.cap)
-        self.latency = Histogram(NAMES["latency"], "seconds to an external endpoint's answer or first chunk",
-                                 boundaries=LATENCY_BOUNDARIES, tag_keys=("model",))
-        self.answers = Counter(NAMES["answers"], "external endpoint calls, by model and HTTP status (0: no answer)",
-                               tag_keys=("model", "status"))
-        self.limited = Counter(NAMES["limited"], "requests the model's rate limit or concurrency cap held or refused",
-                               tag_keys=("model",))
-        self.retries = Counter("proxray_endpoint_retries", "tries of a request again after its endpoint's 429, 5xx, "
-                               "timeout or refused connection", tag_keys=("model",))
-        self.cooldowns = Counter("proxray_endpoint_cooldowns", "times a model was taken out of routing because its "
-                                 "endpoint refused the gateway's key (401, 403) or does not serve it (404)",
-                                 tag_keys=("model", "status"))
+        self.latency = metric("proxray_endpoint_latency_s")
+        self.answers = metric("proxray_endpoint_answers")
+        self.limited = metric("proxray_endpoint_rate_limited")
+        self.retries = metric("proxray_endpoint_retries")
+        self.cooldowns = metric("proxray_endpoint_cooldowns")
         self.cooldown_until, self.cooldown_why = 0.0, ""
         self.on_out = None  # told (model, seconds) when the model is taken out: the model client's Liveness
 

@@ -12,8 +12,11 @@ has been quiet that long; an answer that comes sooner travels alone), and the in
   while one of its replicas is alive (``Liveness.live``), else the request gets a 503 naming it, with Retry-After.
 * **silent** — a model that took the request and then said nothing, not even its heartbeat, for ``failover_s`` lost
   the replica that had it: the next candidate answers (a stream that had begun ends with its error event).
-* **down** — a model none of whose replicas answers a probe is left out (routed requests try it last; a request naming
-  it gets a 503 with Retry-After at once) until a probe finds a live replica again (every ``REPROBE_S``).
+* **down** — a model none of whose replicas answers a probe, and none of whose replicas Serve's controller knows on a
+  live node (``replica_coming``: a busy replica, one starting, one lost on a live node that Serve replaces), is left out
+  (routed requests try it last; a request naming it gets a 503 with Retry-After at once) until a probe finds a live
+  replica again (every ``REPROBE_S``). A replica being replaced is waited for, within the request's ``timeout_s``; a
+  model with no replica placed anywhere or only on a node that is gone is down at once.
 * **out** — a relayed model whose endpoint refused the gateway's key or does not know it is taken out by its relay
   (``take_out``) for the relay's cool-down: routed requests try it last until then, instead of trying it first and
   paying the round trip each time.
@@ -141,6 +144,11 @@ class Liveness:
         return alive
 
     async def _probe(self, model: str) -> bool:
+        """Whether ``model`` has a replica that answers, or one that will: a replica answering the probe, else one
+        that Serve's controller knows on a node whose raylet answers — alive but too busy to answer in ``PROBE_S``
+        (a vLLM engine on its CPU), placed and starting, or dead on a live node, which Serve replaces. A replica whose
+        node is gone (its raylet does not answer, or the GCS says it is dead) or that waits for room on none is no
+        replica: with no other, the model is down. A timed-out probe alone never says a model is down."""
         import ray
 
         prefix = f"SERVE_REPLICA::{self.app}#{self.deployments[model]}#"
@@ -155,10 +163,16 @@ class Liveness:
                 actor = await asyncio.wait_for(asyncio.to_thread(ray.get_actor, name, "serve"), PROBE_S)
                 await asyncio.wait_for(actor.get_num_ongoing_requests.remote(), PROBE_S)
                 return True
-            except Exception:  # noqa: BLE001 - dead, unreachable or too slow: not live
+            except Exception:  # noqa: BLE001 - dead, unreachable or too slow: asked of the controller next
                 return False
 
-        return any(await asyncio.gather(*(one(n) for n in replicas)))
+        if any(await asyncio.gather(*(one(n) for n in replicas))):
+            return True
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(replica_coming, self.app, self.deployments[model]),
+                                          4 * PROBE_S)
+        except Exception:  # noqa: BLE001 - the controller or the GCS too slow to say: nothing learnt, assume it lives
+            return True
 
     def _watch(self) -> None:
         if self.watcher is None or self.watcher.done():
@@ -172,6 +186,48 @@ class Liveness:
             for m in {*self.down, *self.slow}:
                 if not await self.live(m):
                     self.slow.pop(m, None)  # down says more
+
+
+def replica_coming(app: str, deployment: str) -> bool:
+    """Whether Serve's controller knows a replica of ``deployment`` (of app ``app``) placed on a node that is alive —
+    the GCS says so and its raylet takes a connection within ``PROBE_S``: one that is running (however busy),
+    starting, or lost on a live node and about to be replaced. A replica waiting for room (not placed) or on a node
+    that is gone does not count. Blocking: called in a thread."""
+    import socket
+
+    import ray
+    from ray.serve.context import _get_global_client
+
+    details = _get_global_client().get_serve_details()
+    found = (((details.get("applications") or {}).get(app) or {}).get("deployments") or {}).get(deployment) or {}
+    replicas = [r for r in found.get("replicas") or [] if r.get("state") not in ("STOPPING", "STOPPED")]
+    placed = {r.get("node_id") for r in replicas if r.get("node_id")}
+    if any(not r.get("node_id") for r in replicas) and has_room(found):
+        return True  # a replica starting where the cluster has room for it: its worker process is on its way
+    if not placed:
+        return False
+    for node in ray.nodes():
+        if node["NodeID"] not in placed or not node.get("Alive"):
+            continue
+        try:
+            with socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])), PROBE_S):
+                return True
+        except OSError:  # refused (its raylet gone) or no answer (the machine gone)
+            continue
+    return False
+
+
+def has_room(deployment: dict) -> bool:
+    """Whether the cluster's free resources (the GCS's view) hold one more replica of ``deployment`` (Serve's details
+    of it: its ``ray_actor_options``)."""
+    import ray
+
+    opts = (deployment.get("deployment_config") or {}).get("ray_actor_options") or {}
+    need = {"CPU": opts.get("num_cpus") or 0, "GPU": opts.get("num_gpus") or 0, **(opts.get("resources") or {})}
+    if opts.get("accelerator_type"):
+        need[f"accelerator_type:{opts['accelerator_type']}"] = 0.001
+    free = ray.available_resources()
+    return all(free.get(k, 0.0) >= v for k, v in need.items() if v)
 
 
 class WatchedStream:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from proxray.common.yamlconfig import StrictModel
 from proxray.serve.config import ROUTING_TEXT
 from proxray.serve.errors import RequestError, openai_shape
+from proxray.serve.request.http import Route  # noqa: F401  (a protocol's extra routes are rows of it)
 
 INT64 = 2**63  # integers in a request must fit a signed 64-bit int (seed, logit_bias, ...)
 MAX_MESSAGES = 512
@@ -86,16 +87,6 @@ def sse_data(obj: dict) -> str:
 
 
 @dataclass(frozen=True)
-class Route:
-    """A route a protocol adds beside its main one (``count_tokens``, a stored response's): ``handler(ingress)`` is
-    the FastAPI endpoint, composed from the ingress's parts."""
-
-    method: str
-    path: str
-    handler: Callable[[Any], Callable]
-
-
-@dataclass(frozen=True)
 class Protocol:
     """One client protocol.
 
@@ -108,7 +99,8 @@ class Protocol:
     * ``has_content(obj)``: whether an object of a stream commits the answer to its model (no fallback after it);
     * ``honoured()``: the parameters an OpenAI-compatible endpoint that serves it takes (refusals are read from it),
       None where the endpoint takes the request as it is;
-    * ``routes``: more routes of the protocol (``Route``)."""
+    * ``routes``: more routes of the protocol (``Route``); ``summary``: what its route does, for the HTTP
+      reference (``docs/reference/http.md``); ``mirrors``: the page of the API it mirrors, whose fields it takes."""
 
     name: str
     route: str
@@ -120,6 +112,8 @@ class Protocol:
     error: Callable[[RequestError], tuple] = openai_shape
     honoured: Callable[[], list] | None = None
     routes: tuple = ()
+    summary: str = ""
+    mirrors: str = ""
 
 
 @dataclass

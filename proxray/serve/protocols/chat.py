@@ -173,6 +173,11 @@ def openai_params(module: str):
 
 
 CHAT = Protocol("chat", "/v1/chat/completions", ChatRequest, begin, CHAT_PATH, ChatEvents, has_content,
-                honoured=openai_params("openai.types.chat.completion_create_params"))
+                honoured=openai_params("openai.types.chat.completion_create_params"),
+                summary="OpenAI's chat completions: `model: \"proxray\"` (or an alias) is routed, any served model "
+                        "id is passed through; `stream: true` answers server-sent events",
+                mirrors="https://platform.openai.com/docs/api-reference/chat/create")
 COMPLETIONS = Protocol("completions", "/v1/completions", CompletionRequest, begin, COMPLETIONS_PATH, ChatEvents,
-                       has_content, honoured=openai_params("openai.types.completion_create_params"))
+                       has_content, honoured=openai_params("openai.types.completion_create_params"),
+                       summary="OpenAI's legacy text completions (`prompt`), routed on the prompt",
+                       mirrors="https://platform.openai.com/docs/api-reference/completions/create")

@@ -23,8 +23,44 @@ async def first_answer(client, p: Plan, body: dict, upstream: str, stream: bool,
     model that failed (the report's ``failures`` list is kept here). Raises ``RequestError``: the model's own 4xx,
     504 when time ran out, the model's own error where a request that named one model failed with one (a 502, a
     429), 503 when every candidate failed — with Retry-After, naming the model, where the last had no live replica."""
-    last = None  # the error object of the last model that answered with one
-    unavailable = None  # the last candidate's ModelUnavailable or ReplicaLost: no replica of it answered
+    seen = _Pass()
+    while True:
+        got = await _one_pass(client, p, body, upstream, stream, deadline, on_failure, has_content, seen)
+        if got is not None:
+            return got
+        lost = seen.lost
+        left = deadline - time.monotonic()
+        if not lost or left <= 0:
+            break
+        # every candidate lost the replica that had the request, none known down: Serve is replacing them, and the
+        # request waits for the first that comes back (within its deadline) instead of failing
+        await asyncio.sleep(min(LOST_RETRY_S, left))
+    raise _refusal(p, seen, deadline, timeout_s)
+
+
+LOST_RETRY_S = 0.25  # how soon a request whose every candidate lost its replica asks them again
+LOSSES = {"ActorDiedError", "ActorUnavailableError", "RayActorError"}
+
+
+class _Pass:
+    """What a pass over the candidates learnt: the last model error, the last "no replica" error, and whether every
+    failure of the pass was a lost replica."""
+
+    def __init__(self):
+        self.last = self.unavailable = None
+        self.lost = True
+
+
+def _lost(e: BaseException) -> bool:
+    """Whether ``e`` says the replica that had the request died and Ray said so (its actor errors: Serve replaces it),
+    not that the model has no replica to come (``ModelUnavailable``), went silent (``ReplicaLost``: its node may be
+    gone) or refused the request."""
+    return any(c.__name__ in LOSSES for c in type(e).__mro__)
+
+
+async def _one_pass(client, p: Plan, body, upstream, stream, deadline, on_failure, has_content, seen: _Pass):
+    """One try of every candidate in order: (model, head, gen), or None (what failed told in ``seen``)."""
+    seen.lost = True
     for model in p.candidates:
         gen = client.stream(model, upstream, {**body, "model": model}, model == p.candidates[-1])
         head = []
@@ -45,18 +81,21 @@ async def first_answer(client, p: Plan, body: dict, upstream: str, stream: bool,
             gen.cancel()
             if not e.falls_back:
                 raise _as_request_error(e) from None
-            last = e
+            seen.last, seen.lost = e, False
             _failed(p, model, str(e), on_failure)
             continue
         except Exception as e:  # noqa: BLE001 - replica died, overloaded, timed out: try the next
             gen.cancel()
-            unavailable = e if isinstance(e, (ModelUnavailable, ReplicaLost)) else None
+            seen.unavailable = e if isinstance(e, (ModelUnavailable, ReplicaLost)) else None
+            seen.lost = seen.lost and _lost(e)
             _failed(p, model, failure_reason(e), on_failure)
             if time.monotonic() >= deadline:
-                break
+                seen.lost = False
+                return None
             continue
         if not head:
             _failed(p, model, "the model returned nothing", on_failure)
+            seen.lost = False
             continue
         p.report.update({"model": model, "fallback_from": [f["model"] for f in p.report.get("failures", [])]})
         p.report.setdefault("failures", [])
@@ -64,17 +103,23 @@ async def first_answer(client, p: Plan, body: dict, upstream: str, stream: bool,
             p.report["estimated_accuracy"] = p.report["estimates"][model]["accuracy"]
             p.report["estimated_cost"] = p.report["estimates"][model]["cost"]
         return model, head, gen
+    return None
+
+
+def _refusal(p: Plan, seen: _Pass, deadline: float, timeout_s: float) -> RequestError:
+    """The error of a request no candidate answered."""
+    last, unavailable = seen.last, seen.unavailable
     failures = p.report.get("failures", [])
     if failures and all(f["error"] == "timeout" for f in failures) or time.monotonic() >= deadline:
-        raise RequestError(504, f"no answer within timeout_s={timeout_s} s (tried "
+        return RequestError(504, f"no answer within timeout_s={timeout_s} s (tried "
                            f"{', '.join(f['model'] for f in failures)})", kind="timeout")
     retry = {"retry-after": str(max(1, round(REPROBE_S)))} if unavailable else None
     if len(p.candidates) == 1 and unavailable is not None:  # a named model none of whose replicas answers
-        raise RequestError(503, f"{unavailable}; retry after {retry['retry-after']} s", "model",
+        return RequestError(503, f"{unavailable}; retry after {retry['retry-after']} s", "model",
                            "service_unavailable", headers=retry)
     if len(p.candidates) == 1 and last is not None:  # a named model's own answer says more than "every one failed"
-        raise _as_request_error(last)
-    raise RequestError(503, f"every candidate model failed: {failures}", kind="service_unavailable", headers=retry)
+        return _as_request_error(last)
+    return RequestError(503, f"every candidate model failed: {failures}", kind="service_unavailable", headers=retry)
 
 
 def _as_request_error(e: ModelError) -> RequestError:

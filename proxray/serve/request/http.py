@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -13,12 +15,40 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxray.serve.errors import RequestError, openai_shape, validation_message
+from proxray.serve.tenancy.feedback import FeedbackRequest
 
 MAX_DEPTH = 32  # JSON nesting a request may have
 PARSE_INLINE_BYTES = 64 * 1024  # bigger bodies are parsed in a worker thread, off the event loop
 # what a browser page may read of a cross-origin answer besides the CORS-safelisted headers
 EXPOSED_HEADERS = ["x-request-id", "x-proxray-model", "x-proxray-routed", "x-proxray-outlier-score",
                    "x-proxray-estimated-cost", "x-proxray-fallback-from"]
+
+
+@dataclass(frozen=True)
+class Route:
+    """A route beside a protocol's main one (a protocol's ``count_tokens``, a stored response's; the gateway's own):
+    ``handler(ingress)`` is the FastAPI endpoint, composed from the ingress's parts; ``summary``: what it does, for the
+    HTTP reference (``docs/reference/http.md``); ``request``: the pydantic model of its body, where it takes one."""
+
+    method: str
+    path: str
+    handler: Callable[[Any], Callable]
+    summary: str = ""
+    request: type | None = None
+
+
+# the gateway's own routes, after the protocols' (``gateway_api``)
+GATEWAY_ROUTES = (
+    Route("POST", "/v1/feedback", lambda ing: ing.feedback,
+          "a score in [0, 1] for an answer this endpoint gave (its id), counted per model and passed to the drift "
+          "monitor as labels; needs `feedback` on in the app", FeedbackRequest),
+    Route("GET", "/v1/models", lambda ing: ing.listing.list,
+          "the models a caller may name: `proxray` (the router) first, then every served model its key may use"),
+    Route("GET", "/v1/models/{model:path}", lambda ing: ing.listing.get,
+          "one model of that list (ids hold `/`: the openai SDK sends it as `%2F`)"),
+    Route("GET", "/health", lambda ing: ing.health,
+          "liveness for probes and load balancers, without a key: `{\"status\": \"ok\"}`, nothing about the pool"),
+)
 
 
 def error_response(e: RequestError, shape=openai_shape) -> JSONResponse:
@@ -132,8 +162,6 @@ def gateway_api(ingress, args, protocols: dict) -> FastAPI:
         app.post(route)(ingress.endpoint(protocol))
         for extra in protocol.routes:
             app.add_api_route(extra.path, extra.handler(ingress), methods=[extra.method])
-    app.post("/v1/feedback")(ingress.feedback)
-    app.get("/v1/models")(ingress.listing.list)
-    app.get("/v1/models/{model:path}")(ingress.listing.get)  # :path - ids hold "/" (the openai SDK sends it as %2F)
-    app.get("/health")(ingress.health)
+    for extra in GATEWAY_ROUTES:
+        app.add_api_route(extra.path, extra.handler(ingress), methods=[extra.method])
     return app

@@ -31,20 +31,16 @@ class KeyGate:
     ``KeyRules``), its rate and budget through the ledger, what the request holds and its answers' cost charged."""
 
     def __init__(self, keys_file: str | None, api_key: bytes, app_name: str, prices: dict):
-        from ray.util.metrics import Counter
+        from proxray.common.metric_defs import metric
 
         self.ring = KeyRing(keys_file) if keys_file else None
         self.api_key, self.prices = api_key, prices
         self.rules = KeyRules(prices)  # every rule of a key: the request policy, listing, feedback, evidence ask it
         self.inflight: dict = {}  # key name -> its requests in flight on this replica (``enter``)
         self.ledger = LedgerClient(app_name) if keys_file else None
-        self.requests = Counter("proxray_key_requests", "requests by API key (keys file) and outcome: ok, cheapest "
-                                "(over budget, routed down), rate, budget, forbidden", tag_keys=("key", "outcome"))
-        self.spend = Counter("proxray_key_spend_usd", "USD of the answers given to an API key (keys file)",
-                             tag_keys=("key",))
-        self.prompt_tokens = Counter("proxray_key_prompt_tokens", "prompt tokens of the answers given to an API key "
-                                     "(keys file), by whether its provider read them from its prompt cache",
-                                     tag_keys=("key", "cached"))
+        self.requests = metric("proxray_key_requests")
+        self.spend = metric("proxray_key_spend_usd")
+        self.prompt_tokens = metric("proxray_key_prompt_tokens")
 
     def enter(self, spec: KeySpec | None) -> "Slot":
         """One of the key's ``max_concurrent`` slots on this replica, held until the answer ends (``Slot.release``):
@@ -123,7 +119,8 @@ class KeyGate:
             return None, False, 0.0
         body = body_of() if spec.budget else {}
         ticket = take()
-        hold = max((self.hold(m, body, None) for m in reach if m in self.prices), default=0.0) if spec.budget else 0.0
+        hold = max(self.holds(body, [m for m in reach if m in self.prices]).values(), default=0.0) \
+            if spec.budget else 0.0
         report = await self.admit(spec, hold, ticket)
         past = report["over_budget"] and self.rules.past_budget(spec, routed, reach[0] if reach else "", served)
         return report, past, hold
@@ -172,15 +169,25 @@ class KeyGate:
         prompt at the cache-write price where the body asks for caching), and a hosted tool's ``max_uses`` calls at the
         dearest tool price. A model with no price has no upper bound: the router's estimate stands for it
         (docs/guides/budgets.md)."""
+        if model not in self.prices:
+            return float(estimate or 0.0)
+        return self.holds(body, [model])[model]
+
+    def holds(self, body: dict, models: list) -> dict:
+        """``hold`` of ``body`` at each priced model of ``models``: the body is measured once, then priced per model."""
         from proxray.common.pricing import token_bound, writes_cache
 
-        price = self.prices.get(model)
-        if price is None:
-            return float(estimate or 0.0)
+        if not models:
+            return {}
+        tokens, cache = token_bound(body), writes_cache(body)
         uses = [body["tools"][i].get("max_uses") for i, _ in hosted_tools(body)]  # where the request bounds them
         calls = sum(u for u in uses if isinstance(u, int) and not isinstance(u, bool) and 0 < u <= 10_000)
-        tool_usd = calls * max(price.tool_call_usd.values(), default=0.0)
-        return float(price.bound(*token_bound(body), writes_cache=writes_cache(body))) + tool_usd
+        out = {}
+        for m in models:
+            price = self.prices[m]
+            tool_usd = calls * max(price.tool_call_usd.values(), default=0.0)
+            out[m] = float(price.bound(*tokens, writes_cache=cache)) + tool_usd
+        return out
 
     def charger(self, spec: KeySpec | None, model: str, estimate: float | None, ticket: str | None = None,
                 body: dict | None = None):

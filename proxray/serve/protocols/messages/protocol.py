@@ -34,4 +34,11 @@ def count_route(ingress):
 
 
 MESSAGES = Protocol("messages", "/v1/messages", MessagesRequest, begin, "/messages", AnthropicEvents, has_content,
-                    error=anthropic_shape, routes=(Route("POST", "/v1/messages/count_tokens", count_route),))
+                    error=anthropic_shape,
+                    routes=(Route("POST", "/v1/messages/count_tokens", count_route,
+                                  "the input tokens of a Messages request at the model it would reach (an estimate, "
+                                  "marked `proxray.estimated`, unless that model's endpoint counts them); costs no "
+                                  "budget, counts toward the key's rate", CountTokensRequest),),
+                    summary="Anthropic's Messages API (what Claude Code and the anthropic SDK send), routed on its "
+                            "system prompt and last user turn; errors and streams in Anthropic's shapes",
+                    mirrors="https://docs.anthropic.com/en/api/messages")

@@ -15,6 +15,13 @@ def _stored(route: str):
 
 RESPONSES = Protocol("responses", "/v1/responses", ResponsesRequest, begin, "/responses", NamedEvents, has_content,
                      honoured=openai_params("openai.types.responses.response_create_params"),
-                     routes=(Route("GET", "/v1/responses/{response_id}", _stored("get")),
-                             Route("DELETE", "/v1/responses/{response_id}", _stored("remove")),
-                             Route("GET", "/v1/responses/{response_id}/input_items", _stored("items"))))
+                     routes=(Route("GET", "/v1/responses/{response_id}", _stored("get"),
+                                   "a stored response (one of the caller's key), as it was answered"),
+                             Route("DELETE", "/v1/responses/{response_id}", _stored("remove"),
+                                   "deletes a stored response: `{\"id\", \"object\": \"response\", "
+                                   "\"deleted\": true}`"),
+                             Route("GET", "/v1/responses/{response_id}/input_items", _stored("items"),
+                                   "the input items of a stored response, as a list (`limit`, `order`, `after`)")),
+                     summary="OpenAI's Responses API: stored responses, `previous_response_id` continues one (its "
+                             "conversation keeps its model), `instructions`, function tools; streams named events",
+                     mirrors="https://platform.openai.com/docs/api-reference/responses/create")

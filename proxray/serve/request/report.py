@@ -1,0 +1,52 @@
+"""The ``proxray`` report every answer carries (a whole answer's ``proxray`` object, a stream's first chunk's), field by
+field: what each means and when it is there. The HTTP reference (``docs/reference/http.md``) is written from this
+table, and the tests check every report they see against it (``undocumented``)."""
+from __future__ import annotations
+
+# field -> (when it is present, what it means)
+REPORT_FIELDS: dict[str, tuple[str, str]] = {
+    "model": ("always", "the model that answered"),
+    "routed": ("always", "true where the router chose the model (`model: \"proxray\"` or an alias that routes); "
+               "false for a model named in the request"),
+    "lam": ("routed", "λ of the decision acc − λ·cost"),
+    "lam_from": ("routed", "where λ came from: `request` (`proxray.lam`), `alias` (the model alias's), `key` (the "
+                 "API key's), `budget` (the served budget's controller), `over_budget` (the key past a `cheapest` "
+                 "budget: cost decides), `app` (the app's `lam`)"),
+    "outlier_score": ("routed", "how far the query lies from what the router was fitted on (the nearest "
+                      "neighbours' or clusters' distance); also the header `x-proxray-outlier-score`"),
+    "router_path": ("routed, the app's single key", "the router artifact that decided"),
+    "estimates": ("routed", "`{model: {accuracy, cost}}`: the router's estimates of each candidate, in the order "
+                  "they were (or would have been) tried"),
+    "runner_up": ("routed", "the second candidate, or null"),
+    "excluded": ("routed, where a model refuses a parameter", "`{model: [parameters]}`: models left out because "
+                 "their endpoint cannot honour those parameters of the request"),
+    "estimated_accuracy": ("routed", "the answering model's estimated accuracy"),
+    "estimated_cost": ("routed", "its estimated cost in USD; also the header `x-proxray-estimated-cost`"),
+    "fallback_from": ("always", "the models that failed before the one that answered (empty when none); also the "
+                      "header `x-proxray-fallback-from`"),
+    "failures": ("always", "`[{model, error}]`: each failed try and why"),
+    "conversation": ("a conversation id (`proxray.conversation`, `x-proxray-conversation`, a Messages session, a "
+                     "Responses `previous_response_id`)", "`{id, action, previous, gain, margin, direction, "
+                     "tool_loop}`: `action` is `new`, `kept` or `switched`; `gain` the runner-up's objective over "
+                     "the previous model's, `margin` the one that applied"),
+    "evidence": ("`proxray.explain` or `x-proxray-explain: 1`", "the neighbours or clusters with the most weight, "
+                 "every model's estimate and objective, the winner's margin, the outlier score against the router's "
+                 "threshold, `explain_ms`"),
+    "budget": ("a served budget (`budget:`), the app's single key", "the budget controller's state: λ, spend, target"),
+    "route_ms": ("routed", "ms to route: encode, estimate, plan"),
+    "latency_s": ("always", "seconds from the request's arrival to its answer (a stream's first content)"),
+    "timings": ("always", "`{read_ms, parse_ms, embed_ms, embedding_cache, encode_ms, encoder_batch, "
+                "conversation_ms, estimate_ms, model_ms}`: where the gateway's time went; a key of the keys file sees "
+                "`embed_ms` as the encoder pass alone and no cache or batch fields"),
+    "replica": ("always", "the ingress replica that answered"),
+    "key": ("a key of the keys file", "`{name, spent_usd, over_budget}`: the key's name (never its secret), its spend "
+            "in its window when admitted, whether it was past its budget"),
+    "not_stored": ("Responses, `store` asked for but not done", "why the response was not stored"),
+    "dropped": ("Messages, at a model that does not serve Messages itself", "the request's fields chat has no form "
+                "for (`thinking`, …), dropped before the model saw it"),
+}
+
+
+def undocumented(report: dict) -> list[str]:
+    """The fields of ``report`` the table does not list."""
+    return sorted(k for k in report if k not in REPORT_FIELDS)
