@@ -277,6 +277,30 @@ EXAMPLES = {
     "GET /health": (f"curl -s {BASE}/health", 'import httpx\n\nprint(httpx.get("http://127.0.0.1:8000/health").json())'),
 }
 
+PROTOCOL_ERRORS = (400, 401, 403, 404, 408, 413, 429, 502, 503, 504)
+# "METHOD path" -> (what a 200 answers, the statuses the route answers with)
+ANSWERS = {
+    "POST /v1/chat/completions": ("a `chat.completion` (or its `chat.completion.chunk` stream, the report in the "
+                                  "first chunk) with `proxray`", PROTOCOL_ERRORS),
+    "POST /v1/completions": ("a `text_completion` (or its stream) with `proxray`", PROTOCOL_ERRORS),
+    "POST /v1/responses": ("a `response` object (or its named events: `response.created` … `response.completed`) "
+                           "with `proxray`; stored unless `store: false`", PROTOCOL_ERRORS),
+    "GET /v1/responses/{response_id}": ("the stored `response`; `?stream=true` is a 400", (400, 401, 404, 503)),
+    "DELETE /v1/responses/{response_id}": ("`{id, object: \"response\", deleted: true}`", (401, 404, 503)),
+    "GET /v1/responses/{response_id}/input_items": ("`{object: \"list\", data, first_id, last_id, has_more}`",
+                                                    (400, 401, 404, 503)),
+    "POST /v1/messages": ("a `message` (or Anthropic's event stream, the report in `message_start`) with `proxray`",
+                          PROTOCOL_ERRORS),
+    "POST /v1/messages/count_tokens": ("`{input_tokens, proxray: {model, estimated}}`", (400, 401, 403, 404, 413, 429,
+                                                                                         503)),
+    "POST /v1/feedback": ("`{object: \"feedback\", id, model, score, …}`: the feedback as recorded; 404 for an id this key was not given or "
+                          "with `feedback.enabled: false`", (400, 401, 404, 413, 429, 503)),
+    "GET /v1/models": ("`{object: \"list\", data: [{id, object: \"model\", created, owned_by}]}`: `proxray` "
+                       "with its `routes_to`, then each served model with its `engine`", (401,)),
+    "GET /v1/models/{model:path}": ("one `model` object", (401, 404)),
+    "GET /health": ("`{\"status\": \"ok\"}`", ()),
+}
+
 
 def http_routes() -> list:
     """(method, path, summary, request model or None, protocol or None) of every route, in the order the app binds
@@ -315,9 +339,10 @@ def http_page() -> str:
 
     rows = http_routes()
     names = {f"{m} {p}" for m, p, *_ in rows}
-    missing, extra = sorted(names - set(EXAMPLES)), sorted(set(EXAMPLES) - names)
-    if missing or extra:
-        raise ValueError(f"http.md: routes without an example {missing}, examples of no route {extra} (EXAMPLES)")
+    for table, name in ((EXAMPLES, "EXAMPLES"), (ANSWERS, "ANSWERS")):
+        missing, extra = sorted(names - set(table)), sorted(set(table) - names)
+        if missing or extra:
+            raise ValueError(f"http.md: routes missing from {name} {missing}, entries of no route {extra}")
     out = [HEADER, "# HTTP API\n\n",
            f"Every route the gateway serves (at `{BASE}` in the shipped configs), from its route table. A key goes in "
            "`Authorization: Bearer …` — on the Messages routes `x-api-key` too, as the anthropic SDK and Claude Code "
@@ -340,7 +365,11 @@ def http_page() -> str:
             out += [f"\n`{model.__name__}`:\n\n| field | type | | meaning |\n|---|---|---|---|\n",
                     *_field_rows(model, protocol.mirrors if protocol else "")]
         shape = "Anthropic's" if protocol is not None and protocol.error is anthropic_shape else "OpenAI's"
-        out.append(f"\nErrors in {shape} shape.\n")
+        answer, codes = ANSWERS[f"{method} {path}"]
+        if shape == "Anthropic's":  # the status as Anthropic's shape answers it (503: 529)
+            codes = [anthropic_shape(RequestError(c, ""))[0] for c in codes]
+        listed = ", ".join(str(c) for c in codes) if codes else "none (it answers whenever the app does)"
+        out.append(f"\n**200**: {answer}. **Errors** ([when](#errors)), in {shape} shape: {listed}.\n")
     out.append("\n## Errors\n\nEvery error is an HTTP status and a body in the route's protocol's shape: OpenAI's "
                "(`error.code` is the status, `param` the field at fault) everywhere but the Messages routes, which "
                "answer Anthropic's.\n\n| status | when | OpenAI shape (`type`) | Anthropic shape (status, `type`) |\n"

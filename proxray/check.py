@@ -48,8 +48,9 @@ class Report:
 
 
 def detect_kind(raw) -> str:
-    """``serve`` (a Serve config: ``applications``), ``job`` (``query_sets``) or ``monitor`` (``state_dir`` and
-    ``job``), from the top-level keys."""
+    """``serve`` (a Serve config: ``applications``), ``job`` (``query_sets``), ``monitor`` (``state_dir`` and
+    ``job``) or ``cluster`` (a Ray cluster launcher config: ``provider`` and ``available_node_types``), from the
+    top-level keys."""
     if not isinstance(raw, dict):
         raise ValueError("the top level must be a mapping")
     if "applications" in raw:
@@ -58,8 +59,11 @@ def detect_kind(raw) -> str:
         return "job"
     if "state_dir" in raw and "job" in raw:
         return "monitor"
-    raise ValueError("not a Serve config (applications:), an evaluation job config (query_sets:) or a monitor config "
-                     f"(state_dir: and job:); top-level keys: {', '.join(map(str, raw)) or 'none'}")
+    if "available_node_types" in raw and "provider" in raw:
+        return "cluster"
+    raise ValueError("not a Serve config (applications:), an evaluation job config (query_sets:), a monitor config "
+                     "(state_dir: and job:) or a Ray cluster launcher config (provider: and available_node_types:); "
+                     f"top-level keys: {', '.join(map(str, raw)) or 'none'}")
 
 
 def simulated_serve_config(raw: dict) -> dict:
@@ -90,7 +94,8 @@ def check(path, address: str | None = None, simulate: bool = False) -> Report:
         return report
     if simulate and report.kind == "serve":
         raw = simulated_serve_config(raw)
-    demand = {"serve": _check_serve, "job": _check_job, "monitor": _check_monitor}[report.kind](raw, report, simulate)
+    demand = {"serve": _check_serve, "job": _check_job, "monitor": _check_monitor,
+              "cluster": _check_cluster_config}[report.kind](raw, report, simulate)
     if address and demand is not None:
         _check_cluster(address, demand, report)
     return report
@@ -247,6 +252,33 @@ def _check_monitor(raw: dict, report: Report, simulate: bool = False):
     report.problems += [f"job: {p}" for p in check_models(job.models, job.sampling.max_tokens)[1]]
     report.problems += secret_problems(job.models, "job.models")
     return _job_demand(job.models)
+
+
+# the ways a Ray cluster's head is told of an external Redis for its GCS (Ray's GCS fault tolerance)
+GCS_FT_MARKS = ("RAY_REDIS_ADDRESS", "--redis-address", "RAY_external_storage_namespace")
+HEAD_LOSS = ("a head loss takes the whole cluster: without the GCS the workers' raylets exit within a minute "
+             "(gcs_rpc_server_reconnect_timeout_s), every replica with them, the endpoint is down until the cluster "
+             "is started again, and what the app's shared actors hold in memory (the keys' spend in their windows, "
+             "conversations, the answer book, stored responses) starts empty: their checkpoints live in the GCS's "
+             "key-value store, which without Redis dies with the head")
+
+
+def _check_cluster_config(raw: dict, report: Report, simulate: bool = False):
+    """A Ray cluster launcher config (``cluster.yaml``): its head's start commands and environment read for GCS fault
+    tolerance (an external Redis); without it, a warning saying what a head loss costs."""
+    head_type = raw.get("head_node_type")
+    types = raw.get("available_node_types") or {}
+    if not isinstance(types, dict) or head_type not in types:
+        report.problems.append(f"head_node_type: {head_type!r} is not one of available_node_types "
+                               f"({', '.join(map(str, types)) if isinstance(types, dict) else 'not a mapping'})")
+        return None
+    said = " ".join(str(c) for key in ("head_start_ray_commands", "head_setup_commands", "setup_commands",
+                                       "initialization_commands") for c in raw.get(key) or [])
+    said += " " + str((raw.get("docker") or {}).get("run_options") or "")
+    if not any(mark in said for mark in GCS_FT_MARKS):
+        report.notes.append("warning: no GCS fault tolerance (no external Redis: RAY_REDIS_ADDRESS in the head's "
+                            f"ray start environment); {HEAD_LOSS}")
+    return None
 
 
 # ---- against a cluster ---------------------------------------------------------------------------

@@ -221,3 +221,26 @@ def test_the_cpu_demo_configs_pass_with_the_router_the_readme_fits(tmp_path, mon
     assert main(["check", "--config", str(ROOT / "serve_configs" / "cpu_demo.yaml"),
                  str(ROOT / "monitor_configs" / "cpu_demo.yaml")]) == 0, capsys.readouterr().out
     assert capsys.readouterr().out.count("ok, it would deploy") == 2
+
+
+def test_a_cluster_config_without_gcs_fault_tolerance_is_a_warning(tmp_path, capsys):
+    """``proxray check cluster.yaml``: the shipped launcher config deploys, with a warning saying what a head loss costs
+    without an external Redis; one whose head starts Ray with RAY_REDIS_ADDRESS has no warning."""
+    import yaml
+
+    from proxray.cli import main
+
+    assert main(["check", "--config", str(ROOT / "cluster.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "cluster: ok, it would deploy" in out and "warning: no GCS fault tolerance" in out
+    assert "head loss takes the whole cluster" in out
+    raw = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    raw["head_start_ray_commands"] = [c.replace("RAY_AUTH_MODE=token ray start",
+                                                "RAY_REDIS_ADDRESS=redis.internal:6379 RAY_AUTH_MODE=token ray start")
+                                      for c in raw["head_start_ray_commands"]]
+    (tmp_path / "ft.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["check", "--config", str(tmp_path / "ft.yaml")]) == 0
+    assert "GCS fault tolerance" not in capsys.readouterr().out
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**raw, "head_node_type": "nope"}))
+    assert main(["check", "--config", str(tmp_path / "bad.yaml")]) != 0  # a problem: it would not deploy
+    assert "head_node_type: 'nope'" in capsys.readouterr().out

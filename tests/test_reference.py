@@ -44,6 +44,7 @@ def test_every_status_the_gateway_answers_is_on_the_http_page():
         raised |= {int(s) for s in re.findall(r"RequestError\(\s*(\d{3})", text)}
         raised |= {int(s) for s in re.findall(r"\berror\((\d{3}),", text)}
     assert raised and raised <= set(STATUSES), raised - set(STATUSES)
+    assert all(set(codes) <= set(STATUSES) for _, codes in generate.ANSWERS.values())
     page = (ROOT / "docs/reference/http.md").read_text()
     assert all(f"\n| {s} | " in page for s in STATUSES)
 
@@ -109,7 +110,11 @@ def test_answers_carry_only_documented_report_fields(demo):
                                            "proxray": {"explain": True, "conversation": "c-1"}})
     assert r.status_code == 200, r.text
     reports.append(r.json()["proxray"])
-    assert post(url, "/v1/feedback", {"id": r.json()["id"], "score": 1.0}).status_code == 200
+    deadline = time.monotonic() + 30  # the answer is remembered just after it is sent: wait for it, bounded
+    while (fb := post(url, "/v1/feedback", {"id": r.json()["id"], "score": 1.0})).status_code == 404 \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert fb.status_code == 200, fb.text
     r = post(url, "/v1/chat/completions", {"model": EXTERNAL, "messages": ask})
     assert r.status_code == 200, r.text
     reports.append(r.json()["proxray"])

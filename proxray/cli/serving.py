@@ -288,10 +288,12 @@ def add_serving(sub) -> None:
     srv.set_defaults(func=_cmd_serve)
 
     chk = sub.add_parser("check", help="check Serve, job or monitor configs before anything starts: every problem "
-                         "at once", description="Check configs (a Serve config, an evaluation job config or a "
-                         "monitor config; the kind is read from its keys) before anything starts, every problem at "
-                         "once: the schema, the router (reachable, versioned, its encoder the app's, knowing every "
-                         "served model), model sources, query files, key files and their modes, prices, and with "
+                         "at once", description="Check configs (a Serve config, an evaluation job config, a "
+                         "monitor config or a Ray cluster launcher config such as cluster.yaml; the kind is read from "
+                         "its keys) before anything starts, every problem at once: the schema, the router (reachable, "
+                         "versioned, its encoder the app's, knowing every served model), model sources, query files, "
+                         "key files and their modes, prices, a cluster's head and whether its GCS is fault tolerant "
+                         "(a warning, saying what a head loss costs, where no external Redis is configured), and with "
                          "--address the accelerator types and GPUs against the cluster. Exit 0 only when each would "
                          "deploy.")
     chk.add_argument("--config", required=True, nargs="+", help="one or more config YAML files")
