@@ -200,6 +200,7 @@ def test_candidates_that_lost_their_replica_are_asked_again_until_one_is_back():
     client = Restarting({"a": [answer("a")], "b": [answer("b")]}, dead_for=5)  # two passes and a half
     (model, head, _), p, failed = run(client, ["a", "b"])
     assert model == "b" and len(failed) == 5 and [m for m, _ in client.asked] == ["a", "b", "a", "b", "a", "b"]
+    assert p.report["fallback_from"] == ["a", "b"]  # each model once, however often it was asked
     with pytest.raises(RequestError) as e:  # a model with no replica to come is not waited for
         run(Scripted({"a": ModelUnavailable("a", "none answered for 2.0 s")}), ["a"])
     assert e.value.status == 503

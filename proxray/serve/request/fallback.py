@@ -97,7 +97,8 @@ async def _one_pass(client, p: Plan, body, upstream, stream, deadline, on_failur
             _failed(p, model, "the model returned nothing", on_failure)
             seen.lost = False
             continue
-        p.report.update({"model": model, "fallback_from": [f["model"] for f in p.report.get("failures", [])]})
+        p.report.update({"model": model, "fallback_from": list(dict.fromkeys(  # each model once, asked again or not
+            f["model"] for f in p.report.get("failures", [])))})
         p.report.setdefault("failures", [])
         if p.report.get("routed"):
             p.report["estimated_accuracy"] = p.report["estimates"][model]["accuracy"]
