@@ -180,7 +180,7 @@ def test_a_rollback_under_routed_load_fails_no_request(world, encoder, tmp_path,
     name = "gate-rollback"
     cfg = {"name": name, "router": str(tmp / "r0"), "table": str(tmp / "train.parquet"),
            "state_dir": str(tmp_path / "state"), "job": job_template(table=tmp / "full.parquet"), "submit": "inline",
-           "min_batch": 1000, "shadow_rate": 0.0, "feedback_batch": 4, "feedback_max_wait_s": 0.0, "tick_s": 0.5,
+           "min_batch": 1000, "shadow_rate": 0.0, "feedback_batch": 4, "feedback_max_wait_s": 600.0, "tick_s": 0.5,
            "gate": {"enabled": False}}
     monitor = start_monitor(cfg)
     try:
