@@ -1,6 +1,6 @@
 """Bounded load on the routed endpoint at 127.0.0.1 (not a timed test).
 
-    python bench/bench_serve.py [--encoder static] [--requests 400] [--concurrency 1,8] [--backend onnx]
+    python bench/bench_serve.py [--encoder static] [--requests 400] [--concurrency 1,8] [--backend onnx] [--trace]
 
 Starts the cpu_demo application (four simulated models, kNN router over ``--encoder``'s embeddings: the
 shipped MiniLM by default, ``static`` for the static encoder distilled from it) on a local Ray Serve, and at
@@ -10,7 +10,9 @@ each request), routed over the demo's 40 prompts again and again (``routed, repe
 embedding LRU answers), and passed through (``model: <pool model>``). Prints throughput, p50/p99 latency
 and errors, the ratio of routed to pass-through p50, where a routed request's time goes (the
 ``proxray.timings`` the ingress reports, medians), and the encoder's throughput on one core (texts a second,
-one text per call and batches of 64, over the same never-seen texts).
+one text per call and batches of 64, over the same never-seen texts). ``--trace``: the ingress exports OpenTelemetry
+spans (``OTEL_EXPORTER_OTLP_ENDPOINT``) to a collector stand-in on 127.0.0.1 that takes every batch and keeps
+nothing; the spans it took are printed.
 """
 from __future__ import annotations
 
@@ -88,7 +90,8 @@ def start_demo_app(extra_models=(), **app_args):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray.init(include_dashboard=False, log_to_driver=False)
+    env = app_args.pop("env", {})
+    ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env} if env else None)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     auto = {"min_replicas": 1, "max_replicas": 1}
     serve.run(build_app({"router": f"{tmp}/router", **app_args,
@@ -96,6 +99,28 @@ def start_demo_app(extra_models=(), **app_args):
                          + list(extra_models)}),
               name="proxray", route_prefix="/")
     return f"http://127.0.0.1:{port}/v1/chat/completions", prompts, lambda: (serve.shutdown(), ray.shutdown())
+
+
+def collector() -> tuple:
+    """An OTLP/HTTP sink on 127.0.0.1: (its URL, a function giving the bytes of spans it took)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    took = [0]
+
+    class Sink(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            took[0] += len(self.rfile.read(int(self.headers.get("content-length") or 0)))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", lambda: took[0]
 
 
 def encode_throughput(encoder: str | None, backend: str, texts: list) -> dict:
@@ -123,13 +148,16 @@ def main(argv=None):
     p.add_argument("--cache-entries", type=int, default=10000)
     p.add_argument("--batch-wait-s", type=float, default=0.0)
     p.add_argument("--threads", type=int, default=None, help="the encoder's threads (default min(2, CPUs))")
+    p.add_argument("--trace", action="store_true", help="the ingress exports its spans to a local collector stand-in")
     a = p.parse_args(argv)
     from proxray.data.synthetic import generate_queries
 
     levels = [int(c) for c in a.concurrency.split(",")]
+    sink, took = collector() if a.trace else (None, lambda: 0)
     url, prompts, stop = start_demo_app(encoder=a.encoder, encoder_backend=a.backend,
                                         embedding_cache_entries=a.cache_entries, embed_batch_wait_s=a.batch_wait_s,
-                                        encoder_threads=a.threads)
+                                        encoder_threads=a.threads,
+                                        env={"OTEL_EXPORTER_OTLP_ENDPOINT": sink} if sink else {})
     sent = set(prompts)
     fresh = iter(dict.fromkeys(p for s in range(1000, 1400) for p in generate_queries(40, seed=s).prompt
                                if p not in sent))  # never sent before: every one a cache miss
@@ -162,6 +190,8 @@ def main(argv=None):
                   f"medians ms: {breakdown(sum((r['timings'] for r in rows[mode]), []))}")
         print(f"pass-through medians ms: {breakdown(sum((r['timings'] for r in rows['pass-through']), []))}")
     stop()
+    if a.trace:
+        print(f"\ntraces: the collector took {took() / 1e6:.2f} MB of spans")
     texts = [p for s in range(2000, 2050) for p in generate_queries(40, seed=s).prompt][:2000]
     tp = encode_throughput(a.encoder, a.backend, texts)
     print(f"\nencoder {name} on one core: {tp['one_per_call']:,.0f} texts/s one per call, "

@@ -125,3 +125,17 @@ def blobs(rng, n_per=60, centers=4, dim=16, spread=0.05, models=3):
     acc = (rng.uniform(size=(len(labels), models)) < skill[labels]).astype(float)
     cost = np.tile(np.linspace(1.0, 3.0, models), (len(labels), 1)) * rng.uniform(0.9, 1.1, size=(len(labels), models))
     return X, acc, cost, labels
+
+
+def pytest_collection_finish(session):
+    """Work that mostly waits on the network, started as the session begins where its test is collected (the test
+    waits for it and checks it): the gpu lock's resolution from the package index (``test_locks.gpu_lock_dry_run``)."""
+    import tempfile
+
+    session.config.proxray_background = {}
+    if not session.config.option.collectonly and any(item.name.startswith("test_the_gpu_lock_resolves_whole")
+                                                     for item in session.items):
+        from test_locks import gpu_lock_dry_run
+
+        work = Path(tempfile.mkdtemp(prefix="proxray-gpu-lock-"))
+        session.config.proxray_background["gpu_lock"] = (gpu_lock_dry_run(work), work)

@@ -37,10 +37,11 @@ def fit_router(path, encoder, models, profile=None):
 
 
 def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxray", profile=None, protocols=None,
-              metrics_port=None, **args):
+              metrics_port=None, env=None, **args):
     """ray.init + serve.start on a free port + serve.run(build_app) with a router fitted on ``fit_encoder``'s
     embeddings (``args``: the app's, ``encoder`` among them; ``protocols``: the app's protocol table, default the
-    shipped one; ``metrics_port``: Ray's Prometheus endpoint's, where a test scrapes it); returns the base URL."""
+    shipped one; ``metrics_port``: Ray's Prometheus endpoint's, where a test scrapes it; ``env``: more environment
+    for every worker); returns the base URL."""
     import ray
     from ray import serve
 
@@ -49,7 +50,7 @@ def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxra
     fit_router(tmp / "router", fit_encoder, [m["id"] for m in models], profile)
     port = free_port()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
-             runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})  # the API key comes from the environment, never the runtime env
+             runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", **(env or {})}})  # the API key comes from the environment, never the runtime env
     http = {"host": "127.0.0.1", "port": port}
     if request_timeout_s:
         http["request_timeout_s"] = request_timeout_s  # the proxy answers (408) instead of holding a request forever

@@ -20,6 +20,7 @@ PRICES = {WEAK: {"input_per_mtok": 0.1, "output_per_mtok": 0.2}, STRONG: {"input
           SLOW_DEAR: {"input_per_mtok": 3.0, "output_per_mtok": 15.0}}
 ASK = "Tom has 3 boxes of 4 apples. How many apples?"
 KEYS: dict = {}
+SHARDS = 3  # the keys ledgers of the app
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,7 @@ def app(tmp_path_factory, encoder):
     KEYS["n"] = new_key_entry(f, "asks-for-n", budget={"usd": 3e-3, "over_budget": "reject"})
     KEYS["mute"] = new_key_entry(f, "mute", feedback="off")
     url = start_app(tmp, encoder, models, keys_file=str(f), timeout_s=20, request_timeout_s=60,
+                    keys_ledger_shards=SHARDS,  # every budget here kept by one of three ledgers
                     responses={"max_bytes": 2**20},  # a key's share: 512 KiB
                     profile={SLOW_DEAR: (0.95, 2e-4), FREE: (0.2, 5e-5), EXTERNAL: (0.3, 1e-6),
                              LIMITED: (0.1, 1e-6)})
@@ -69,11 +71,18 @@ def client(app, name):
     return OpenAI(base_url=f"{app[0]}/v1", api_key=KEYS[name], max_retries=0, timeout=60)
 
 
+def ledger_of(name):
+    """The name of the ledger that keeps key ``name``."""
+    from proxray.serve.tenancy.ledger import shard_name, shard_of
+
+    return shard_name("proxray", shard_of(name, SHARDS), SHARDS)
+
+
 def ledger_report(name):
     import ray
 
     for _ in range(200):  # settles are sent after the answers: wait until nothing is held
-        rep = ray.get(ray.get_actor("proxray-keys-proxray", namespace="proxray").report.remote()).get(name, {})
+        rep = ray.get(ray.get_actor(ledger_of(name), namespace="proxray").report.remote()).get(name, {})
         if rep and rep["held_usd"] == 0:
             return rep
         time.sleep(0.05)
@@ -213,7 +222,7 @@ def _load(app, stop, seen):
         seen.append((time.monotonic(), status, text[:300]))
 
 
-@pytest.mark.parametrize("actor", ["proxray-keys-proxray", "proxray-conversations-proxray", "proxray-answers-proxray",
+@pytest.mark.parametrize("actor", ["proxray-keys", "proxray-conversations-proxray", "proxray-answers-proxray",
                                    "proxray-limit"])
 def test_a_shared_actor_killed_under_keyed_load_costs_no_500_and_comes_back(app, actor):
     import ray
@@ -222,6 +231,8 @@ def test_a_shared_actor_killed_under_keyed_load_costs_no_500_and_comes_back(app,
 
     if actor == "proxray-limit":  # the external model's limiter
         actor = f"proxray-limit-{slug(EXTERNAL)}"
+    if actor == "proxray-keys":  # the ledger that keeps the loading key
+        actor = ledger_of("load")
     stop, seen = threading.Event(), []
     clients = [threading.Thread(target=_load, args=(app, stop, seen)) for _ in range(4)]
     for t in clients:
@@ -321,3 +332,23 @@ def test_a_response_too_large_to_store_is_answered_unstored_not_a_500(app):
     assert r.json()["store"] is False and "larger than this key's share" in r.json()["proxray"]["not_stored"]
     again = httpx.get(f"{app[0]}/v1/responses/{r.json()['id']}", headers={"Authorization": f"Bearer {KEYS['a']}"})
     assert again.status_code == 404
+
+
+def test_keys_report_reads_every_ledger_of_the_app(app):
+    """`proxray keys report` on an app whose keys are split over three ledgers: every key that spent, each figure its
+    own ledger's."""
+    import os
+    import subprocess
+    import sys
+
+    for name in ("free", "tenant-a", "tenant-b"):  # keys of all three ledgers have spent
+        post(app, {"free": "free", "tenant-a": "a", "tenant-b": "b"}[name],
+             {"model": WEAK, "max_tokens": 4, "messages": [{"role": "user", "content": ASK}]}).raise_for_status()
+    mine = {n: ledger_report(n) for n in ("free", "tenant-a", "tenant-b")}
+    assert {ledger_of(n) for n in mine} == {f"proxray-keys-proxray-{s}of{SHARDS}" for s in range(SHARDS)}
+    shown = subprocess.run([sys.executable, "-m", "proxray", "keys", "report", "--app", "proxray"],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    report = json.loads(shown.stdout)
+    for n, rep in mine.items():
+        assert report[n]["spent_usd"] == pytest.approx(rep["spent_usd"]) and rep["spent_usd"] > 0

@@ -31,19 +31,22 @@ def _keys_report(a):
     import ray
 
     from proxray.common.actors import NAMESPACE, ActorDown, call, find
-    from proxray.serve.tenancy.keys import LedgerClient
+    from proxray.serve.tenancy.ledger import merged_reports, running_ledgers
 
-    name = f"{LedgerClient.prefix}-{a.app}"
     ray.init(address=a.address, namespace=NAMESPACE, log_to_driver=False)
     try:
-        actor = find(name)
-        if actor is None:
-            raise SystemExit(f"no keys ledger {name!r} is running (the app {a.app!r} has a keys_file and answered a "
-                             "keyed request?)")
-        try:
-            print(json.dumps(call(actor, name, "report", timeout_s=30), indent=2, sort_keys=True))
-        except ActorDown as e:
-            raise SystemExit(f"keys ledger {name!r} did not answer: {e.why}") from None
+        names = running_ledgers(a.app)
+        if not names:
+            raise SystemExit(f"no keys ledger of the app {a.app!r} is running (proxray-keys-{a.app}: has it a "
+                             "keys_file and answered a keyed request?)")
+        reports = []
+        for name in names:
+            actor = find(name)
+            try:
+                reports.append(call(actor, name, "report", timeout_s=30) if actor is not None else {})
+            except ActorDown as e:
+                raise SystemExit(f"keys ledger {name!r} did not answer: {e.why}") from None
+        print(json.dumps(merged_reports(reports), indent=2, sort_keys=True))
     finally:
         ray.shutdown()
 

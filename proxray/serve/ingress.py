@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from proxray.common.pricing import Usage
+from proxray.common.tracing import RequestTrace, enabled as tracing_enabled, now_ns
 from proxray.routing.index import single_thread
 from proxray.serve.config import ROUTER_MODEL, AppArgs, load_api_key, resolve_alias
 from proxray.serve.deployments.client import ModelClient
@@ -106,12 +107,14 @@ class RouterIngress:
         self.answers = FeedbackClient(app_name, a.feedback)  # answers remembered for feedback on them
         # per protocol, the models whose endpoints serve it themselves (relayed as sent; the rest through chat)
         self.native = {p.name: {m.id for m in a.models if m.serves(p.name)} for p in self.protocols.values()}
-        self.gate = KeyGate(a.keys_file, load_api_key(a), app_name, {m.id: m.price for m in a.models if m.price})
+        self.gate = KeyGate(a.keys_file, load_api_key(a), app_name, {m.id: m.price for m in a.models if m.price},
+                            a.keys_ledger_shards)
         self.listing = ModelList(self.gate, self.policy.routable, self.client.handles,
                                  {m.id: m.engine for m in a.models})  # GET /v1/models, /v1/models/{model}
         self.replica = serve.get_replica_context().replica_id.unique_id  # which ingress replica answered
         self.metrics = GatewayMetrics()
         self.store = ResponseStore(app_name, a.responses)  # responses kept for retrieval and previous_response_id
+        self.tracing = tracing_enabled()  # OpenTelemetry spans: only where the OTEL_* environment names an endpoint
         self.monitor = None
         if a.monitor:
             self.monitor = MonitorClient(a.monitor, a.reload_every_s, a.router, self.encoder.id, self.policy.use_router)
@@ -186,8 +189,10 @@ class RouterIngress:
         deadline = time.monotonic() + self.args.timeout_s
         timings = {}  # where the gateway's time went: read, parse, embed (+ cache), estimate, model
         key, held, p, slot = None, None, None, None
+        trace = RequestTrace(request.headers, protocol.name, self.tracing)  # nothing where tracing is off
         try:
             key, req, rp = await self.open(request, protocol.request, timings)
+            trace.requested(req.model, getattr(req, "max_tokens", None))
             slot = self.gate.enter(key)  # one of the key's requests in flight on this replica, until the answer ends
             # admission before any work on the request (history, embedding, plan, the budget's λ, the monitor's
             # report): the key's rate, and a hold of its body as sent at the dearest model it may reach
@@ -207,12 +212,15 @@ class RouterIngress:
                 rp = replace(rp, conversation=turn.session)
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = turn.text(self.args.routing_text)
+            t_route = now_ns()
             p = await self.plan(req, rp, turn, timings, text, key)
+            trace.routed(p.report, t_route, p.candidates[0] if p.candidates else None)
             p, estimate = await self.gate.hold_plan(  # the hold moved to the chosen model's bound on the whole turn
                 key, key_report, p, turn.body, held.ticket, first_hold, lambda m: self._estimate(text, m),
                 self.client.handles, replan=lambda: self.plan(req, rp.over_budget(), turn, timings, text, key,
                                                                again=True))
             t_model = time.perf_counter()
+            trace.calling()  # its traceparent goes to an endpoint relayed from here
             model, head, gen = await first_answer(turn.client, p, turn.body, turn.upstream, req.stream, deadline,
                                                   self.args.timeout_s, self._failed, turn.has_content)
             timings["model_ms"] = 1e3 * (time.perf_counter() - t_model)  # the answer, or a stream's first content
@@ -227,14 +235,17 @@ class RouterIngress:
             if slot is not None:
                 slot.release()
             self.metrics.error(e.status)
+            trace.failed(e.status, e.message)
             return error_response(e, protocol.error)
-        except BaseException:  # an unexpected failure, or the client gone before the answer: nothing spent either
+        except BaseException as e:  # an unexpected failure, or the client gone before the answer: nothing spent
+            trace.failed(500, type(e).__name__)
             if held is not None:
                 held.release()
             if slot is not None:
                 slot.release()
             raise
         self.metrics.answered(model, p.report["routed"])
+        trace.answered(model, p.report)
         if p.report.get("conversation") and turn.previous_id is None:  # the model that answered carries it on
             self.conversations.remember(p.report["conversation"]["id"], model, key and key.owner)
         p.report["latency_s"] = time.perf_counter() - t0
@@ -251,7 +262,8 @@ class RouterIngress:
         counts = [f for f in (self.policy.meter(p, model), held.charger(model, estimate, turn.body),
                               self.answers.recorder(turn.answer_id(head[0]), text, model, key and key.owner,
                                                     self.gate.prices.get(model), estimate)
-                              if len(text) <= self.args.max_prompt_chars else None, slot.release) if f]
+                              if len(text) <= self.args.max_prompt_chars else None, slot.release,
+                              trace.finisher(self.gate.prices.get(model), estimate)) if f]
         relayed = self.client.relayed(model)
         # a hosted provider's prompt cache is shared by every key of the gateway: a key is not shown its cache reads
         # (another key's prefix would be a hit it could see); co-hosted models keep each key's apart (cache_salt)

@@ -40,8 +40,9 @@ import logging
 import time
 
 from proxray.common.pricing import Usage, token_bound
-from proxray.common.shared_actor import SharedActorClient, SharedStateDown
 from proxray.common.secrets import scrub
+from proxray.common.shared_actor import SharedActorClient, SharedStateDown
+from proxray.common.tracing import TRACE_HEADERS
 from proxray.pool.upstream import ASK_LISTING, RETRY, TAKE_OUT, error_object, lists_model, probe_headers, verdict
 from proxray.serve.config import ServedModel
 from proxray.serve.deployments.models import OpenAIModel
@@ -135,6 +136,7 @@ class EndpointRelay(OpenAIModel):
             headers = {k: str(v) for k, v in given.items()}
             if given.key_header and self.key:
                 headers[given.key_header] = self.key
+        headers.update(TRACE_HEADERS.get() or {})  # the request's model-call span, where tracing is on
         for attempt in range(self.spec.max_retries + 1):
             if self.limiter is not None:
                 delay = await self.limiter.reserve(tokens, max(0.0, deadline - time.monotonic()))

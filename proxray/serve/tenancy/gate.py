@@ -9,7 +9,8 @@ import hmac
 
 from proxray.common.pricing import Usage, answer_cost
 from proxray.serve.errors import RequestError
-from proxray.serve.tenancy.keys import KeyRing, KeySpec, LedgerClient
+from proxray.serve.tenancy.keys import KeyRing, KeySpec
+from proxray.serve.tenancy.ledger import LedgerClient
 from proxray.serve.tenancy.rules import KeyRules
 
 
@@ -30,14 +31,14 @@ class KeyGate:
     file, or nobody where no key is configured), and, for a key of the file, its rules (``rules``, the one
     ``KeyRules``), its rate and budget through the ledger, what the request holds and its answers' cost charged."""
 
-    def __init__(self, keys_file: str | None, api_key: bytes, app_name: str, prices: dict):
+    def __init__(self, keys_file: str | None, api_key: bytes, app_name: str, prices: dict, ledger_shards: int = 1):
         from proxray.common.metric_defs import metric
 
         self.ring = KeyRing(keys_file) if keys_file else None
         self.api_key, self.prices = api_key, prices
         self.rules = KeyRules(prices)  # every rule of a key: the request policy, listing, feedback, evidence ask it
         self.inflight: dict = {}  # key name -> its requests in flight on this replica (``enter``)
-        self.ledger = LedgerClient(app_name) if keys_file else None
+        self.ledger = LedgerClient(app_name, ledger_shards) if keys_file else None
         self.requests = metric("proxray_key_requests")
         self.spend = metric("proxray_key_spend_usd")
         self.prompt_tokens = metric("proxray_key_prompt_tokens")

@@ -5,7 +5,8 @@ be routed to, a request rate, and a budget in USD over a window — spent past i
 The file holds SHA-256 hashes of the keys, never the keys (``proxray keys new`` adds one and prints the key once); the
 operator edits it and every ingress replica reads it again when it changes (checked at most every
 ``RELOAD_EVERY_S``), no restart. A key's rate and spend are kept in one actor per app (``KeyLedger``, namespace
-``proxray``) that every replica asks, so the limits hold across replicas. The single key of ``api_key_file`` /
+``proxray``; or split by key over ``keys_ledger_shards`` of them, ``proxray.serve.tenancy.ledger``) that every
+replica asks, so the limits hold across replicas. The single key of ``api_key_file`` /
 ``api_key_env`` keeps working beside the file, unrestricted.
 
     keys:
@@ -26,9 +27,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from proxray.common.shared_actor import Checkpointed, SharedActorClient, SharedStateDown
+from proxray.common.shared_actor import Checkpointed
 from proxray.common.yamlconfig import StrictModel
-from proxray.serve.errors import RequestError
 
 RELOAD_EVERY_S = 2.0
 
@@ -275,46 +275,6 @@ class KeyLedger(Checkpointed):
                          "prompt_tokens": prompt, "cached_tokens": cached,
                          "cached_share": round(cached / prompt, 6) if prompt else None}
         return out
-
-
-class LedgerClient(SharedActorClient):
-    """The app's ``KeyLedger`` actor, created by the first replica that needs it."""
-
-    actor_cls, prefix = KeyLedger, "proxray-keys"
-
-    def actor_args(self) -> tuple:
-        return (self.name,)  # its checkpoint's key
-
-    async def admit(self, spec: KeySpec, hold_usd: float = 0.0, ticket: str | None = None) -> dict:
-        """The ledger's verdict; a ledger that does not answer fails closed: a 503 naming it (retry shortly)."""
-
-        try:
-            return await self.call("admit", spec.name, spec.requests_per_minute,
-                                   spec.budget.model_dump() if spec.budget else None, hold_usd, ticket)
-        except SharedStateDown as e:
-            raise RequestError(503, f"key {spec.name!r}: its rate and budget cannot be checked right now (the keys "
-                               "ledger is restarting); retry in a few seconds", kind="service_unavailable",
-                               headers={"retry-after": "2"}) from e
-
-    def lower(self, spec: KeySpec, ticket: str, usd: float) -> None:
-        """The hold of ``ticket`` lowered to ``usd``, sent without waiting (a lower hold needs no verdict)."""
-        self.tell("rehold", spec.name, spec.budget.model_dump(), ticket, usd)
-
-    async def rehold(self, spec: KeySpec, ticket: str, usd: float) -> dict:
-        """The hold of ``ticket`` raised to ``usd``: the ledger's verdict on the budget; a ledger that does not answer
-        fails closed (a 503 naming it)."""
-        try:
-            return await self.call("rehold", spec.name, spec.budget.model_dump(), ticket, usd)
-        except SharedStateDown as e:
-            raise RequestError(503, f"key {spec.name!r}: its budget cannot be checked right now (the keys ledger is "
-                               "restarting); retry in a few seconds", kind="service_unavailable",
-                               headers={"retry-after": "2"}) from e
-
-    def settle(self, name: str, ticket: str | None, usd: float, tokens: tuple | None = None) -> None:
-        if ticket is None:
-            self.tell("charge", name, usd, None, None, tokens)
-        else:
-            self.tell("settle", name, ticket, usd, None, tokens)
 
 
 def new_key_entry(path, name: str, **policy) -> str:
