@@ -4,8 +4,9 @@
 
 Starts the CPU demo's app (bench_serve's: four simulated models, the kNN router over MiniLM) with its ingress
 exporting OpenTelemetry spans to a collector stand-in on 127.0.0.1 (OTLP/HTTP, decoded with OpenTelemetry's own
-protobuf classes), sends a few routed chat completions with a client ``traceparent``, and draws the last one's spans
-as a waterfall: the server span, ``route`` and the model call, with their attributes.
+protobuf classes), sends a few routed chat completions with a client ``traceparent`` — the model the router picks first fails every
+request, so each falls back to the next — and draws the last one's spans as a waterfall: the server span, ``route``
+and the model call, with their attributes.
 """
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ import threading
 import time
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+def value(v):
+    kind = v.WhichOneof("value")
+    return [value(x) for x in v.array_value.values] if kind == "array_value" else getattr(v, kind)
 
 
 def receiver():
@@ -34,8 +40,7 @@ def receiver():
             for rs in req.resource_spans:
                 for ss in rs.scope_spans:
                     for s in ss.spans:
-                        attrs = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in s.attributes
-                                 if a.value.WhichOneof("value") != "array_value"}
+                        attrs = {a.key: value(a.value) for a in s.attributes}
                         spans.append({"name": s.name, "kind": s.kind, "trace": s.trace_id.hex(), "id": s.span_id.hex(),
                                       "parent": s.parent_span_id.hex(), "start": s.start_time_unix_nano,
                                       "end": s.end_time_unix_nano, "attrs": attrs})
@@ -58,12 +63,13 @@ def draw(spans: list, out: str) -> None:
     spans = sorted(spans, key=lambda s: rank.get(s["kind"], 3))
     t0, t1 = min(s["start"] for s in spans), max(s["end"] for s in spans)
     keep = ("gen_ai.request.model", "gen_ai.response.model", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
-            "proxray.cost_usd", "proxray.chosen_model", "proxray.lam", "proxray.outlier_score")
+            "proxray.cost_usd", "proxray.chosen_model", "proxray.lam", "proxray.outlier_score", "proxray.fallback_from")
     fig, ax = plt.subplots(figsize=(9, 1.2 + 1.1 * len(spans)))
     for i, s in enumerate(spans):
         a, b = (s["start"] - t0) / 1e6, (s["end"] - t0) / 1e6
         ax.barh(i, max(b - a, 0.05), left=a, color=["tab:green", "tab:blue", "tab:orange"][min(i, 2)], height=0.35)
-        shown = [f"{k.split('.', 1)[1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.', 1)[1]}={v}"
+        shown = [f"{k.split('.', 1)[1]}={v:.3g}" if isinstance(v, float) else
+                 f"{k.split('.', 1)[1]}={','.join(v)}" if isinstance(v, list) else f"{k.split('.', 1)[1]}={v}"
                  for k, v in s["attrs"].items() if k in keep]
         lines = [f"{s['name']}  ({b - a:.1f} ms)"] + [", ".join(shown[j:j + 2]) for j in range(0, len(shown), 2)]
         ax.text(0, i - 0.22, "\n".join(lines), fontsize=7.5, va="bottom")
@@ -84,10 +90,11 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     import httpx
 
-    from bench_serve import start_demo_app
+    from bench_serve import MODELS, start_demo_app
 
     url, spans = receiver()
-    chat, prompts, stop = start_demo_app(env={"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_BSP_SCHEDULE_DELAY": "200"})
+    chat, prompts, stop = start_demo_app(env={"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_BSP_SCHEDULE_DELAY": "200"},
+                                         engine_kwargs={MODELS[3]: {"fail_always": True}})  # the router's first pick
     try:
         for i in range(5):  # the first warms the encoder; the last is drawn
             trace = secrets.token_hex(16)

@@ -10,7 +10,7 @@ import pytest
 from openai_standin import MODEL, StandIn, key_file
 from otlp_receiver import Receiver
 from proxray.common.tracing import enabled
-from serve_helpers import STRONG, WEAK, start_app, stop_app
+from serve_helpers import BROKEN, STRONG, WEAK, start_app, stop_app
 
 pytestmark = pytest.mark.slow
 EXTERNAL = "frontier"
@@ -32,9 +32,11 @@ def app(tmp_path_factory, encoder):
     standin, receiver = StandIn(key, faults=False), Receiver()
     one = {"min_replicas": 1, "max_replicas": 1}
     models = [{"id": WEAK, "engine": "sim", "autoscaling": one}, {"id": STRONG, "engine": "sim", "autoscaling": one},
+              {"id": BROKEN, "engine": "sim", "engine_kwargs": {"fail_always": True}, "autoscaling": one},  # looks best
               {"id": EXTERNAL, "engine": "openai", "source": MODEL, "base_url": standin.url, "api_key_file": str(path),
                "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}]
-    url = start_app(tmp, encoder, models, profile={EXTERNAL: (0.99, 1e-7)}, timeout_s=30,
+    url = start_app(tmp, encoder, models, profile={BROKEN: (1.0, 1e-9), EXTERNAL: (0.97, 1e-7), STRONG: (0.5, 3e-5)},
+                    timeout_s=30,
                     env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "gateway-under-test",
                          "OTEL_BSP_SCHEDULE_DELAY": "200"})
     yield url, standin, receiver
@@ -48,7 +50,7 @@ def traceparent():
     return trace_id, parent, f"00-{trace_id}-{parent}-01"
 
 
-def test_a_routed_request_continues_the_clients_trace_and_passes_it_to_the_endpoint(app):
+def test_a_routed_request_continues_the_clients_trace_falls_back_and_passes_it_to_the_endpoint(app):
     url, standin, receiver = app
     trace_id, parent, header = traceparent()
     r = httpx.post(f"{url}/v1/chat/completions", headers={"traceparent": header}, timeout=60,
@@ -58,7 +60,8 @@ def test_a_routed_request_continues_the_clients_trace_and_passes_it_to_the_endpo
     server, route, call = spans["chat proxray"], spans["route"], spans[f"chat {EXTERNAL}"]
     assert server["kind"] == SERVER and server["parent_id"] == parent and server["service"] == "gateway-under-test"
     assert route["parent_id"] == call["parent_id"] == server["span_id"] and call["kind"] == CLIENT
-    assert route["attributes"]["proxray.chosen_model"] == EXTERNAL and "proxray.router_path" in route["attributes"]
+    assert route["attributes"]["proxray.chosen_model"] == BROKEN and "proxray.router_path" in route["attributes"]
+    assert call["attributes"]["proxray.fallback_from"] == [BROKEN]  # asked first, failed: the endpoint answered
     usage = r.json()["usage"]
     for s in (server, call):
         a = s["attributes"]
