@@ -87,6 +87,29 @@ def test_a_hold_is_settled_exactly_once_on_every_path():
     assert Held(g, None).take() is None  # no key: nothing held
 
 
+def test_a_refused_request_is_released_and_one_past_its_deadline_charged_its_hold():
+    """A 4xx or a 503: nothing spent. A 504 once a model had the request: it may have been billed, so the hold at the
+    model asked last is charged (the router's estimate where that model has no price), never 0."""
+    from types import SimpleNamespace
+
+    g = gate()
+    g.ledger, g.spend = Ledger(), type("Counter", (), {"inc": lambda *a, **k: None})()
+    spec = KeySpec(name="k", sha256="0" * 64, budget={"usd": 1.0})
+    body = {"messages": [], "max_tokens": 10}
+    plan = SimpleNamespace(candidates=["m", "unpriced"], report={"failures": [{"model": "unpriced"}],
+                                                                 "estimates": {"unpriced": {"cost": 0.04}}})
+    for status, p, usd in ((400, None, 0.0), (503, plan, 0.0), (504, None, 0.0), (504, plan, 0.04)):
+        held = Held(g, spec)
+        held.take()
+        held.refused(status, p, body)
+        held.release()  # and nothing settles it again
+        assert g.ledger.settled[-1] == ("k", held.ticket, pytest.approx(usd)), status
+    held = Held(g, spec)
+    held.take()
+    held.refused(504, SimpleNamespace(candidates=["m"], report={}), body)  # no failure recorded: the first candidate
+    assert g.ledger.settled[-1][2] == pytest.approx(g.hold("m", body, None)) and len(g.ledger.settled) == 5
+
+
 def test_the_upstreams_answer_is_classified_once():
     assert retry_same(429) and retry_same(503) and not retry_same(400) and not retry_same(422)
     assert falls_back(502) and not falls_back(400) and not falls_back(404)

@@ -82,10 +82,12 @@ class RequestTrace:
             if isinstance(max_tokens, int):
                 self.span.set_attribute("gen_ai.request.max_tokens", max_tokens)
 
-    def routed(self, report: dict, start_ns: int, chosen: str | None) -> None:
-        """The router's decision (``chosen``: the model it asks first), as a ``route`` span from ``start_ns`` to now."""
+    def routed(self, report: dict, chosen: str | None) -> None:
+        """The router's decision (``chosen``: the model it asks first), as a ``route`` span over the report's
+        ``route_ms``, ending now."""
         if self.span is None or not report.get("routed"):
             return
+        start_ns = time.time_ns() - int(1e6 * report.get("route_ms", 0.0))
         from opentelemetry.trace import set_span_in_context
 
         attrs = {k: v for k, v in (("proxray.router_path", report.get("router_path")), ("proxray.lam", report.get("lam")),
@@ -111,9 +113,7 @@ class RequestTrace:
         TraceContextTextMapPropagator().inject(carrier, context=set_span_in_context(self.model_span))
         TRACE_HEADERS.set(carrier)
 
-    def answered(self, model: str, report: dict) -> None:
-        if self.span is None:
-            return
+    def _answered(self, model: str, report: dict) -> None:
         for span in (self.span, self.model_span):
             if span is not None:
                 span.set_attribute("gen_ai.response.model", model)
@@ -124,11 +124,13 @@ class RequestTrace:
             if report.get("fallback_from"):
                 self.model_span.set_attribute("proxray.fallback_from", [str(m) for m in report["fallback_from"]])
 
-    def finisher(self, price, estimate: float | None):
-        """A function of the answer's usage (chat words, as every count gets it) that ends both spans with its token
-        counts and cost at ``price`` (``estimate`` where the model has none); None where tracing is off."""
+    def finisher(self, model: str, report: dict, price, estimate: float | None):
+        """``model`` answered (``report``: the fallbacks): a function of the answer's usage (chat words, as every count
+        gets it) that ends both spans with its token counts and cost at ``price`` (``estimate`` where the model has
+        none); None where tracing is off."""
         if self.span is None:
             return None
+        self._answered(model, report)
         from proxray.common.pricing import Usage, answer_cost
 
         def finish(usage):
@@ -165,6 +167,3 @@ class RequestTrace:
                 span.end()
         self.span = self.model_span = None
 
-
-def now_ns() -> int:
-    return time.time_ns()

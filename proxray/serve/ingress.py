@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from proxray.common.pricing import Usage
-from proxray.common.tracing import RequestTrace, enabled as tracing_enabled, now_ns
+from proxray.common.tracing import RequestTrace, enabled as tracing_enabled
 from proxray.routing.index import single_thread
 from proxray.serve.config import ROUTER_MODEL, AppArgs, load_api_key, resolve_alias
 from proxray.serve.deployments.client import ModelClient
@@ -212,9 +212,8 @@ class RouterIngress:
                 rp = replace(rp, conversation=turn.session)
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = turn.text(self.args.routing_text)
-            t_route = now_ns()
             p = await self.plan(req, rp, turn, timings, text, key)
-            trace.routed(p.report, t_route, p.candidates[0] if p.candidates else None)
+            trace.routed(p.report, p.candidates[0] if p.candidates else None)
             p, estimate = await self.gate.hold_plan(  # the hold moved to the chosen model's bound on the whole turn
                 key, key_report, p, turn.body, held.ticket, first_hold, lambda m: self._estimate(text, m),
                 self.client.handles, replan=lambda: self.plan(req, rp.over_budget(), turn, timings, text, key,
@@ -225,13 +224,8 @@ class RouterIngress:
                                                   self.args.timeout_s, self._failed, turn.has_content)
             timings["model_ms"] = 1e3 * (time.perf_counter() - t_model)  # the answer, or a stream's first content
         except RequestError as e:
-            if held is not None and e.status == 504 and p is not None:  # a model had it past the deadline: it may
-                last = (p.report.get("failures") or [{}])[-1].get("model") or p.candidates[0]  # have billed it
-                charge = held.charger(last, p.report.get("estimates", {}).get(last, {}).get("cost"), turn.body)
-                if charge is not None:
-                    charge(None)  # charged its hold, never 0 where a generation may have been billed
-            elif held is not None:
-                held.release()  # no answer: nothing spent
+            if held is not None:  # no answer: nothing spent, unless a model had it past the deadline (a 504)
+                held.refused(e.status, p, turn.body if p is not None else None)
             if slot is not None:
                 slot.release()
             self.metrics.error(e.status)
@@ -245,7 +239,6 @@ class RouterIngress:
                 slot.release()
             raise
         self.metrics.answered(model, p.report["routed"])
-        trace.answered(model, p.report)
         if p.report.get("conversation") and turn.previous_id is None:  # the model that answered carries it on
             self.conversations.remember(p.report["conversation"]["id"], model, key and key.owner)
         p.report["latency_s"] = time.perf_counter() - t0
@@ -263,7 +256,7 @@ class RouterIngress:
                               self.answers.recorder(turn.answer_id(head[0]), text, model, key and key.owner,
                                                     self.gate.prices.get(model), estimate)
                               if len(text) <= self.args.max_prompt_chars else None, slot.release,
-                              trace.finisher(self.gate.prices.get(model), estimate)) if f]
+                              trace.finisher(model, p.report, self.gate.prices.get(model), estimate)) if f]
         relayed = self.client.relayed(model)
         # a hosted provider's prompt cache is shared by every key of the gateway: a key is not shown its cache reads
         # (another key's prefix would be a hit it could see); co-hosted models keep each key's apart (cache_salt)

@@ -251,6 +251,17 @@ class Held:
             if self.spec.budget:
                 self.gate.ledger.settle(self.spec.name, self.ticket, 0.0)
 
+    def refused(self, status: int, plan, body: dict | None) -> None:
+        """The request ended in a refusal: nothing spent (the hold released) — but a 504 after a model had it past the
+        deadline may have been billed, so it is charged its hold at the model asked last, never 0."""
+        if status == 504 and plan is not None:
+            last = (plan.report.get("failures") or [{}])[-1].get("model") or plan.candidates[0]
+            charge = self.charger(last, plan.report.get("estimates", {}).get(last, {}).get("cost"), body)
+            if charge is not None:
+                charge(None)
+        else:
+            self.release()
+
     def charger(self, model: str, estimate: float | None, body: dict):
         """The answer's charger (``KeyGate.charger``), which settles the hold from now on — once, whatever calls it."""
         charge = self.gate.charger(self.spec, model, estimate, self.ticket, body) if self.open else None
