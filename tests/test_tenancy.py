@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from openai_standin import MODEL, StandIn, key_file
-from serve_helpers import STRONG, WEAK, kill_under_load, start_app, stop_app
+from serve_helpers import STRONG, WEAK, free_port, kill_under_load, start_app, stop_app
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,9 @@ def app(tmp_path_factory, encoder):
                     keys_ledger_shards=SHARDS,  # every budget here kept by one of three ledgers
                     responses={"max_bytes": 2**20},  # a key's share: 512 KiB
                     profile={SLOW_DEAR: (0.95, 2e-4), FREE: (0.2, 5e-5), EXTERNAL: (0.3, 1e-6),
-                             LIMITED: (0.1, 1e-6)})
+                             LIMITED: (0.1, 1e-6)},
+                    # tracing on, its collector down (nothing listens there): spans are lost, never a request
+                    env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"})
     yield url, standin
     stop_app()
     standin.stop()
