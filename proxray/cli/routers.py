@@ -189,7 +189,8 @@ def add_fit_explain(sub) -> None:
     fit.add_argument("--models", type=comma_list(), default=None, help="comma-separated subset of the table's models")
     fit.add_argument("--router", choices=ROUTER_CHOICES, default="km", help="KMeans clusters (default, as in eval) "
                      "or the k nearest training queries")
-    add_options(fit, ("weighting", "k", "n_clusters", "decision_tolerance", "recall_floor"))
+    add_options(fit, ("weighting", "k", "n_clusters", "max_regret", "route_budget_ms", "decision_tolerance",
+                      "recall_floor"))
     add_temperature_options(fit)
     fit.add_argument("--encoder", default=None, help=ENCODER_HELP + "; auto: measure static against MiniLM on this "
                      "table's held-out tasks and keep static when it is within --encoder-tolerance")

@@ -9,9 +9,10 @@ phi, the proximity penalty of the paper, is a distance here:
 ``NeighborIndex`` wraps an exact faiss index or an approximate one (``ivf``: an inverted file over a flat
 quantizer, trained on a sample; ``hnsw``: a graph) for large reference sets; ``recall_at_k`` measures what the
 approximation loses against the exact search. ``fit_index`` builds the one a router asks for — ``auto`` (the
-default): exact up to ``EXACT_MAX`` references, an inverted file above, its lists set from the size and the lists
-it searches (``nprobe``) the fewest that reach the recall floor on a sample of the references — and reports the
-recall it reached.
+default): exact up to ``EXACT_MAX`` references, an HNSW graph above whose search breadth is the least that keeps the
+router's decisions within ``MAX_REGRET`` of exact search's (the utility its changed decisions lose, ``DecisionCheck``,
+on references held out while it is built) within ``ROUTE_BUDGET_MS`` a route on one thread — and records what it
+reached and what it tried.
 
 One query searches on one thread best: faiss's OpenMP threads cost more than they give there (1M exact
 references: 112 ms on one thread, 224 ms on the machine's two). ``single_thread()`` is what the router's serving
@@ -19,6 +20,8 @@ replicas call on the thread that routes (OpenMP's thread count is per thread: an
 theirs); fitting and batch scoring (the monitor) keep faiss's threads.
 """
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 
@@ -29,10 +32,14 @@ EXACT_MAX = 8_000  # auto: exact search up to this many references, ~1 ms on one
 RECALL_FLOOR = 0.0  # the recall@k an approximate index must also reach against exact search (0: decisions alone)
 RECALL_SAMPLE = 256  # references held out of the index, then asked for their neighbours, to measure it
 DECISION_SAMPLE = 512  # the same, where the router's decisions are what is measured (× its λ range)
-DECISION_TOL = 0.005  # the share of held decisions an approximate index may route differently from exact search
+MAX_REGRET = 0.005  # utility (acc − λ·cost) an approximate index's changed decisions may lose a decision, on average
+# over held references × the λ range, against exact search: half an accuracy point of the router's objective
+ROUTE_BUDGET_MS = 1.0  # one query's route (search, estimate, decision) on one thread that auto's index must stay under
+LATENCY_SAMPLE = 64  # held references timed one at a time for it
 TRAIN_PER_LIST = 40  # IVF: training sample per list (faiss warns below 39)
 AUTO_APPROX = "hnsw"  # auto's index above EXACT_MAX (bench/bench_scale.py: at 1M, ivf needs 3.6 ms for recall 0.95)
 MIN_EF_SEARCH, MAX_EF_SEARCH = 64, 1024  # HNSW: the search breadths tuning tries (× 1.5 a step)
+HNSW_M = 32  # HNSW graph degree
 EF_CONSTRUCTION = 32  # HNSW build breadth (faiss: 40): at 1M references 32 builds in ~3/4 of the time
 
 
@@ -237,6 +244,12 @@ class DecisionCheck:
 
         return np.stack([choose(acc, cost, lam) for lam in self.lams], 1)  # (q, L)
 
+    def route(self, dist, idx) -> np.ndarray:
+        """What one route does with neighbours: the estimate and the choice (at the middle of the λ range)."""
+        from proxray.routing.objective import choose
+
+        return choose(*self.estimate(dist, idx), self.lams[len(self.lams) // 2])
+
     def measure(self, dist, idx) -> tuple[float, float]:
         pick = self._choose(*self.estimate(dist, idx))
         q, L = np.indices(pick.shape)
@@ -244,16 +257,69 @@ class DecisionCheck:
         return float(np.mean(pick != self.pick)), float(np.mean(regret))
 
 
+def route_ms(index: NeighborIndex, Q: np.ndarray, k: int, check: "DecisionCheck | None" = None) -> float:
+    """Median milliseconds of one query's route through ``index`` on one thread — the search, and with ``check`` the
+    router's estimate and choice from its neighbours — over the rows of ``Q`` (the first tenth warms caches)."""
+    import time
+
+    import faiss
+
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        times = []
+        for q in Q:
+            t = time.perf_counter()
+            dist, idx = index.search(q[None, :], k)
+            if check is not None:
+                check.route(dist, idx)
+            times.append(time.perf_counter() - t)
+    finally:
+        faiss.omp_set_num_threads(threads)
+    return float(np.median(times[max(1, len(times) // 10):])) * 1e3
+
+
+def exact_route_ms(R: np.ndarray, Q: np.ndarray, k: int, metric: str, budget_ms: float,
+                   check: "DecisionCheck | None" = None) -> float:
+    """``route_ms`` of exact search over ``R`` (faiss's brute force, no copy of R), from up to ``LATENCY_SAMPLE``
+    queries — fewer where the first already take many times ``budget_ms``."""
+    import time
+
+    import faiss
+
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        times = []
+        for q in Q[:LATENCY_SAMPLE]:
+            t = time.perf_counter()
+            dist, idx = exact_neighbours(q[None, :], R, k, metric, distances=True)
+            if check is not None:
+                check.route(dist, idx)
+            times.append(time.perf_counter() - t)
+            if len(times) >= 3 and sum(times) * 1e3 > 20 * budget_ms:
+                break
+    finally:
+        faiss.omp_set_num_threads(threads)
+    return float(np.median(times)) * 1e3
+
+
 def fit_index(R: np.ndarray, metric: str, kind: str, k: int, floor: float = RECALL_FLOOR, nprobe: int | None = None,
-              nlist: int | None = None, hnsw_m: int = 32, ef_search: int | None = None, seed: int = 0,
-              decisions=None, tolerance: float = DECISION_TOL):
-    """The index a router searches ``R`` (n, d, prepared) with, and what the artifact records of it: its params, and
-    for an approximate one the recall@k reached on a sample — and, with ``decisions`` ((estimate, lams): the router's
-    estimate from neighbours and its λ range), how far its decisions are from exact search's there
-    (``DecisionCheck``). ``auto``: exact up to ``EXACT_MAX`` references, else ``AUTO_APPROX``. An approximate index
-    whose search knob is not given (IVF ``nprobe``, HNSW ``ef_search``) searches the least (1, 2, 4, ... lists; 64, 96,
-    144, ... breadth) that reaches ``floor`` and routes at most ``tolerance`` of the held decisions differently; where
-    nothing does, auto falls back to exact search and a kind asked for by name is an error naming the fix."""
+              nlist: int | None = None, hnsw_m: int = HNSW_M, ef_search: int | None = None, seed: int = 0,
+              decisions=None, max_regret: float = MAX_REGRET, budget_ms: float = ROUTE_BUDGET_MS,
+              tolerance: float | None = None):
+    """The index a router searches ``R`` (n, d, prepared) with, and what the artifact records of it (``info``).
+
+    ``auto``: exact search up to ``EXACT_MAX`` references; above, ``AUTO_APPROX`` whose search knob (IVF ``nprobe``:
+    1, 2, 4, ... lists; HNSW ``ef_search``: 64, 96, 144, ... breadth), where not given, is the least that keeps the
+    router's decisions within ``max_regret`` of exact search's — with ``decisions`` ((estimate, lams): the router's
+    estimate from neighbours and its λ range), the mean utility (acc − λ·cost, by the exact estimates) its changed
+    decisions lose on references held out of the index while it is built (``DecisionCheck``) — and reaches ``floor``
+    recall@k (and, where given, changes at most ``tolerance`` of the decisions), within ``budget_ms`` a route on one
+    thread (``route_ms``). Where no setting does both: exact search if it fits the budget, else the least regret under
+    the budget (or, where nothing is under it, the fastest setting that meets the bound, else the least regret) — with
+    a warning, in ``info["warning"]`` too. An index asked for by name is tuned to the bound whatever its latency, and is
+    an error naming the fix where its widest search misses it; ``flat`` is exact search at any size."""
     n, d = R.shape
     if kind == "auto" and n <= EXACT_MAX or kind == "flat":
         index = NeighborIndex(d, metric, "flat")
@@ -261,6 +327,7 @@ def fit_index(R: np.ndarray, metric: str, kind: str, k: int, floor: float = RECA
         return index, {"kind": "flat", "recall_at_k": 1.0, "k": k, "chosen": "exact" if kind == "flat" else
                        f"auto: {n} references <= {EXACT_MAX}"}
     approx = AUTO_APPROX if kind == "auto" else kind
+    knob = {"ivf": "nprobe", "hnsw": "ef_search"}[approx]
     tune = (nprobe if approx == "ivf" else ef_search) is None
     index = NeighborIndex(d, metric, approx, nprobe=nprobe or 1, hnsw_m=hnsw_m, ef_search=ef_search or MIN_EF_SEARCH,
                           nlist=nlist, seed=seed)
@@ -275,34 +342,66 @@ def fit_index(R: np.ndarray, metric: str, kind: str, k: int, floor: float = RECA
     exact_dist, exact = exact_neighbours(Q, R[rest], kk, metric, distances=True)
     exact = rest[exact]
     check = None if decisions is None else DecisionCheck(decisions[0], decisions[1], exact_dist, exact)
+    trials = []
 
-    def measure():
+    def trial() -> dict:
         dist, idx = index.search(Q, kk)
-        recall = recall_at_k(idx, exact)
-        return (recall, *check.measure(dist, idx)) if check else (recall, 0.0, 0.0)
+        differ, regret = check.measure(dist, idx) if check else (0.0, 0.0)
+        t = {knob: int(index.nprobe if approx == "ivf" else index.ef_search), "recall_at_k": round(recall_at_k(idx, exact), 4),
+             "decisions_differ": round(differ, 5), "decision_regret": round(regret, 6),
+             "route_ms": round(route_ms(index, Q[:LATENCY_SAMPLE], kk, check), 3)}
+        trials.append(t)
+        return t
 
-    recall, differ, regret = measure()
-    while tune and (recall < floor or differ > tolerance) and index.widen():
-        recall, differ, regret = measure()
+    def meets(t: dict) -> bool:
+        return t["recall_at_k"] >= floor and t["decision_regret"] <= max_regret and (
+            tolerance is None or t["decisions_differ"] <= tolerance)
+
+    t = trial()
+    while tune and not meets(t) and (kind != "auto" or t["route_ms"] <= budget_ms) and index.widen():
+        t = trial()
+    bound = (f"regret <= {max_regret:g}" + (f", recall@{k} >= {floor:g}" if floor else "")
+             + (f", decisions differing <= {tolerance:g}" if tolerance is not None else ""))
+    chosen, warning = t, None
+    if kind != "auto" and not meets(t):
+        what = (f"recall@{k} {t['recall_at_k']:.3f}" if t["recall_at_k"] < floor else f"regret {t['decision_regret']:.2g}"
+                f" ({t['decisions_differ']:.2%} of the decisions changed)")
+        raise ValueError(f"index={kind!r}: on {len(Q)} held-out references{f' × {len(check.lams)} λ' if check else ''} "
+                         f"it reached {what} against exact search, not {bound}; raise {knob} (or leave it unset: tuned), "
+                         "use index='auto' or 'flat', or raise max_regret / lower recall_floor")
+    if kind == "auto":  # the fastest within the budget that meets the bound, exact search (no regret) among them
+        exact_ms = round(exact_route_ms(R, Q, kk, metric, budget_ms, check), 3)
+        fits = meets(t) and t["route_ms"] <= budget_ms
+        if exact_ms <= budget_ms and (not fits or exact_ms < t["route_ms"]):
+            index = NeighborIndex(d, metric, "flat")
+            index.add(R)
+            return index, {"kind": "flat", "recall_at_k": 1.0, "k": k, "route_ms": exact_ms, "budget_ms": budget_ms,
+                           "max_regret": max_regret, "trials": trials, "chosen": f"auto: exact search takes {exact_ms:g}"
+                           f" ms, {'faster than' if fits else 'and no'} {approx} setting {'that meets' if fits else 'met'}"
+                           f" {bound}"}
+        if not fits:
+            under = [x for x in trials if x["route_ms"] <= budget_ms]
+            met = [x for x in trials if meets(x)]
+            chosen = (min(under, key=lambda x: (x["decision_regret"], x["route_ms"])) if under else
+                      min(met, key=lambda x: x["route_ms"]) if met else min(trials, key=lambda x: x["decision_regret"]))
+            warning = (f"no {approx} setting met {bound} within {budget_ms:g} ms a route (exact search: {exact_ms:g} "
+                       "ms); " + (f"the least regret under the budget: {knob}={chosen[knob]}, regret "
+                                  f"{chosen['decision_regret']:.2g}" if under else f"nothing is under the budget: "
+                                  f"{knob}={chosen[knob]}, {chosen['route_ms']:g} ms, regret {chosen['decision_regret']:.2g}")
+                       + " — raise max_regret or route_budget_ms, or use index='flat' or a KMeansRouter")
+            warnings.warn(f"KNNRouter index: {warning}", UserWarning, stacklevel=4)
+            (index.set_nprobe if approx == "ivf" else index.set_ef_search)(chosen[knob])
     index.add(Q, np.flatnonzero(held))
-    info = {**index.params(), "recall_at_k": round(float(recall), 4), "k": k, "floor": floor,
-            "sample": len(Q), "chosen": f"auto: {n} references > {EXACT_MAX}" if kind == "auto" else approx}
+    info = {**index.params(), "recall_at_k": chosen["recall_at_k"], "k": k, "floor": floor, "sample": len(Q),
+            "route_ms": chosen["route_ms"], "budget_ms": budget_ms,
+            "chosen": f"auto: {n} references > {EXACT_MAX}" if kind == "auto" else approx}
     if check is not None:
-        info.update(decisions_differ=round(differ, 5), decision_regret=round(regret, 6), tolerance=tolerance,
-                    lams=len(check.lams))
-    if recall >= floor and differ <= tolerance:
-        return index, info
-    what = (f"recall@{k} against exact search is {recall:.3f} on {len(Q)} held-out references, below recall_floor="
-            f"{floor}" if recall < floor else f"{differ:.2%} of the decisions on {len(Q)} held-out references × "
-            f"{len(check.lams)} λ routed differently from exact search's, above decision_tolerance={tolerance}")
-    if kind == "auto":
-        index = NeighborIndex(d, metric, "flat")
-        index.add(R)
-        return index, {"kind": "flat", "recall_at_k": 1.0, "k": k, "chosen": f"auto: {approx} reached {what} "
-                       "at its widest search; exact search instead", **({"decisions_differ": 0.0} if check else {})}
-    knob = {"ivf": "nprobe", "hnsw": "ef_search"}[approx]
-    raise ValueError(f"index={kind!r}: {what}; raise {knob} (or leave it unset: tuned), use index='auto' or 'flat', "
-                     "or lower recall_floor / raise decision_tolerance")
+        info.update(decisions_differ=chosen["decisions_differ"], decision_regret=chosen["decision_regret"],
+                    max_regret=max_regret, lams=len(check.lams), trials=trials,
+                    **({"tolerance": tolerance} if tolerance is not None else {}))
+    if warning:
+        info["warning"] = warning
+    return index, info
 
 
 def recall_at_k(approx_idx: np.ndarray, exact_idx: np.ndarray) -> float:
@@ -312,12 +411,20 @@ def recall_at_k(approx_idx: np.ndarray, exact_idx: np.ndarray) -> float:
 
 
 def describe_index(info: dict | None) -> str | None:
-    """What a kNN router's artifact records of its index, in one line (``fit`` and ``info`` print it)."""
+    """What a kNN router's artifact records of its index, in one line (``fit`` and ``info`` print it), and its
+    warning on a second line where it has one."""
     if not info:
         return None
     knobs = ", ".join(f"{k}={info[k]}" for k in ("nlist", "nprobe", "hnsw_m", "ef_search") if k in info)
-    decided = (f", decisions {info['decisions_differ']:.2%} different from exact search's (regret "
-               f"{info.get('decision_regret', 0.0):.2g}, tolerance {info.get('tolerance', 0):.2%}, {info.get('sample')} "
-               f"held-out references × {info.get('lams')} λ)" if "decisions_differ" in info and "tolerance" in info else "")
-    return (f"index: {info['kind']}{f' ({knobs})' if knobs else ''}, recall@{info['k']} {info['recall_at_k']} against "
-            f"exact search{decided} — {info['chosen']}")
+    parts = [f"index: {info['kind']}{f' ({knobs})' if knobs else ''}"]
+    if info.get("route_ms") is not None:
+        parts.append(f"route {info['route_ms']:g} ms on one thread (budget {info.get('budget_ms', ROUTE_BUDGET_MS):g})")
+    if "decision_regret" in info:
+        bound = f", bound {100 * info['max_regret']:g}" if "max_regret" in info else ""
+        parts.append(f"regret {100 * info['decision_regret']:.3g} accuracy points{bound}, "
+                     f"{info.get('decisions_differ', 0.0):.2%} of decisions changed against exact search "
+                     f"({info.get('sample')} held-out references × {info.get('lams')} λ)")
+    if info.get("recall_at_k") is not None and info.get("k") is not None:
+        parts.append(f"recall@{info['k']} {info['recall_at_k']}")
+    line = ", ".join(parts) + (f" — {info['chosen']}" if info.get("chosen") else "")
+    return line + (f"\nwarning: {info['warning']}" if info.get("warning") else "")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from proxray.routing.index import DECISION_TOL, NeighborIndex, as_matrix, fit_index, prepare
+from proxray.routing.index import MAX_REGRET, ROUTE_BUDGET_MS, NeighborIndex, as_matrix, fit_index, prepare
 from proxray.routing.params import SPECS
 from proxray.routing.prox import ProxRouter, check_targets
 
@@ -21,11 +21,14 @@ class KNNRouter(ProxRouter):
         (spread:0.2, 1/tau(x) = 0.2 / std of the query's k distances), a number a fixed 1/tau (the paper's 20), or
         a ``Fixed`` / ``Spread`` value or its string ("spread:0.2").
     metric : "cosine" | "euclidean".
-    index : "auto" (default: exact search up to 8k references, an HNSW graph above, tuned to decision_tolerance) |
-        "flat" (exact) | "ivf" | "hnsw" (approximate, for large reference sets; see ``proxray.routing.index``).
-    decision_tolerance : the share of this router's decisions — on references held out of the index, at λ over the
-        range its costs span (``decision_lams``) — an approximate index may route differently from exact search
-        (auto falls back to exact search above it; ivf / hnsw by name are an error). Default 0.005.
+    index : "auto" (default: exact search up to 8k references, an HNSW graph above, tuned to max_regret within
+        route_budget_ms) | "flat" (exact) | "ivf" | "hnsw" (approximate; see ``proxray.routing.index``).
+    max_regret : the utility (acc − λ·cost) an approximate index's decisions may lose, a decision on average, against
+        exact search — on references held out of the index, at λ over the range its costs span (``decision_lams``).
+        Default 0.005: half an accuracy point. ivf / hnsw by name that cannot meet it are an error.
+    route_budget_ms : one route's milliseconds on one thread (default 1): auto picks the fastest setting within it
+        that meets max_regret; where none does, exact search if that fits, else the least regret within it, and warns.
+    decision_tolerance : None (default), or the share of decisions an approximate index may also change.
     recall_floor : recall@k against exact search an approximate index must also reach. Default 0: decisions decide.
     nprobe : IVF lists searched; None (default) tunes it: the fewest that meet both.
     nlist : IVF lists; None: ~2 sqrt(n). hnsw_m : HNSW graph degree.
@@ -39,7 +42,8 @@ class KNNRouter(ProxRouter):
     kind = "knn"
 
     def __init__(self, k=D["k"], weighting=D["weighting"], temperature=D["temperature"], metric=D["metric"],
-                 index=D["index"], decision_tolerance=D["decision_tolerance"], recall_floor=D["recall_floor"],
+                 index=D["index"], max_regret=D["max_regret"], route_budget_ms=D["route_budget_ms"],
+                 decision_tolerance=D["decision_tolerance"], recall_floor=D["recall_floor"],
                  nprobe=D["nprobe"], nlist=D["nlist"], hnsw_m=D["hnsw_m"], ef_search=D["ef_search"], **deprecated):
         self._store(dict(locals()))
 
@@ -62,7 +66,9 @@ class KNNRouter(ProxRouter):
         self.index_, self.index_info_ = fit_index(self.reference_, self.metric, self.index, self.k_,
                                                   float(self.recall_floor), self.nprobe, self.nlist, self.hnsw_m,
                                                   self.ef_search, decisions=decisions,
-                                                  tolerance=float(getattr(self, "decision_tolerance", DECISION_TOL)))
+                                                  max_regret=float(getattr(self, "max_regret", MAX_REGRET)),
+                                                  budget_ms=float(getattr(self, "route_budget_ms", ROUTE_BUDGET_MS)),
+                                                  tolerance=getattr(self, "decision_tolerance", None))
 
     @property
     def n_train_(self):

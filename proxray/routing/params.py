@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from proxray.routing.index import DECISION_TOL, INDEX_KINDS, METRICS, RECALL_FLOOR
+from proxray.routing.index import INDEX_KINDS, MAX_REGRET, METRICS, RECALL_FLOOR, ROUTE_BUDGET_MS
 
 WEIGHTINGS = ("base", "prox")
 
@@ -73,16 +73,21 @@ SPECS: dict[str, dict[str, Param]] = {
         WEIGHTING, TEMPERATURE, METRIC,
         _p("index", str, "auto", "nearest-neighbour search: auto (exact up to 8k references, HNSW above), flat "
            "(exact), ivf or hnsw", choices=INDEX_KINDS),
-        _p("decision_tolerance", float, DECISION_TOL, "the share of decisions (held-out references × the λ range) "
-           "an approximate index may route differently from exact search (tables over 8k queries; above it, exact "
-           "search)", low=0.0, high=1.0, cli="--decision-tolerance"),
+        _p("max_regret", float, MAX_REGRET, "utility (acc − λ·cost) an approximate index's decisions may lose a "
+           "decision against exact search, on held-out references over the λ range (0.005: half an accuracy point; "
+           "tables over 8k queries)", low=0.0, high=1.0, cli="--max-regret"),
+        _p("route_budget_ms", float, ROUTE_BUDGET_MS, "milliseconds one route (search, estimate, decision) may take on "
+           "one thread: auto's index is the fastest within it that meets max_regret, else the least regret within "
+           "it (with a warning)", low=0.0, cli="--route-budget-ms"),
+        _p("decision_tolerance", float, None, "the share of decisions an approximate index may also change against "
+           "exact search (None: regret alone decides)", low=0.0, high=1.0, none=True, cli="--decision-tolerance"),
         _p("recall_floor", float, RECALL_FLOOR, "recall@k against exact search an approximate index must also reach "
            "(0: its decisions alone decide)", low=0.0, high=1.0, cli="--recall-floor"),
-        _p("nprobe", int, None, "IVF lists searched; None: the fewest that meet decision_tolerance and recall_floor",
+        _p("nprobe", int, None, "IVF lists searched; None: the fewest that meet max_regret and recall_floor",
            low=1, none=True),
         _p("nlist", int, None, "IVF lists; None: about 2 sqrt(n)", low=1, none=True),
         _p("hnsw_m", int, 32, "HNSW graph degree", low=2),
-        _p("ef_search", int, None, "HNSW search breadth; None: the least that meets decision_tolerance and "
+        _p("ef_search", int, None, "HNSW search breadth; None: the least that meets max_regret and "
            "recall_floor", low=1,
            none=True))},
     "km": {p.name: p for p in (
