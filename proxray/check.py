@@ -17,6 +17,7 @@ proxray check --config ...``) to check paths of the nodes.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -254,8 +255,8 @@ def _check_monitor(raw: dict, report: Report, simulate: bool = False):
     return _job_demand(job.models)
 
 
-# the ways a Ray cluster's head is told of an external Redis for its GCS (Ray's GCS fault tolerance)
-GCS_FT_MARKS = ("RAY_REDIS_ADDRESS", "--redis-address", "RAY_external_storage_namespace")
+# the ways a Ray cluster's head is told of an external Redis for its GCS (Ray's GCS fault tolerance), in its commands
+GCS_FT_MARKS = re.compile(r"RAY_REDIS_ADDRESS=[^\s;]|--redis-address[= ]\S|RAY_external_storage_namespace=[^\s;]")
 HEAD_LOSS = ("a head loss takes the whole cluster: without the GCS the workers' raylets exit within a minute "
              "(gcs_rpc_server_reconnect_timeout_s), every replica with them, the endpoint is down until the cluster "
              "is started again, and what the app's shared actors hold in memory (the keys' spend in their windows, "
@@ -263,21 +264,51 @@ HEAD_LOSS = ("a head loss takes the whole cluster: without the GCS the workers' 
              "key-value store, which without Redis dies with the head")
 
 
+def _env_file_sets(path: Path, name: str) -> bool:
+    """Whether the shell environment file ``path`` (``NAME=value`` lines, ``export`` allowed) gives ``name`` a value."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        line = line.strip().removeprefix("export ").strip()
+        if line.startswith(f"{name}=") and line.split("=", 1)[1].strip().strip("'\""):
+            return True
+    return False
+
+
+def gcs_redis_source(raw: dict) -> str | None:
+    """Where a launcher config's head learns of an external Redis for its GCS — its own commands, or the
+    ``~/.proxray/env`` they load, read from the local folder ``file_mounts`` copies to the nodes — or None."""
+    said = " ".join(str(c) for key in ("head_start_ray_commands", "head_setup_commands", "setup_commands",
+                                       "initialization_commands") for c in raw.get(key) or [])
+    said += " " + str((raw.get("docker") or {}).get("run_options") or "")
+    if GCS_FT_MARKS.search(said):
+        return "the head's start commands"
+    if "~/.proxray/env" in said:
+        for remote, local in (raw.get("file_mounts") or {}).items():
+            if str(remote).rstrip("/").endswith("/.proxray"):
+                env = Path(os.path.expanduser(str(local))) / "env"
+                if _env_file_sets(env, "RAY_REDIS_ADDRESS"):
+                    return f"RAY_REDIS_ADDRESS in {local.rstrip('/')}/env"
+    return None
+
+
 def _check_cluster_config(raw: dict, report: Report, simulate: bool = False):
-    """A Ray cluster launcher config (``cluster.yaml``): its head's start commands and environment read for GCS fault
-    tolerance (an external Redis); without it, a warning saying what a head loss costs."""
+    """A Ray cluster launcher config (``cluster.yaml``): its head's start commands, and the ``~/.proxray/env`` they
+    load, read for GCS fault tolerance (an external Redis); without it, a warning saying what a head loss costs."""
     head_type = raw.get("head_node_type")
     types = raw.get("available_node_types") or {}
     if not isinstance(types, dict) or head_type not in types:
         report.problems.append(f"head_node_type: {head_type!r} is not one of available_node_types "
                                f"({', '.join(map(str, types)) if isinstance(types, dict) else 'not a mapping'})")
         return None
-    said = " ".join(str(c) for key in ("head_start_ray_commands", "head_setup_commands", "setup_commands",
-                                       "initialization_commands") for c in raw.get(key) or [])
-    said += " " + str((raw.get("docker") or {}).get("run_options") or "")
-    if not any(mark in said for mark in GCS_FT_MARKS):
+    source = gcs_redis_source(raw)
+    if source is None:
         report.notes.append("warning: no GCS fault tolerance (no external Redis: RAY_REDIS_ADDRESS in the head's "
-                            f"ray start environment); {HEAD_LOSS}")
+                            f"ray start environment, e.g. in ~/.proxray/env); {HEAD_LOSS}")
+    else:
+        report.notes.append(f"GCS fault tolerance: an external Redis ({source})")
     return None
 
 

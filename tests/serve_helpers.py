@@ -129,3 +129,27 @@ def kill_under_load(actor, seen, ready, answered, settle_s, before_kill=None, wi
         time.sleep(0.05)
     time.sleep(settle_s)
     return killed
+
+
+def kill_node(node) -> int:
+    """SIGKILL every process of a ``ray.cluster_utils.Cluster`` node (no drain, no goodbye): its raylet (and a head's
+    GCS), its agents and the workers under them; waits until they are gone. How many there were."""
+    import signal
+
+    import psutil
+
+    procs = []
+    for infos in node.all_processes.values():
+        for info in infos:
+            try:
+                p = psutil.Process(info.process.pid)
+                procs += [p, *p.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    return len(procs)

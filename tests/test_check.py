@@ -223,24 +223,35 @@ def test_the_cpu_demo_configs_pass_with_the_router_the_readme_fits(tmp_path, mon
     assert capsys.readouterr().out.count("ok, it would deploy") == 2
 
 
-def test_a_cluster_config_without_gcs_fault_tolerance_is_a_warning(tmp_path, capsys):
+def test_a_cluster_config_without_gcs_fault_tolerance_is_a_warning(tmp_path, capsys, monkeypatch):
     """``proxray check cluster.yaml``: the shipped launcher config deploys, with a warning saying what a head loss costs
-    without an external Redis; one whose head starts Ray with RAY_REDIS_ADDRESS has no warning."""
+    while the ~/.proxray/env it copies to the nodes names no external Redis; once it does — or a head command sets
+    RAY_REDIS_ADDRESS itself — the check says where GCS fault tolerance comes from instead."""
     import yaml
 
     from proxray.cli import main
 
+    monkeypatch.setenv("HOME", str(tmp_path))  # the local ~/.proxray that file_mounts copies
     assert main(["check", "--config", str(ROOT / "cluster.yaml")]) == 0
     out = capsys.readouterr().out
     assert "cluster: ok, it would deploy" in out and "warning: no GCS fault tolerance" in out
     assert "head loss takes the whole cluster" in out
+    (tmp_path / ".proxray").mkdir()
+    (tmp_path / ".proxray" / "env").write_text("FRONTIER_API_KEY=x\nRAY_REDIS_ADDRESS=\n")  # empty: still none
+    assert main(["check", "--config", str(ROOT / "cluster.yaml")]) == 0
+    assert "warning: no GCS fault tolerance" in capsys.readouterr().out
+    (tmp_path / ".proxray" / "env").write_text("export RAY_REDIS_ADDRESS=rediss://cache.internal:6379\n")
+    assert main(["check", "--config", str(ROOT / "cluster.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "warning" not in out and "GCS fault tolerance: an external Redis (RAY_REDIS_ADDRESS in ~/.proxray/env)" in out
+    (tmp_path / ".proxray" / "env").unlink()
     raw = yaml.safe_load((ROOT / "cluster.yaml").read_text())
     raw["head_start_ray_commands"] = [c.replace("RAY_AUTH_MODE=token ray start",
                                                 "RAY_REDIS_ADDRESS=redis.internal:6379 RAY_AUTH_MODE=token ray start")
                                       for c in raw["head_start_ray_commands"]]
     (tmp_path / "ft.yaml").write_text(yaml.safe_dump(raw))
     assert main(["check", "--config", str(tmp_path / "ft.yaml")]) == 0
-    assert "GCS fault tolerance" not in capsys.readouterr().out
+    assert "GCS fault tolerance: an external Redis (the head's start commands)" in capsys.readouterr().out
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**raw, "head_node_type": "nope"}))
     assert main(["check", "--config", str(tmp_path / "bad.yaml")]) != 0  # a problem: it would not deploy
     assert "head_node_type: 'nope'" in capsys.readouterr().out

@@ -82,3 +82,44 @@ def test_sharded_ledgers_keep_each_budget_exact_and_a_new_shard_count_carries_sp
     two = LedgerClient("shards", 2)
     assert asyncio.run(seen(two)) == pytest.approx([1.0] * 8)  # the new layout started from the old one's
     assert len(running_ledgers("shards")) == 6
+
+
+def test_a_ledger_answers_while_its_checkpoint_store_does_not(monkeypatch):
+    """The GCS away (a head restarting): the ledger's key-value store blocks. Admissions and charges answer from
+    memory at once; the newest state is written when the store takes it again, and nothing older after it."""
+    import json
+    import threading
+
+    from ray.experimental import internal_kv
+
+    from proxray.serve.tenancy.keys import KeyLedger
+
+    store, gate, calls = {}, threading.Event(), []
+
+    def put(key, value, overwrite=True, namespace=None):
+        calls.append(time.monotonic())
+        if not gate.wait(timeout=30):
+            raise TimeoutError("the GCS did not come back")
+        store[key] = value
+
+    monkeypatch.setattr(internal_kv, "_internal_kv_initialized", lambda: True)
+    monkeypatch.setattr(internal_kv, "_internal_kv_get", lambda key, namespace=None: store.get(key))
+    monkeypatch.setattr(internal_kv, "_internal_kv_put", put)
+    monkeypatch.setattr("proxray.common.shared_actor.CHECKPOINT_EVERY_S", 0.0)
+    ledger = KeyLedger("proxray-keys-test")
+    budget = {"usd": 1.0, "window_s": 3600.0, "over_budget": "reject"}
+    t0 = time.monotonic()
+    for i in range(50):  # every change asks for a checkpoint; the first write is stuck in the store
+        assert ledger.admit("k", None, budget, 0.01, f"t{i}")["ok"]
+        ledger.settle("k", f"t{i}", 0.01)
+    assert time.monotonic() - t0 < 2.0  # answered from memory
+    while not calls and time.monotonic() < t0 + 10:
+        time.sleep(0.01)
+    assert len(calls) == 1  # one write in flight, stuck in the store
+    gate.set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and json.loads(store.get("proxray-keys-test", "{}")).get("totals") != {"k": 0.5}:
+        time.sleep(0.05)
+    assert json.loads(store["proxray-keys-test"])["totals"] == pytest.approx({"k": 0.5})  # the newest state
+    assert len(calls) <= 3  # not a write per change: the newest waiting state replaces the older ones
+    assert KeyLedger("proxray-keys-test").report()["k"]["spent_usd"] == pytest.approx(0.5)  # a restart starts from it

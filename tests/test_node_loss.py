@@ -11,39 +11,18 @@ agents — gets SIGKILL; a new GPU node joins later, as the autoscaler would bri
 
 Marked slow (five raylets)."""
 import collections
-import signal
 import statistics
 import threading
 import time
 
 import pytest
-from serve_helpers import STRONG, WEAK, SLOW, BROKEN, fit_router, free_port
+from serve_helpers import STRONG, WEAK, SLOW, BROKEN, fit_router, free_port, kill_node
 
 pytestmark = pytest.mark.slow
 
 GPU = {"num_cpus": 1, "num_gpus": 2, "resources": {"accelerator_type:H100": 2}}
 INGRESS = {"num_cpus": 2, "resources": {"proxray_ingress": 1}}  # cluster.yaml's cpu_worker, scaled to this machine
 FAILOVER_S = 1.0
-
-
-def kill(node) -> int:
-    """SIGKILL every process of ``node`` (no drain, no goodbye): its raylet and the workers under it, its agents."""
-    import psutil
-
-    procs = []
-    for infos in node.all_processes.values():
-        for info in infos:
-            try:
-                p = psutil.Process(info.process.pid)
-                procs += [p, *p.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                pass
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    return len(procs)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +119,7 @@ def test_a_gpu_worker_killed_under_routed_load_costs_no_routed_request(cluster, 
     while sum(r["status"] == 200 for r in results) < 40 and time.time() < deadline:  # load before the kill
         time.sleep(0.2)
     killed_at = time.time()
-    assert kill(victim) >= 2
+    assert kill_node(victim) >= 2
     dead.append(victim)
     while time.time() < killed_at + 8:  # the lost node's replicas are gone; no node has a free H100
         time.sleep(0.2)
@@ -216,7 +195,7 @@ def test_the_evaluation_job_loses_a_gpu_worker_and_finishes_every_row_once(clust
         victim = busy_gpu_node()
     assert victim is not None, "no engine started on a GPU worker"
     time.sleep(2)  # some batches done, some in flight
-    kill(victim)
+    kill_node(victim)
     dead.append(victim)
     killed_at = time.time()
     gpus.append(c.add_node(**GPU))  # room for the engines it held, as the autoscaler would bring

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 
 from proxray.common.actors import CALL_TIMEOUT_S, NAMESPACE, ActorDown, acall, find, get_or_create
@@ -24,13 +25,36 @@ START_TIMEOUT_S = 10.0  # a call that found no handle may have started the actor
 SharedStateDown = ActorDown  # what a caller catches: the actor did not answer (``name``, ``why``)
 
 
+PLACEMENT: dict = {}  # Ray resources the shared actors this process creates ask a sliver of (``place_with``)
+SLIVER = 0.001
+
+
+def place_with(resources: dict | None) -> None:
+    """The app's shared actors this process creates go only to nodes that have ``resources`` (the ingress's
+    ``router_resources``; a sliver of each, so they never crowd it out): where an ingress can run, never on a head
+    node that has none of them, as the shipped cluster configs lay it out. None or empty: anywhere."""
+    PLACEMENT.clear()
+    PLACEMENT.update({name: SLIVER for name in resources or {}})
+
+
 def app_actor(cls, name: str, *args):
     """The app's actor of ``cls`` named ``name`` (created with ``args`` where it does not exist yet; no CPU reserved).
 
     Its calls run one at a time but out of order: every replica calls it fire-and-forget, and with Ray's in-order
     queue one call that never arrives (a lost push under load) holds every later call for 30 s and then cancels them
-    all. Nothing here depends on the order of two calls in flight at once (each is a whole update or a lookup)."""
-    return get_or_create(cls, name, *args, num_cpus=0, allow_out_of_order_execution=True, max_restarts=-1)
+    all. Nothing here depends on the order of two calls in flight at once (each is a whole update or a lookup).
+
+    It is created on the caller's node where that node can take it (softly: elsewhere if not), and only where the
+    resources ``place_with`` named are (the ingress's): an ingress replica's node, off the head, so a head lost does
+    not take the app's state with it — calls between two workers' processes need no GCS and go on while the head is
+    restarted — and one lost with its node is started again where an ingress can run."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    placed = {"resources": dict(PLACEMENT)} if PLACEMENT else {}
+    return get_or_create(cls, name, *args, num_cpus=0, allow_out_of_order_execution=True, max_restarts=-1,
+                         scheduling_strategy=here, **placed)
 
 
 class SharedActorClient:
@@ -117,28 +141,60 @@ class SharedActorClient:
 
 class Checkpointed:
     """Mixed into a shared actor whose state must outlive it: ``_restore()`` in its constructor reads the last
-    checkpoint from the cluster's key-value store (kept by the GCS, so it survives the actor), ``_dirty()`` after a
-    change writes one at most every ``CHECKPOINT_EVERY_S`` (the actor's ``_state()`` / ``_load(state)`` as JSON)."""
+    checkpoint from the cluster's key-value store (kept by the GCS — in its Redis where the cluster has GCS fault
+    tolerance — so it survives the actor), ``_dirty()`` after a change takes one at most every ``CHECKPOINT_EVERY_S``
+    (the actor's ``_state()`` as JSON, in the actor's thread) and hands it to a writer thread. The actor never waits on
+    the store: while the GCS is down (a head node restarting) its calls go on answering from memory, and the writer
+    keeps the newest checkpoint until the store takes it."""
 
     checkpoint_key = ""
+
+    def _checkpoints_start(self) -> None:
+        """No checkpoint taken yet, no writer running (what ``_restore`` starts with)."""
+        self._saved_at, self._pending, self._writer, self._wake = 0.0, None, None, threading.Event()
 
     def _restore(self) -> None:
         from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
 
-        self._saved_at = 0.0
+        self._checkpoints_start()
         if self.checkpoint_key and _internal_kv_initialized():
             raw = _internal_kv_get(self.checkpoint_key, namespace=NAMESPACE)
             if raw:
                 self._load(json.loads(raw))
 
     def _dirty(self, force: bool = False) -> None:
-        """A change was made: written now when the last checkpoint is ``CHECKPOINT_EVERY_S`` old, else with a
-        later change (an actor in use loses at most its last second of changes with it)."""
+        """A change was made: a checkpoint taken now when the last is ``CHECKPOINT_EVERY_S`` old, else with a later
+        change (an actor in use loses at most its last second of changes with it)."""
         now = time.monotonic()
         if not self.checkpoint_key or (not force and now - self._saved_at < CHECKPOINT_EVERY_S):
             return
+        self._saved_at, self._pending = now, json.dumps(self._state())
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_checkpoints, name="proxray-checkpoint", daemon=True)
+            self._writer.start()
+        self._wake.set()
+
+    def _write_checkpoints(self) -> None:
         from ray.experimental.internal_kv import _internal_kv_initialized, _internal_kv_put
 
-        if _internal_kv_initialized():
-            _internal_kv_put(self.checkpoint_key, json.dumps(self._state()), overwrite=True, namespace=NAMESPACE)
-            self._saved_at = now
+        failing = False
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            state, self._pending = self._pending, None
+            if state is None or not _internal_kv_initialized():
+                continue
+            try:
+                _internal_kv_put(self.checkpoint_key, state, overwrite=True, namespace=NAMESPACE)
+                if failing:
+                    logger.warning("proxray: %s checkpointed again", self.checkpoint_key)
+                failing = False
+            except Exception as e:  # noqa: BLE001 - the GCS away: keep the newest state, try again in a second
+                if not failing:
+                    logger.warning("proxray: %s not checkpointed (%s); trying again", self.checkpoint_key,
+                                   type(e).__name__)
+                failing = True
+                if self._pending is None:
+                    self._pending = state
+                time.sleep(CHECKPOINT_EVERY_S)
+                self._wake.set()

@@ -176,7 +176,9 @@ class AppArgs(StrictModel):
     router_num_cpus: float = Field(0.5, gt=0, description="CPUs each ingress replica reserves")
     router_resources: dict[str, float] = Field({}, description=(
         "custom Ray resources each ingress replica asks for, e.g. {proxray_ingress: 0.01} to keep the ingress on the "
-        "CPU nodes that declare it (cluster.yaml's cpu_worker), so that losing a GPU node loses no ingress replica"))
+        "CPU nodes that declare it (cluster.yaml's cpu_worker), so that losing a GPU node loses no ingress replica; "
+        "the app's shared actors (keys ledgers, books, stores) ask a sliver of the same, so they live there too, off "
+        "the head"))
     router_replicas: int = Field(1, ge=1, description="ingress replicas (each encodes and routes on its own)")
     router_max_replicas_per_node: int | None = Field(None, ge=1, description=(
         "at most this many ingress replicas on one node (1: spread them over nodes, so losing a node loses one)"))

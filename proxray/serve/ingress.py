@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from proxray.common.pricing import Usage
+from proxray.common.shared_actor import place_with
 from proxray.common.tracing import RequestTrace, enabled as tracing_enabled
 from proxray.routing.index import single_thread
 from proxray.serve.config import ROUTER_MODEL, AppArgs, load_api_key, resolve_alias
@@ -103,6 +104,7 @@ class RouterIngress:
         deployments = {m: deployment_name(m) for m, h in handles.items() if not isinstance(h, OpenAIModel)}
         self.client = ModelClient(handles, Liveness(app_name, deployments, a.failover_s))
         self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a), a.conversations)
+        place_with(a.router_resources)  # the app's shared actors where an ingress may run: off a head without them
         self.conversations = ConversationClient(app_name, a.conversations)
         self.answers = FeedbackClient(app_name, a.feedback)  # answers remembered for feedback on them
         # per protocol, the models whose endpoints serve it themselves (relayed as sent; the rest through chat)

@@ -78,7 +78,7 @@ class ShardedKeyLedger(KeyLedger):
 
         from proxray.common.actors import NAMESPACE
 
-        self._saved_at = 0.0
+        self._checkpoints_start()
         if not (self.checkpoint_key and _internal_kv_initialized()):
             return
         family = self.checkpoint_key if self.app_name is None else f"{PREFIX}-{self.app_name}"

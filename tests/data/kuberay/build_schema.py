@@ -7,8 +7,8 @@ tests/test_kuberay_manifests.py. Run once by hand when the pinned versions chang
 What it holds (descriptions dropped, everything else as published):
   * RayJob and RayService of ray.io/v1 as KubeRay v1.5.1 defines them (ray-operator/apis/ray/v1: rayjob_types.go,
     rayservice_types.go, raycluster_types.go), for the fields of RayJobSpec, RayServiceSpec, RayClusterSpec,
-    HeadGroupSpec, WorkerGroupSpec, AuthOptions and AutoscalerOptions, typed as controller-gen types them, required
-    as their JSON tags make them, and closed (an unknown field is an error, as `kubectl apply`'s strict field
+    HeadGroupSpec, WorkerGroupSpec, AuthOptions, AutoscalerOptions, GcsFaultToleranceOptions and RedisCredential,
+    typed as controller-gen types them, required as their JSON tags make them, and closed (an unknown field is an error, as `kubectl apply`'s strict field
     validation makes it);
   * every pod template, service and container setting as Kubernetes 1.33's own strict schema (PodTemplateSpec and
     what it refers to), from kubernetes-validate (the yannh/instrumenta schemas), and the same for the core objects
@@ -60,7 +60,11 @@ KUBERAY = {
         "rayVersion": {"type": "string"}, "enableInTreeAutoscaling": {"type": "boolean"},
         "autoscalerOptions": ref("ray.io.v1.AutoscalerOptions"), "headServiceAnnotations": STRMAP,
         "suspend": {"type": "boolean"}, "managedBy": {"type": "string"},
-        "gcsFaultToleranceOptions": {"type": "object"}}, required=["headGroupSpec"]),
+        "gcsFaultToleranceOptions": ref("ray.io.v1.GcsFaultToleranceOptions")}, required=["headGroupSpec"]),
+    "ray.io.v1.GcsFaultToleranceOptions": closed({
+        "redisUsername": ref("ray.io.v1.RedisCredential"), "redisPassword": ref("ray.io.v1.RedisCredential"),
+        "externalStorageNamespace": {"type": "string"}, "redisAddress": {"type": "string"}}, required=["redisAddress"]),
+    "ray.io.v1.RedisCredential": closed({"valueFrom": ref("io.k8s.api.core.v1.EnvVarSource"), "value": {"type": "string"}}),
     "ray.io.v1.RayJobSpec": closed({
         "activeDeadlineSeconds": INT32, "backoffLimit": INT32, "rayClusterSpec": ref("ray.io.v1.RayClusterSpec"),
         "submitterPodTemplate": POD, "metadata": STRMAP, "clusterSelector": STRMAP,
