@@ -152,6 +152,7 @@ class Checkpointed:
     def _checkpoints_start(self) -> None:
         """No checkpoint taken yet, no writer running (what ``_restore`` starts with)."""
         self._saved_at, self._pending, self._writer, self._wake = 0.0, None, None, threading.Event()
+        self._handover = threading.Lock()  # the newest state, between the actor's thread and the writer
 
     def _restore(self) -> None:
         from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
@@ -168,7 +169,9 @@ class Checkpointed:
         now = time.monotonic()
         if not self.checkpoint_key or (not force and now - self._saved_at < CHECKPOINT_EVERY_S):
             return
-        self._saved_at, self._pending = now, json.dumps(self._state())
+        state = json.dumps(self._state())
+        with self._handover:
+            self._saved_at, self._pending = now, state
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_checkpoints, name="proxray-checkpoint", daemon=True)
             self._writer.start()
@@ -181,7 +184,8 @@ class Checkpointed:
         while True:
             self._wake.wait()
             self._wake.clear()
-            state, self._pending = self._pending, None
+            with self._handover:
+                state, self._pending = self._pending, None
             if state is None or not _internal_kv_initialized():
                 continue
             try:
@@ -194,7 +198,8 @@ class Checkpointed:
                     logger.warning("proxray: %s not checkpointed (%s); trying again", self.checkpoint_key,
                                    type(e).__name__)
                 failing = True
-                if self._pending is None:
-                    self._pending = state
+                with self._handover:
+                    if self._pending is None:  # nothing newer came meanwhile
+                        self._pending = state
                 time.sleep(CHECKPOINT_EVERY_S)
                 self._wake.set()
