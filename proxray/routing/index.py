@@ -257,9 +257,9 @@ class DecisionCheck:
         return float(np.mean(pick != self.pick)), float(np.mean(regret))
 
 
-def route_ms(index: NeighborIndex, Q: np.ndarray, k: int, check: "DecisionCheck | None" = None) -> float:
-    """Median milliseconds of one query's route through ``index`` on one thread — the search, and with ``check`` the
-    router's estimate and choice from its neighbours — over the rows of ``Q`` (the first tenth warms caches)."""
+def _route_times(search, Q: np.ndarray, k: int, check: "DecisionCheck | None", stop_ms: float | None = None) -> list:
+    """Seconds of each query of ``Q`` routed one at a time on one faiss thread: ``search(q, k)`` and, with ``check``,
+    the router's estimate and choice from its neighbours; stopped after three once they sum past ``stop_ms``."""
     import time
 
     import faiss
@@ -270,12 +270,21 @@ def route_ms(index: NeighborIndex, Q: np.ndarray, k: int, check: "DecisionCheck 
         times = []
         for q in Q:
             t = time.perf_counter()
-            dist, idx = index.search(q[None, :], k)
+            dist, idx = search(q[None, :], k)
             if check is not None:
                 check.route(dist, idx)
             times.append(time.perf_counter() - t)
+            if stop_ms is not None and len(times) >= 3 and sum(times) * 1e3 > stop_ms:
+                break
     finally:
         faiss.omp_set_num_threads(threads)
+    return times
+
+
+def route_ms(index: NeighborIndex, Q: np.ndarray, k: int, check: "DecisionCheck | None" = None) -> float:
+    """Median milliseconds of one query's route through ``index`` on one thread — the search, and with ``check`` the
+    router's estimate and choice from its neighbours — over the rows of ``Q`` (the first tenth warms caches)."""
+    times = _route_times(index.search, Q, k, check)
     return float(np.median(times[max(1, len(times) // 10):])) * 1e3
 
 
@@ -283,24 +292,8 @@ def exact_route_ms(R: np.ndarray, Q: np.ndarray, k: int, metric: str, budget_ms:
                    check: "DecisionCheck | None" = None) -> float:
     """``route_ms`` of exact search over ``R`` (faiss's brute force, no copy of R), from up to ``LATENCY_SAMPLE``
     queries — fewer where the first already take many times ``budget_ms``."""
-    import time
-
-    import faiss
-
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    try:
-        times = []
-        for q in Q[:LATENCY_SAMPLE]:
-            t = time.perf_counter()
-            dist, idx = exact_neighbours(q[None, :], R, k, metric, distances=True)
-            if check is not None:
-                check.route(dist, idx)
-            times.append(time.perf_counter() - t)
-            if len(times) >= 3 and sum(times) * 1e3 > 20 * budget_ms:
-                break
-    finally:
-        faiss.omp_set_num_threads(threads)
+    times = _route_times(lambda q, kk: exact_neighbours(q, R, kk, metric, distances=True), Q[:LATENCY_SAMPLE], k,
+                         check, stop_ms=20 * budget_ms)
     return float(np.median(times)) * 1e3
 
 
@@ -347,7 +340,7 @@ def fit_index(R: np.ndarray, metric: str, kind: str, k: int, floor: float = RECA
     def trial() -> dict:
         dist, idx = index.search(Q, kk)
         differ, regret = check.measure(dist, idx) if check else (0.0, 0.0)
-        t = {knob: int(index.nprobe if approx == "ivf" else index.ef_search), "recall_at_k": round(recall_at_k(idx, exact), 4),
+        t = {knob: int(index.params()[knob]), "recall_at_k": round(recall_at_k(idx, exact), 4),
              "decisions_differ": round(differ, 5), "decision_regret": round(regret, 6),
              "route_ms": round(route_ms(index, Q[:LATENCY_SAMPLE], kk, check), 3)}
         trials.append(t)
