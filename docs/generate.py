@@ -415,6 +415,12 @@ def metrics_page() -> str:
             series = f"`{names[0]}`" + "".join(f", `{n.removeprefix('ray_' + m.name)}`" for n in names[1:])
             labels = ", ".join(f"`{t}`" for t in m.tags)
             out.append(f"| {series} | {m.kind} | {labels} | {m.when or 'the first routed request'} | {m.help} |\n")
+    out.append("\n## vLLM's own (each co-hosted vLLM deployment's engine)\n\nray.serve.llm exports vLLM's engine "
+               "statistics on the same endpoint (`log_engine_metrics`, on for every vLLM model the app serves), among "
+               "them its prefix cache's: `ray_vllm_prefix_cache_queries_total` (prompt tokens looked up) and "
+               "`ray_vllm_prefix_cache_hits_total` (found cached), by `model_name` and `ReplicaId` — their ratio is "
+               "the replica's prefix-cache hit rate, what keeping a conversation's turns on one replica "
+               "([Serve](../guides/serve.md#conversations-that-keep-their-model)) raises.\n")
     out.append("\n## The monitor's own text (`proxray monitor metrics`)\n\n`proxray monitor metrics` prints the "
                "monitor's state as Prometheus text (no `ray_` prefix: it is not Ray's endpoint); `proxray monitor "
                "status` the same as JSON ([Drift monitor](../guides/drift-monitor.md)).\n\n"

@@ -119,7 +119,8 @@ def test_a_conversation_keeps_its_model_unless_another_is_better_by_the_margin(c
         return r.model, r.model_extra["proxray"]
 
     model, rep = turn(0.0)
-    assert model == STRONG and rep["conversation"] == {"id": "conv-1", "action": "new", "previous": None}
+    assert model == STRONG and rep["conversation"] == {"id": "conv-1", "rule": "first_turn", "action": "new",
+                                                       "previous": None}
     est = rep["estimates"]
     # a λ at which the cheap model's objective beats the strong one's by 0.01: under the step-down margin (0.05)
     gap = est[STRONG]["accuracy"] - est[WEAK]["accuracy"]
@@ -129,8 +130,8 @@ def test_a_conversation_keeps_its_model_unless_another_is_better_by_the_margin(c
         if ray.get(book.recall.remote("conv-1")) == STRONG:
             break
         time.sleep(0.05)
-    model, rep = turn(lam)
-    assert model == STRONG and rep["conversation"]["action"] == "kept"
+    model, rep = turn(lam)  # the models have no price: their table estimates and the margins decide
+    assert model == STRONG and rep["conversation"]["action"] == "kept" and rep["conversation"]["rule"] == "table"
     assert rep["conversation"]["gain"] == pytest.approx(0.01, abs=1e-4) and rep["conversation"]["direction"] == "step down"
     alone, _ = turn(lam, cid="conv-2")  # the same turn alone goes to the cheaper model
     assert alone == WEAK

@@ -204,3 +204,18 @@ def test_langchain_and_litellm_reach_vllm_with_tools_and_response_format(app):
     body = seen(VLLM_MODEL)["body"]
     assert r.model.endswith(VLLM_MODEL) and body["messages"] == MESSAGES and body["tools"] == tools
     assert body["response_format"] == {"type": "json_object"} and r.usage.completion_tokens <= 3
+
+
+def test_a_conversations_turns_stay_on_one_vllm_replica_and_its_prefix_is_cached(client):
+    """The vLLM deployment is served behind Serve's consistent-hash request router over the session the ingress
+    sends: a conversation's every turn reports the model replica that took it, the same one each time."""
+    messages, replicas = list(MESSAGES), []
+    for i in range(3):
+        resp = client.chat.completions.create(model="proxray", messages=messages, max_tokens=4, temperature=0.0,
+                                              extra_body={"proxray": {"conversation": "vllm-session"}})
+        rep = resp.model_extra["proxray"]
+        assert resp.model == VLLM_MODEL and rep["conversation"]["id"] == "vllm-session"
+        replicas.append(rep["model_replica"])
+        messages += [{"role": "assistant", "content": resp.choices[0].message.content or "ok"},
+                     {"role": "user", "content": f"And with {i + 2} more boxes?"}]
+    assert len(set(replicas)) == 1 and replicas[0]

@@ -46,6 +46,13 @@ class PriceSpec(StrictModel):
     cache_write_per_mtok: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
         f"USD per million prompt tokens written to the provider's prompt cache; default {CACHE_WRITE_RATIO:g} × "
         "input_per_mtok (Anthropic's 5-minute cache; 2 × for its 1-hour one)"))
+    cache_ttl_s: float = Field(300.0, gt=0, allow_inf_nan=False, description=(
+        "how long the provider keeps a prompt in its cache after its last use (300: Anthropic's default 5-minute cache "
+        "and OpenAI's in-memory one; 3600 for Anthropic's 1-hour cache): a conversation's next turn within it is "
+        "expected to read its prefix at cache_read_per_mtok"))
+    cache_min_tokens: int = Field(1024, ge=0, description=(
+        "the shortest prompt the provider caches (1024 for Anthropic's Sonnet and Opus and for OpenAI; 2048 for "
+        "Anthropic's Haiku; 0 for a co-hosted vLLM model's prefix cache)"))
     tool_call_usd: dict[str, float] = Field({}, description=(
         "USD per call of a hosted tool the provider runs and bills apart, by the name its usage counts it under, e.g. "
         "{web_search_requests: 0.01} (Anthropic's web search: 10 USD per 1,000)"))
@@ -58,13 +65,15 @@ class PriceSpec(StrictModel):
         """USD these tokens can cost at most: the prompt at the input price — at the cache-write price where the request
         asks the provider to cache it (``writes_cache``: Anthropic's ``cache_control``), which costs more — and the
         completion at the output price."""
-        prompt_price = max(self.input_per_mtok, self._write_price()) if writes_cache else self.input_per_mtok
+        prompt_price = max(self.input_per_mtok, self.write_price()) if writes_cache else self.input_per_mtok
         return (prompt_tokens * prompt_price + completion_tokens * self.output_per_mtok) / 1e6
 
-    def _read_price(self) -> float:
+    def read_price(self) -> float:
+        """USD per million prompt tokens read from the cache."""
         return self.cache_read_per_mtok if self.cache_read_per_mtok is not None else CACHE_READ_RATIO * self.input_per_mtok
 
-    def _write_price(self) -> float:
+    def write_price(self) -> float:
+        """USD per million prompt tokens written to the cache."""
         return (self.cache_write_per_mtok if self.cache_write_per_mtok is not None else
                 CACHE_WRITE_RATIO * self.input_per_mtok)
 
@@ -81,7 +90,7 @@ class PriceSpec(StrictModel):
         details = usage.get("prompt_tokens_details") or {}
         read = min(_count(details.get("cached_tokens")), p)
         written = min(_count(details.get("cache_write_tokens")), p - read)
-        usd = float(self.tokens(p - read - written, c)) + (read * self._read_price() + written * self._write_price()) / 1e6
+        usd = float(self.tokens(p - read - written, c)) + (read * self.read_price() + written * self.write_price()) / 1e6
         tools = usage.get("server_tool_use") or {}
         return usd + sum(_count(n) * self.tool_call_usd.get(name, 0.0) for name, n in tools.items())
 

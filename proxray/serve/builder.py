@@ -18,6 +18,11 @@ from proxray.serve.tenancy.keys import read_keys
 # unreplaced, and requests waiting for it, for up to 10 s; the check is a cheap call on its own thread)
 HEALTH_CHECK_PERIOD_S = 2.0
 
+# how a vLLM deployment picks the replica of a request: a conversation's turns on one replica (its prefix cached there)
+SESSION_ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
+SESSION_FALLBACK_REPLICAS = 2  # replicas tried after a conversation's own when it is full
+
+
 def app_args(args: dict) -> AppArgs:
     """The app's ``args`` validated (every field problem at once), as its rehearsal when ``simulate``."""
     return rehearsed(AppArgs.model_validate(args))
@@ -67,9 +72,17 @@ def _vllm_deployment(m: ServedModel, source: str):
     from proxray.pool.vllm_adapter import vllm_engine_kwargs, vllm_placement
     from proxray.serve.deployments.vllm_server import VLLMModelServer  # defers ray.serve.llm (it needs vLLM)
 
+    from ray.serve.config import RequestRouterConfig
+
+    # a conversation's turns on the replica whose prefix cache holds it: Serve's consistent-hash router over the
+    # session id the ingress sends (ModelClient.session), the next replicas on the ring where that one is full
+    # (max_ongoing_requests); a request without a conversation is spread evenly
+    affinity = RequestRouterConfig(request_router_class=SESSION_ROUTER,
+                                   request_router_kwargs={"num_fallback_replicas": SESSION_FALLBACK_REPLICAS})
     cfg = LLMConfig(model_loading_config={"model_id": m.id, "model_source": source},
                     engine_kwargs=vllm_engine_kwargs(m), accelerator_type=m.accelerator_type,
-                    deployment_config={"autoscaling_config": m.autoscaling.model_dump(exclude_none=True)},
+                    deployment_config={"autoscaling_config": m.autoscaling.model_dump(exclude_none=True),
+                                       "request_router_config": affinity},
                     **vllm_placement(m))
     # name_prefix="" falls back to "LLMServer:"; override_serve_options gives the plain name
     serve_options = {"name": deployment_name(m.id), "max_queued_requests": m.max_queued_requests,

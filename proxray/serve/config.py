@@ -53,9 +53,19 @@ def resolve_alias(name: str, aliases: dict) -> tuple[str, ModelAlias | None]:
 class ConversationSpec(StrictModel):
     """``conversations:`` of the app args."""
 
-    escalate_margin: float = Field(0.02, ge=0, description="switch to a model with higher estimated accuracy when "
+    rule: Literal["cache_aware", "margin"] = Field("cache_aware", description=(
+        "how a conversation keeps its model: cache_aware — each model's cost of a turn is what this turn is expected to "
+        "be billed there (its prompt, the part that model's prompt cache holds from the conversation's last turn there "
+        "at the cache-read price, the expected output), so it switches only where another model's gain beats the "
+        "cache it gives up; margin — the router's table estimates and a fixed margin (escalate_margin, "
+        "step_down_margin)"))
+    switch_horizon_turns: float = Field(2.0, ge=1, allow_inf_nan=False, description=(
+        "rule cache_aware: the turns a switch is expected to last — moving a conversation to a model whose cache does "
+        "not hold it bills its prefix in full once, and the decision spreads that over this many turns (1: all of it "
+        "on the turn that switches, the most reluctant)"))
+    escalate_margin: float = Field(0.02, ge=0, description="rule margin: switch to a model with higher estimated accuracy when "
                                    "its objective beats the conversation's model by more than this")
-    step_down_margin: float = Field(0.05, ge=0, description="switch to a model with lower estimated accuracy (a "
+    step_down_margin: float = Field(0.05, ge=0, description="rule margin: switch to a model with lower estimated accuracy (a "
                                     "cheaper one) only when its objective is better by more than this")
     ttl_s: float = Field(3600.0, gt=0, description="a conversation idle this long is forgotten (its next turn is new)")
     max_entries: int = Field(100_000, ge=1, description="conversations remembered at most (least recently used "

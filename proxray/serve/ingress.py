@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
-from proxray.common.pricing import Usage
+from proxray.common.pricing import Usage, writes_cache
 from proxray.common.shared_actor import place_with
 from proxray.common.tracing import RequestTrace, enabled as tracing_enabled
 from proxray.routing.index import single_thread
@@ -45,7 +45,7 @@ from proxray.serve.metrics import GatewayMetrics
 from proxray.serve.monitor_client import MonitorClient
 from proxray.serve.protocols import PROTOCOLS
 from proxray.serve.protocols.base import Context
-from proxray.serve.protocols.core import as_sent
+from proxray.serve.protocols.core import LIMIT_FIELDS, as_sent
 from proxray.serve.request import plan as planning
 from proxray.serve.request.encoder_service import EncoderService
 from proxray.serve.request.fallback import first_answer
@@ -53,6 +53,7 @@ from proxray.serve.request.http import error_response, gateway_api, parse_reques
 from proxray.serve.request.model_list import ModelList
 from proxray.serve.request.policy import RoutingPolicy, budget_from, request_policy
 from proxray.serve.request.sse import answer_stream
+from proxray.serve.request.turn_cost import TurnFacts, count_tokens
 from proxray.serve.tenancy.conversations import ConversationClient
 from proxray.serve.tenancy.feedback import FeedbackClient, FeedbackRequest
 from proxray.serve.tenancy.gate import Held, KeyGate
@@ -72,6 +73,16 @@ def private(report: dict) -> None:
         timings["embed_ms"] = timings["encode_ms"]
     for name in ("embedding_cache", "encoder_batch", "encode_ms"):
         timings.pop(name, None)
+
+
+def model_replica(stream) -> str | None:
+    """The replica of a co-hosted model's deployment that took the request (its stream, or the stream a protocol's
+    translation reads), where it said."""
+    while stream is not None:
+        if getattr(stream, "replica", None) is not None:
+            return stream.replica
+        stream = getattr(stream, "inner", None)
+    return None
 
 
 def deployment_name(model_id: str) -> str:
@@ -103,7 +114,8 @@ class RouterIngress:
         app_name = serve.get_replica_context().app_name
         deployments = {m: deployment_name(m) for m, h in handles.items() if not isinstance(h, OpenAIModel)}
         self.client = ModelClient(handles, Liveness(app_name, deployments, a.failover_s))
-        self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a), a.conversations)
+        self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a), a.conversations,
+                                    {m.id: m.price for m in a.models})
         place_with(a.router_resources)  # the app's shared actors where an ingress may run: off a head without them
         self.conversations = ConversationClient(app_name, a.conversations)
         self.answers = FeedbackClient(app_name, a.feedback)  # answers remembered for feedback on them
@@ -138,7 +150,8 @@ class RouterIngress:
         return Context(protocol, self.client, self.native[protocol.name], self.args, self.store, key and key.owner,
                        headers)
 
-    async def plan(self, req, rp, turn, timings: dict, text: str, key=None, again: bool = False) -> planning.Plan:
+    async def plan(self, req, rp, turn, timings: dict, text: str, key=None, again: bool = False,
+                   facts: TurnFacts | None = None) -> planning.Plan:
         """The request's plan: a named model's, or the router's decision over its routing text's embedding (the
         models' refusals, the conversation's model, the key's visible evidence); reported to the monitor unless
         ``again`` (a count planned as its request would be)."""
@@ -150,14 +163,16 @@ class RouterIngress:
                                f"{self.args.max_prompt_chars}", turn.param)
         refusals = await turn.client.refusals(self.policy.routable, turn.body, turn.upstream)
         X = (await self.encoder.vector(text, timings, key.owner if key else ""))[None, :]
-        previous = turn.previous  # the model of the conversation's last turn: a stored response's
-        if previous is None and rp.conversation:  # or the app's conversations book's
+        previous, session = turn.previous, None  # the model of the conversation's last turn: a stored response's
+        if previous is None and rp.conversation:  # or the app's conversations book's, with what it cached where
             t1 = time.perf_counter()
-            previous = await self.conversations.recall(rp.conversation, key and key.owner)
+            session = await self.conversations.session(rp.conversation, key and key.owner)
+            previous = session["model"] if session else None
             timings["conversation_ms"] = 1e3 * (time.perf_counter() - t1)
         t1 = time.perf_counter()
         single_thread()  # one query, one faiss thread (more threads cost more than they give on one query)
-        p = self.policy.decide(X, rp, refusals, previous, self.gate.rules.visible(key), turn.tool_loop)
+        p = self.policy.decide(X, rp, refusals, previous, self.gate.rules.visible(key), turn.tool_loop, session,
+                               facts)
         p.candidates = self.client.liveness.order(p.candidates)  # those lost or slow to take requests tried last
         timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
@@ -165,6 +180,15 @@ class RouterIngress:
         if self.monitor is not None and not again:  # planned again (over a key's budget): reported once
             self.monitor.report(text, X[0], p.report["outlier_score"])
         return p
+
+    def _facts(self, turn, protocol) -> TurnFacts:
+        """What a conversation's turn tells its decision: its prompt tokens (counted here, once), its output limit, and
+        the models whose providers it asks to write their prompt cache (its ``cache_control`` marks reach only the
+        models that serve its protocol themselves)."""
+        body = turn.body
+        writes = writes_cache(body)
+        return TurnFacts(count_tokens(body), next((body[f] for f in LIMIT_FIELDS if body.get(f)), None),
+                         {m: writes and m in self.native[protocol.name] for m in self.policy.routable})
 
     def _failed(self, model: str, reason: str) -> None:
         logger.warning("proxray: model %s failed (%s); falling back", model, reason)
@@ -212,9 +236,11 @@ class RouterIngress:
                 rp = replace(rp, conversation=turn.previous_id)
             elif turn.session and rp.conversation is None:  # a Messages client's session
                 rp = replace(rp, conversation=turn.session)
+            self.client.session(rp.conversation, key.owner if key is not None else "")  # its replica, co-hosted
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = turn.text(self.args.routing_text)
-            p = await self.plan(req, rp, turn, timings, text, key)
+            facts = self._facts(turn, protocol) if rp.conversation is not None and routed else None
+            p = await self.plan(req, rp, turn, timings, text, key, facts=facts)
             trace.routed(p.report, p.candidates[0] if p.candidates else None)
             p, estimate = await self.gate.hold_plan(  # the hold moved to the chosen model's bound on the whole turn
                 key, key_report, p, turn.body, held.ticket, first_hold, lambda m: self._estimate(text, m),
@@ -241,11 +267,16 @@ class RouterIngress:
                 slot.release()
             raise
         self.metrics.answered(model, p.report["routed"])
-        if p.report.get("conversation") and turn.previous_id is None:  # the model that answered carries it on
-            self.conversations.remember(p.report["conversation"]["id"], model, key and key.owner)
+        told = None  # the model that answered carries the conversation on, and its prompt in its cache
+        if p.report.get("conversation") and turn.previous_id is None:
+            self.conversations.remember(p.report["conversation"]["id"], model, key and key.owner,
+                                        facts.prompt_tokens if facts is not None else None)
+            told = self.conversations.teller(p.report["conversation"]["id"], key and key.owner)
         p.report["latency_s"] = time.perf_counter() - t0
         p.report["timings"] = timings
         p.report["replica"] = self.replica
+        if (served_by := model_replica(gen)) is not None:
+            p.report["model_replica"] = served_by
         if key_report:
             p.report["key"] = key_report
         if key is not None:  # a key of the keys file sees its own request, nothing of the app's or other keys' traffic
@@ -258,11 +289,14 @@ class RouterIngress:
                               self.answers.recorder(turn.answer_id(head[0]), text, model, key and key.owner,
                                                     self.gate.prices.get(model), estimate)
                               if len(text) <= self.args.max_prompt_chars else None, slot.release,
-                              trace.finisher(model, p.report, self.gate.prices.get(model), estimate)) if f]
+                              trace.finisher(model, p.report, self.gate.prices.get(model), estimate), told) if f]
         relayed = self.client.relayed(model)
         # a hosted provider's prompt cache is shared by every key of the gateway: a key is not shown its cache reads
         # (another key's prefix would be a hit it could see); co-hosted models keep each key's apart (cache_salt)
         view = Usage.without_cache_reads if key is not None and relayed else None
+        if view is None and isinstance((p.report.get("conversation") or {}).get("cache"), dict) and not req.stream:
+            usage = Usage.of_chat(turn.usage(head[0]))  # a whole answer's report: what its cache reads were billed
+            p.report["conversation"]["cache"]["billed_cached_tokens"] = usage.cache_read if usage else None
         if req.stream:
             events = await answer_stream(turn, head, gen, p.report, counts, lambda: self.metrics.error(502),
                                          read_on_until=deadline if relayed else None, view=view)

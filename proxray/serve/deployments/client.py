@@ -61,6 +61,9 @@ class LocalStream:
 # cached-token counts a key is shown are its own.
 TENANT: contextvars.ContextVar = contextvars.ContextVar("proxray_tenant", default="")
 CACHE_SALT = "cache_salt"
+# The request's conversation, as its co-hosted models' request router reads it (Serve's ``session_id``): a vLLM
+# deployment's turns of one conversation go to the replica whose prefix cache holds it ("" for none).
+SESSION: contextvars.ContextVar = contextvars.ContextVar("proxray_session", default="")
 
 
 class ModelClient:
@@ -85,6 +88,14 @@ class ModelClient:
         """The asking key's prompt-cache salt for the rest of this request (``TENANT``; "" for none)."""
         TENANT.set(value)
 
+    @staticmethod
+    def session(conversation: str | None, tenant: str = "") -> None:
+        """The request's conversation for the rest of this request (``SESSION``): an opaque digest of the key and the
+        conversation id, so a deployment's request router keeps its turns on one replica."""
+        import hashlib
+
+        SESSION.set(hashlib.sha256(f"{tenant}\x00{conversation}".encode()).hexdigest()[:32] if conversation else "")
+
     def stream(self, model: str, endpoint: str, body: dict, patient: bool = True):
         """The model's stream of OpenAI objects (a deployment's, watched: ``liveness.WatchedStream``; a ``LocalStream``
         for an in-process model: ``cancel()`` stops either). ``patient``: the request's last candidate, waited for while
@@ -97,7 +108,9 @@ class ModelClient:
         salt = TENANT.get()
         if salt and CACHE_SALT in self.caps.get(model, {}).get(endpoint, ()) and CACHE_SALT not in body:
             body = {**body, CACHE_SALT: salt}  # the key's prefixes cached apart from every other key's
-        gen = callee.options(stream=True).respond.remote(endpoint, body, HEARTBEAT_S)
+        session = SESSION.get()
+        handle = callee.options(stream=True, session_id=session) if session else callee.options(stream=True)
+        gen = handle.respond.remote(endpoint, body, HEARTBEAT_S)
         return WatchedStream(gen, model, self.liveness, patient)
 
     async def capabilities(self, models, timeout_s: float = 10.0) -> dict:

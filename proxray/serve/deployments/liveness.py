@@ -238,6 +238,7 @@ class WatchedStream:
         self.gen, self.model, self.liveness, self.patient = gen, model, liveness, patient
         self.taken = False
         self.pending = None
+        self.replica = None  # the deployment replica that took the request, once it says
 
     def __aiter__(self):
         return self
@@ -268,6 +269,7 @@ class WatchedStream:
                 raise
             self.taken = True  # its first object, answer or beat: a replica has the request
             if is_beat(obj):
+                self.replica = obj.get("replica", self.replica)  # the first beat names the replica
                 continue
             return obj
 

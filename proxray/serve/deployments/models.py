@@ -30,9 +30,16 @@ from proxray.pool.engines import make_engine
 from proxray.pool.spec import Sampling
 from proxray.serve.config import ServedModel
 from proxray.serve.deployments import sim_tools
-from proxray.serve.deployments.liveness import heartbeats
+from proxray.serve.deployments.liveness import BEAT, heartbeats
 from proxray.serve.errors import error
 from proxray.serve.wire import CHAT_PATH, COMPLETIONS_PATH
+
+
+def _replica() -> str | None:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # noqa: BLE001 - not in a replica (a unit test's model)
+        return None
 
 
 class OpenAIModel:
@@ -44,7 +51,7 @@ class OpenAIModel:
         """``heartbeat_s`` (a call through a deployment handle): ``liveness.BEAT`` whenever the engine has been quiet
         that long, so the caller tells a lost replica from a slow one."""
         if heartbeat_s:
-
+            yield {**BEAT, "replica": _replica()}  # taken: which replica has the request (the report's model_replica)
             async for obj in heartbeats(self.respond(endpoint, body), heartbeat_s):
                 yield obj
             return

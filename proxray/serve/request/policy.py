@@ -8,11 +8,14 @@ import logging
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from proxray.routing.explain import evidence
 from proxray.serve.config import ConversationSpec
 from proxray.serve.request import plan as planning
 from proxray.serve.request.budget import BudgetController
-from proxray.serve.tenancy.conversations import keep
+from proxray.serve.request.turn_cost import turn_costs
+from proxray.serve.tenancy.conversations import keep, weigh_cache
 from proxray.serve.tenancy.rules import KeyRules, narrow
 
 logger = logging.getLogger("ray.serve")
@@ -67,8 +70,10 @@ class RoutingPolicy:
     """``decide(X, rp, refusals)`` -> the ``Plan`` under a request's ``RequestPolicy``; ``use_router`` switches routers between requests;
     ``meter(plan, model)`` counts an answer toward a realised-cost budget."""
 
-    def __init__(self, router, router_path: str, served, lam: float = 0.0, budget=None, conversations=None):
+    def __init__(self, router, router_path: str, served, lam: float = 0.0, budget=None, conversations=None,
+                 prices: dict | None = None):
         self.served = served  # model ids the app serves (a mapping or set)
+        self.prices = prices or {}  # model id -> PriceSpec: a conversation's turn is priced at them
         self.lam, self.budget = lam, budget
         self.conversations = conversations or ConversationSpec()
         self.router = self.router_path = None
@@ -102,23 +107,34 @@ class RoutingPolicy:
         return self.lam, False
 
     def decide(self, X, rp, refusals: dict | None = None, previous: str | None = None,
-               visible=None, tool_loop: bool = False) -> planning.Plan:
+               visible=None, tool_loop: bool = False, session: dict | None = None, facts=None) -> planning.Plan:
         """The plan for one routed query's embedding ``X`` (1, d) under its ``RequestPolicy`` ``rp`` (or bare
         ``proxray`` options, read as a request without a key or headers); ``refusals``: ``{model: [parameters it
         cannot honour]}``; ``previous``: the model of the request's conversation, kept first unless another beats it
-        by the margin (always in a ``tool_loop``); ``visible``: the models the asker may see in the evidence (its API
-        key's; default: all). A budget on estimated cost counts the chosen model's estimate now."""
+        by the conversations rule (always in a ``tool_loop``); ``visible``: the models the asker may see in the evidence
+        (its API key's; default: all); ``session``: what the conversations book holds of the conversation and
+        ``facts`` (``turn_cost.TurnFacts``) the turn's prompt: under the ``cache_aware`` rule each candidate's cost is
+        then this turn's expected bill there (``turn_cost.turn_costs``), the table's estimate otherwise. A budget on
+        estimated cost counts the chosen model's estimate now."""
         router, path = self.router, self.router_path
         rp = rp if isinstance(rp, RequestPolicy) else request_policy(rp)
         acc, cost, outlier = router.estimate_with_outlier_score(X)  # one search for both
         lam, on_budget = self.lam_for(rp)
-        p = planning.routed(router.models_, self.served, acc[0], cost[0], float(outlier[0]), lam, rp, path,
-                            refusals)
+        costs = None
+        if rp.conversation is not None and session and facts is not None and self.conversations.rule == "cache_aware":
+            costs = turn_costs(router.models_, self.prices, session, facts.prompt_tokens, facts.limit, facts.writes,
+                               time.time(), self.conversations.switch_horizon_turns)
+        c = np.asarray(costs.cost) if costs is not None else cost[0]
+        p = planning.routed(router.models_, self.served, acc[0], c, float(outlier[0]), lam, rp, path, refusals)
         p.report["lam_from"] = "budget" if on_budget else rp.lam_from
         if rp.conversation is not None:
-            p.report["conversation"] = {"id": rp.conversation, **keep(p.candidates, previous, acc[0], cost[0], lam,
-                                                                          router.models_, self.conversations,
-                                                                          tool_loop)}
+            if costs is not None:
+                told = weigh_cache(p.candidates, previous, acc[0], costs, lam, router.models_, tool_loop)
+            else:
+                told = keep(p.candidates, previous, acc[0], cost[0], lam, router.models_, self.conversations, tool_loop)
+            rule = ("margin" if self.conversations.rule == "margin" else "cache_aware" if costs is not None else
+                    "table" if session else "first_turn")  # table: a candidate without a price
+            p.report["conversation"] = {"id": rp.conversation, "rule": rule, **told}
             p.report["runner_up"] = p.candidates[1] if len(p.candidates) > 1 else None
         if rp.explain:  # asked for: one more pass over the same neighbourhood, bounded in size
             t0 = time.perf_counter()
@@ -126,7 +142,7 @@ class RoutingPolicy:
             p.report["evidence"]["explain_ms"] = round(1e3 * (time.perf_counter() - t0), 3)
         if on_budget:
             if self.budget.basis == "estimated":  # known now; a realised cost when the answer is complete
-                self.budget.observe(cost[0][router.models_.index(p.candidates[0])])
+                self.budget.observe(c[router.models_.index(p.candidates[0])])
             p.on_budget, p.report["budget"] = True, self.budget.report()
         return p
 

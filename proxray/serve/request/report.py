@@ -26,9 +26,15 @@ REPORT_FIELDS: dict[str, tuple[str, str]] = {
                       "header `x-proxray-fallback-from`"),
     "failures": ("always", "`[{model, error}]`: each failed try and why"),
     "conversation": ("a conversation id (`proxray.conversation`, `x-proxray-conversation`, a Messages session, a "
-                     "Responses `previous_response_id`)", "`{id, action, previous, gain, margin, direction, "
-                     "tool_loop}`: `action` is `new`, `kept` or `switched`; `gain` the runner-up's objective over "
-                     "the previous model's, `margin` the one that applied"),
+                     "Responses `previous_response_id`)", "`{id, rule, action, previous, gain, …}`: `action` is `new`, "
+                     "`kept` or `switched`; `rule` `cache_aware` (each model's cost this turn's expected bill there), "
+                     "`margin`, `first_turn` or `table` (the router's table estimates: the conversation's first turn, "
+                     "or a candidate without a price). Under `cache_aware`: `gain` (the best other model's objective "
+                     "over the conversation's model's as if its cache held nothing), `cache_value` (λ × what its cache "
+                     "saves this turn; it switched where the gain was larger), `why`, `runner_up`, and `cache: "
+                     "{prompt_tokens, output_tokens, expected_cached_tokens: {model: tokens}, billed_cached_tokens}` "
+                     "(billed: a whole answer's, where its asker may see cache reads). Under `margin`: `gain`, "
+                     "`margin`, `direction`; `tool_loop: true` where a turn returning tool results stayed"),
     "evidence": ("`proxray.explain` or `x-proxray-explain: 1`", "the neighbours or clusters with the most weight, "
                  "every model's estimate and objective, the winner's margin, the outlier score against the router's "
                  "threshold, `explain_ms`"),
@@ -39,6 +45,8 @@ REPORT_FIELDS: dict[str, tuple[str, str]] = {
                 "conversation_ms, estimate_ms, model_ms}`: where the gateway's time went; a key of the keys file sees "
                 "`embed_ms` as the encoder pass alone and no cache or batch fields"),
     "replica": ("always", "the ingress replica that answered"),
+    "model_replica": ("a co-hosted model", "the replica of the model's deployment that took the request (a "
+                      "conversation's turns on a vLLM model stay on one: its prefix cache)"),
     "key": ("a key of the keys file", "`{name, spent_usd, over_budget}`: the key's name (never its secret), its spend "
             "in its window when admitted, whether it was past its budget"),
     "not_stored": ("Responses, `store` asked for but not done", "why the response was not stored"),

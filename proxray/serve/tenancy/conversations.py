@@ -8,6 +8,14 @@ before). Margins are in the router's objective, acc − λ·cost (estimated accu
 Which model a conversation is on lives in one actor per app (``ConversationBook``, named, namespace ``proxray``)
 that every ingress replica asks, so a conversation keeps its model whichever replica a turn reaches. The book is
 bounded (``max_entries``, the least recently used dropped first) and forgets a conversation idle for ``ttl_s``.
+
+That is the ``margin`` rule (``conversations.rule: margin``). The default, ``cache_aware``, prices what a switch gives
+up instead: a coding agent's turns resend the whole growing conversation, and the model whose prompt cache holds it
+bills that prefix at its cache-read price. The book keeps, per conversation and model, the prompt its last turn there
+left in that model's cache and when (``cached``), and the conversation's mean output; each candidate's cost of the
+turn is then what this turn is expected to be billed there (``proxray.serve.request.turn_cost``), and the conversation
+switches only where another model's objective at its full price beats its own model's at its cached price
+(``weigh_cache``).
 """
 from __future__ import annotations
 
@@ -17,16 +25,18 @@ import numpy as np
 from pydantic import Field
 
 from proxray.common.lru import LRU
+from proxray.common.pricing import Usage
 from proxray.common.shared_actor import SharedActorClient, SharedStateDown, logger
 from proxray.common.yamlconfig import StrictModel
 from proxray.routing.objective import objective
 
 
 class ConversationBook:
-    """Conversation id → the model that answered its last turn, bounded and expiring (the app's shared actor)."""
+    """Conversation id → its model, what each model's prompt cache holds of it and its mean output, bounded and
+    expiring (the app's shared actor)."""
 
     def __init__(self, max_entries: int = 100_000, ttl_s: float = 3600.0):
-        self.entries = LRU(max_entries)  # id -> (model, last seen)
+        self.entries = LRU(max_entries)  # id -> {"model", "at", "cached": {model: (prompt tokens, at)}, "out": [sum, n]}
         self.configure(max_entries, ttl_s)
 
     def configure(self, max_entries: int, ttl_s: float) -> None:
@@ -34,18 +44,47 @@ class ConversationBook:
         self.ttl_s = ttl_s
         self.entries.resize(max_entries)
 
-    def recall(self, cid: str, now: float | None = None) -> str | None:
-        now = time.time() if now is None else now
+    def _live(self, cid: str, now: float) -> dict | None:
         hit = self.entries.get(cid)
         if hit is None:
             return None
-        if now - hit[1] > self.ttl_s:
+        if now - hit["at"] > self.ttl_s:
             self.entries.pop(cid)
             return None
-        return hit[0]
+        return hit
 
-    def remember(self, cid: str, model: str, now: float | None = None) -> None:
-        self.entries.put(cid, (model, time.time() if now is None else now))
+    def recall(self, cid: str, now: float | None = None) -> str | None:
+        """The model of the conversation's last turn, or None."""
+        hit = self._live(cid, time.time() if now is None else now)
+        return hit["model"] if hit else None
+
+    def session(self, cid: str, now: float | None = None) -> dict | None:
+        """What the book holds of a conversation: ``model`` (its last turn's), ``cached`` (model → [prompt tokens,
+        time] of its last turn there) and ``output_tokens`` (its turns' mean output, None before one is told); None
+        for a conversation it does not know."""
+        hit = self._live(cid, time.time() if now is None else now)
+        if hit is None:
+            return None
+        total, n = hit["out"]
+        return {"model": hit["model"], "cached": {m: list(v) for m, v in hit["cached"].items()},
+                "output_tokens": total / n if n else None}
+
+    def remember(self, cid: str, model: str, prompt_tokens: int | None = None, now: float | None = None) -> None:
+        """The conversation's turn answered by ``model`` from a prompt of ``prompt_tokens`` (what that model's cache
+        is expected to hold of it from now)."""
+        now = time.time() if now is None else now
+        entry = self.entries.get(cid) or {"cached": {}, "out": [0, 0]}
+        entry.update(model=model, at=now)
+        if prompt_tokens is not None:
+            entry["cached"][model] = (int(prompt_tokens), now)
+        self.entries.put(cid, entry)
+
+    def told(self, cid: str, output_tokens: int) -> None:
+        """A turn's answer's output tokens, once its usage is known."""
+        entry = self.entries.get(cid)
+        if entry is not None and output_tokens:
+            entry["out"][0] += int(output_tokens)
+            entry["out"][1] += 1
 
     def stats(self) -> dict:
         return {"conversations": len(self.entries), "dropped": self.entries.dropped}
@@ -79,6 +118,36 @@ def keep(candidates: list, previous: str | None, acc, cost, lam: float, models: 
     return {"action": "kept", **report}
 
 
+def weigh_cache(candidates: list, previous: str | None, acc, costs, lam: float, models: list,
+                tool_loop: bool = False) -> dict:
+    """The ``cache_aware`` rule over a plan whose ``candidates`` were ordered at this turn's expected costs (``costs``:
+    ``turn_cost.TurnCosts``): the conversation's model first unless another's objective at its expected cost beats the
+    conversation's model's at its full price by more than what that model's cache saves (λ × the saving) — the same as
+    beating it at its cached price, so the plan's order already says; changed in place. Returns what the
+    conversation did (``new``, ``kept``, ``switched``), the switch's ``gain``, the ``cache_value`` it gives up and
+    ``why``."""
+    if previous is None or previous not in candidates:
+        return {"action": "new", "previous": previous, "cache": costs.report()}
+    if tool_loop:
+        candidates.remove(previous)
+        candidates.insert(0, previous)
+        return {"action": "kept", "previous": previous, "tool_loop": True, "cache": costs.report()}
+    others = [m for m in candidates if m != previous]
+    j = models.index(previous)
+    cache_value = float(lam) * (costs.full[j] - costs.cost[j])
+    report = {"previous": previous, "cache_value": round(cache_value, 8), "cache": costs.report()}
+    if not others:
+        return {"action": "kept", **report, "gain": 0.0, "why": "no other candidate"}
+    i = models.index(others[0])
+    gain = float(acc[i] - lam * costs.cost[i]) - float(acc[j] - lam * costs.full[j])
+    report.update(gain=round(gain, 8), runner_up=others[0])
+    if candidates[0] != previous:
+        return {"action": "switched", **report,
+                "why": f"{others[0]} gains {gain:.4g} over {previous}, more than its cache is worth ({cache_value:.4g})"}
+    return {"action": "kept", **report,
+            "why": f"{others[0]} would gain {gain:.4g}, no more than {previous}'s cache is worth ({cache_value:.4g})"}
+
+
 class ConversationClient(SharedActorClient):
     """The ingress side: the app's ``ConversationBook`` actor, created by the first replica that needs it."""
 
@@ -93,14 +162,27 @@ class ConversationClient(SharedActorClient):
         conversation)."""
         return cid if tenant is None else f"{tenant}\x00{cid}"
 
-    async def recall(self, cid: str, tenant: str | None = None) -> str | None:
-        """The model of the conversation's last turn; None where the book does not answer (it fails open: the turn
-        is routed as a first one)."""
+    async def session(self, cid: str, tenant: str | None = None) -> dict | None:
+        """What the book holds of the conversation (``ConversationBook.session``); None where it does not know it or
+        does not answer (it fails open: the turn is routed as a first one)."""
         try:
-            return await self.call("recall", self.entry(cid, tenant))
+            return await self.call("session", self.entry(cid, tenant))
         except SharedStateDown as e:
             logger.warning("proxray: %s: %s; the turn is routed as a first one", self.name, e.why)
             return None
 
-    def remember(self, cid: str, model: str, tenant: str | None = None) -> None:
-        self.tell("remember", self.entry(cid, tenant), model)  # fire and forget: the answer does not wait for it
+    def remember(self, cid: str, model: str, tenant: str | None = None, prompt_tokens: int | None = None) -> None:
+        """The turn's model and its prompt (fire and forget: the answer does not wait for it)."""
+        self.tell("remember", self.entry(cid, tenant), model, prompt_tokens)
+
+    def teller(self, cid: str, tenant: str | None = None):
+        """What tells the book the turn's output once its usage is known (a function of the answer's usage, in chat's
+        words)."""
+        entry = self.entry(cid, tenant)
+
+        def told(usage) -> None:
+            u = Usage.of_chat(usage)
+            if u is not None and u.output:
+                self.tell("told", entry, u.output)
+
+        return told
