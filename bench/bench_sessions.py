@@ -19,8 +19,11 @@ The router (kNN over MiniLM) is fitted on the tasks with the small model at 0.85
 multi-step) and the large at 0.88 / 0.90, and table costs of a typical short query (0.004 and 0.012 USD). Rules, each
 on a fresh cache, at the app's λ: ``per_turn`` (no session: each turn routed alone), ``margin`` (``conversations.rule:
 margin``, the fixed margins), ``cache_aware`` (the default rule: each model's cost of the turn is its expected bill
-there); then each model alone (named, no routing). Prints a table, or with ``--json`` one line: ``{rule: {cost_usd,
-mean_accuracy, cached_share, switches, turns: [...]}}``.
+there); then each model alone (named, no routing). Prints a table, or with ``--json`` one line (stdout's last; Ray
+may print a line of its own before it at shutdown): ``{rule: {cost_usd, mean_accuracy, cached_share, switches, lam,
+scale, turns: [...]}}`` — ``mean_accuracy`` the fitted accuracy of the model that answered each turn's kind of ask,
+``cached_share`` the input tokens the stand-in read from cache over all input tokens. ``--horizon`` sets
+``conversations.switch_horizon_turns``; ``--rules`` runs some of the rules.
 """
 from __future__ import annotations
 
