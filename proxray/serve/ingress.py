@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
-from proxray.common.pricing import Usage, writes_cache
+from proxray.common.pricing import Usage
 from proxray.common.shared_actor import place_with
 from proxray.common.tracing import RequestTrace, enabled as tracing_enabled
 from proxray.routing.index import single_thread
@@ -45,7 +45,7 @@ from proxray.serve.metrics import GatewayMetrics
 from proxray.serve.monitor_client import MonitorClient
 from proxray.serve.protocols import PROTOCOLS
 from proxray.serve.protocols.base import Context
-from proxray.serve.protocols.core import LIMIT_FIELDS, as_sent
+from proxray.serve.protocols.core import as_sent
 from proxray.serve.request import plan as planning
 from proxray.serve.request.encoder_service import EncoderService
 from proxray.serve.request.fallback import first_answer
@@ -53,8 +53,8 @@ from proxray.serve.request.http import error_response, gateway_api, parse_reques
 from proxray.serve.request.model_list import ModelList
 from proxray.serve.request.policy import RoutingPolicy, budget_from, request_policy
 from proxray.serve.request.sse import answer_stream
-from proxray.serve.request.turn_cost import TurnFacts, count_tokens
-from proxray.serve.tenancy.conversations import ConversationClient
+from proxray.serve.request.turn_cost import TurnFacts, turn_facts
+from proxray.serve.tenancy.conversations import ConversationClient, billed
 from proxray.serve.tenancy.feedback import FeedbackClient, FeedbackRequest
 from proxray.serve.tenancy.gate import Held, KeyGate
 from proxray.serve.tenancy.responses import ResponseStore
@@ -163,12 +163,8 @@ class RouterIngress:
                                f"{self.args.max_prompt_chars}", turn.param)
         refusals = await turn.client.refusals(self.policy.routable, turn.body, turn.upstream)
         X = (await self.encoder.vector(text, timings, key.owner if key else ""))[None, :]
-        previous, session = turn.previous, None  # the model of the conversation's last turn: a stored response's
-        if previous is None and rp.conversation:  # or the app's conversations book's, with what it cached where
-            t1 = time.perf_counter()
-            session = await self.conversations.session(rp.conversation, key and key.owner)
-            previous = session["model"] if session else None
-            timings["conversation_ms"] = 1e3 * (time.perf_counter() - t1)
+        # the model of the conversation's last turn (a stored response's, or the book's with what it cached where)
+        previous, session = await self.conversations.look_up(turn.previous, rp.conversation, key and key.owner, timings)
         t1 = time.perf_counter()
         single_thread()  # one query, one faiss thread (more threads cost more than they give on one query)
         p = self.policy.decide(X, rp, refusals, previous, self.gate.rules.visible(key), turn.tool_loop, session,
@@ -180,15 +176,6 @@ class RouterIngress:
         if self.monitor is not None and not again:  # planned again (over a key's budget): reported once
             self.monitor.report(text, X[0], p.report["outlier_score"])
         return p
-
-    def _facts(self, turn, protocol) -> TurnFacts:
-        """What a conversation's turn tells its decision: its prompt tokens (counted here, once), its output limit, and
-        the models whose providers it asks to write their prompt cache (its ``cache_control`` marks reach only the
-        models that serve its protocol themselves)."""
-        body = turn.body
-        writes = writes_cache(body)
-        return TurnFacts(count_tokens(body), next((body[f] for f in LIMIT_FIELDS if body.get(f)), None),
-                         {m: writes and m in self.native[protocol.name] for m in self.policy.routable})
 
     def _failed(self, model: str, reason: str) -> None:
         logger.warning("proxray: model %s failed (%s); falling back", model, reason)
@@ -239,7 +226,8 @@ class RouterIngress:
             self.client.session(rp.conversation, key.owner if key is not None else "")  # its replica, co-hosted
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = turn.text(self.args.routing_text)
-            facts = self._facts(turn, protocol) if rp.conversation is not None and routed else None
+            facts = turn_facts(turn.body, self.native[protocol.name], self.policy.routable) \
+                if rp.conversation is not None and routed else None
             p = await self.plan(req, rp, turn, timings, text, key, facts=facts)
             trace.routed(p.report, p.candidates[0] if p.candidates else None)
             p, estimate = await self.gate.hold_plan(  # the hold moved to the chosen model's bound on the whole turn
@@ -269,9 +257,7 @@ class RouterIngress:
         self.metrics.answered(model, p.report["routed"])
         told = None  # the model that answered carries the conversation on, and its prompt in its cache
         if p.report.get("conversation") and turn.previous_id is None:
-            self.conversations.remember(p.report["conversation"]["id"], model, key and key.owner,
-                                        facts.prompt_tokens if facts is not None else None)
-            told = self.conversations.teller(p.report["conversation"]["id"], key and key.owner)
+            told = self.conversations.carry_on(p.report["conversation"]["id"], model, key and key.owner, facts)
         p.report["latency_s"] = time.perf_counter() - t0
         p.report["timings"] = timings
         p.report["replica"] = self.replica
@@ -294,9 +280,8 @@ class RouterIngress:
         # a hosted provider's prompt cache is shared by every key of the gateway: a key is not shown its cache reads
         # (another key's prefix would be a hit it could see); co-hosted models keep each key's apart (cache_salt)
         view = Usage.without_cache_reads if key is not None and relayed else None
-        if view is None and isinstance((p.report.get("conversation") or {}).get("cache"), dict) and not req.stream:
-            usage = Usage.of_chat(turn.usage(head[0]))  # a whole answer's report: what its cache reads were billed
-            p.report["conversation"]["cache"]["billed_cached_tokens"] = usage.cache_read if usage else None
+        if view is None and not req.stream:  # a whole answer's report: what its cache reads were billed
+            billed(p.report, turn.usage(head[0]))
         if req.stream:
             events = await answer_stream(turn, head, gen, p.report, counts, lambda: self.metrics.error(502),
                                          read_on_until=deadline if relayed else None, view=view)

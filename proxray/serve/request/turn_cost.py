@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from proxray.common.pricing import writes_cache
+
 CHARS_PER_TOKEN = 4  # as count_tokens estimates a request for a model that does not count it itself
 DEFAULT_OUTPUT_TOKENS = 512  # a turn's expected output before the conversation has told one
 
@@ -61,6 +63,17 @@ class TurnFacts:
     prompt_tokens: int
     limit: int | None = None
     writes: dict | None = None
+
+
+def turn_facts(body: dict, native: set, models) -> TurnFacts:
+    """The ``TurnFacts`` of a conversation's turn whose ``body`` every candidate is sent: its prompt tokens (counted
+    here, once), its output limit, and which of ``models`` it asks to write their provider's prompt cache (its
+    ``cache_control`` marks reach only the models in ``native``, those that serve its protocol themselves)."""
+    from proxray.serve.protocols.core import LIMIT_FIELDS
+
+    writes = writes_cache(body)
+    return TurnFacts(count_tokens(body), next((body[f] for f in LIMIT_FIELDS if body.get(f)), None),
+                     {m: writes and m in native for m in models})
 
 
 def expected_cached(prompt_tokens: int, last: tuple | None, price, now: float) -> int:

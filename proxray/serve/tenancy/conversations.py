@@ -148,6 +148,15 @@ def weigh_cache(candidates: list, previous: str | None, acc, costs, lam: float, 
             "why": f"{others[0]} would gain {gain:.4g}, no more than {previous}'s cache is worth ({cache_value:.4g})"}
 
 
+def billed(report: dict, usage) -> None:
+    """A whole answer's ``report`` (in place), where its conversation was priced by its cache: the tokens its usage (in
+    chat's words) says were read from cache."""
+    cache = (report.get("conversation") or {}).get("cache")
+    if isinstance(cache, dict):
+        u = Usage.of_chat(usage)
+        cache["billed_cached_tokens"] = u.cache_read if u else None
+
+
 class ConversationClient(SharedActorClient):
     """The ingress side: the app's ``ConversationBook`` actor, created by the first replica that needs it."""
 
@@ -162,6 +171,17 @@ class ConversationClient(SharedActorClient):
         conversation)."""
         return cid if tenant is None else f"{tenant}\x00{cid}"
 
+    async def look_up(self, previous: str | None, cid: str | None, tenant: str | None, timings: dict) -> tuple:
+        """(the model of the conversation's last turn, what the book holds of it): ``previous`` where the request
+        itself names it (a stored response's; the book is not asked), else the book's for conversation ``cid``
+        (``timings["conversation_ms"]``: how long it took to answer); (None, None) without either."""
+        if previous is not None or not cid:
+            return previous, None
+        t0 = time.perf_counter()
+        session = await self.session(cid, tenant)
+        timings["conversation_ms"] = 1e3 * (time.perf_counter() - t0)
+        return (session["model"] if session else None), session
+
     async def session(self, cid: str, tenant: str | None = None) -> dict | None:
         """What the book holds of the conversation (``ConversationBook.session``); None where it does not know it or
         does not answer (it fails open: the turn is routed as a first one)."""
@@ -175,9 +195,11 @@ class ConversationClient(SharedActorClient):
         """The turn's model and its prompt (fire and forget: the answer does not wait for it)."""
         self.tell("remember", self.entry(cid, tenant), model, prompt_tokens)
 
-    def teller(self, cid: str, tenant: str | None = None):
-        """What tells the book the turn's output once its usage is known (a function of the answer's usage, in chat's
-        words)."""
+    def carry_on(self, cid: str, model: str, tenant: str | None, facts=None):
+        """The turn answered by ``model`` (``facts``: its ``TurnFacts``, whose prompt that model's cache now holds):
+        remembered now, and what tells the book its output once its usage is known (a function of the answer's usage,
+        in chat's words)."""
+        self.remember(cid, model, tenant, facts.prompt_tokens if facts is not None else None)
         entry = self.entry(cid, tenant)
 
         def told(usage) -> None:
