@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from proxray.common.pricing import Usage  # noqa: F401 - the usage record every protocol reads and writes
 from proxray.serve.errors import RequestError, error, is_error
 from proxray.serve.wire import CHAT_PATH as CHAT_UPSTREAM  # the internal request: the chat form every model takes
+from proxray.serve.wire import LIMIT_FIELDS
 
 
 def new_id(prefix: str) -> str:
@@ -23,7 +24,6 @@ def new_id(prefix: str) -> str:
 
 
 # ---- the one output limit ----------------------------------------------------------------------------------------
-LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 COUNTS = ("n", "best_of")  # answers a request asks for: its hold is its limit times the larger
 MAX_LIMIT, MAX_COUNT = 1_000_000, 16
 

@@ -26,6 +26,7 @@ import json
 from dataclasses import dataclass
 
 from proxray.common.pricing import writes_cache
+from proxray.serve.wire import LIMIT_FIELDS
 
 CHARS_PER_TOKEN = 4  # as count_tokens estimates a request for a model that does not count it itself
 DEFAULT_OUTPUT_TOKENS = 512  # a turn's expected output before the conversation has told one
@@ -34,8 +35,7 @@ DEFAULT_OUTPUT_TOKENS = 512  # a turn's expected output before the conversation 
 def count_tokens(body: dict) -> int:
     """The prompt tokens of a request's ``body`` as the models are sent it (messages, system, tools, schemas), a token
     per ``CHARS_PER_TOKEN`` characters of its JSON; counted once per request."""
-    prompt = {k: v for k, v in body.items() if k not in ("model", "stream", "stream_options", "max_tokens",
-                                                         "max_completion_tokens", "max_output_tokens")}
+    prompt = {k: v for k, v in body.items() if k not in ("model", "stream", "stream_options") + LIMIT_FIELDS}
     return len(json.dumps(prompt, separators=(",", ":"))) // CHARS_PER_TOKEN
 
 
@@ -69,8 +69,6 @@ def turn_facts(body: dict, native: set, models) -> TurnFacts:
     """The ``TurnFacts`` of a conversation's turn whose ``body`` every candidate is sent: its prompt tokens (counted
     here, once), its output limit, and which of ``models`` it asks to write their provider's prompt cache (its
     ``cache_control`` marks reach only the models in ``native``, those that serve its protocol themselves)."""
-    from proxray.serve.protocols.core import LIMIT_FIELDS
-
     writes = writes_cache(body)
     return TurnFacts(count_tokens(body), next((body[f] for f in LIMIT_FIELDS if body.get(f)), None),
                      {m: writes and m in native for m in models})
