@@ -6,10 +6,10 @@ Every ingress replica of an app calls the same named actors: the keys ledger (an
 request), the conversations book, the answer book, the Responses store and an endpoint's limiter. Each is created here
 as the app creates it (``proxray.common.shared_actor.app_actor``: no CPU reserved, calls out of order), beside a
 no-op actor (Ray's own ceiling for one actor on this machine), and driven by caller actors standing in for ingress
-replicas: ``c`` calls in flight at once, spread over up to 8 callers, for ``--seconds``, each kind's call pair (a
-write and a read, as a request makes them) in turn. Printed per actor and per ``c``: calls a second, p50 and p99
-latency in ms; ``ledger_<n>_shards``: the ledger split over ``--shards`` actors by key (``keys_ledger_shards``), each
-call to the shard of its key. ``--json``: one line, ``{actor: {c: {calls_s, p50_ms, p99_ms}}}``.
+replicas: ``c`` calls in flight at once, spread over up to 8 callers, for ``--seconds``, each kind's calls as one
+request makes them (a write and a read; a conversation's turn three: its lookup, its model and prompt, its output)
+in turn. Printed per actor and per ``c``: calls a second, p50 and p99 latency in ms; ``ledger_<n>_shards``: the
+ledger split over ``--shards`` actors by key (``keys_ledger_shards``), each call to the shard of its key. ``--json``: one line, ``{actor: {c: {calls_s, p50_ms, p99_ms}}}``.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def calls(kind: str, i: int) -> list:
         ticket = f"t{i}"
         return [("admit", (key, 1e12, BUDGET, 1e-4, ticket)), ("settle", (key, ticket, 1e-4))]
     if kind == "conversations":
-        return [("recall", (f"c{i % 1000}",)), ("remember", (f"c{i % 1000}", "m"))]
+        cid = f"c{i % 1000}"  # a turn: what the book holds of the conversation, its model and prompt, its output
+        return [("session", (cid,)), ("remember", (cid, "m", 20_000 + i)), ("told", (cid, 512))]
     if kind == "answers":
         return [("remember", (f"a{i}", {"text": "What is 17 times 23?", "model": "m", "key": key}))]
     if kind == "responses":

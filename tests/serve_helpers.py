@@ -60,22 +60,27 @@ def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxra
     return f"http://127.0.0.1:{port}"
 
 
-def seen(model, app_name="proxray"):
-    """The last request the model's deployment received: what the gateway passed through to it."""
+def seen(model, app_name="proxray", asks=1):
+    """The last request the model's deployment received: what the gateway passed through to it. ``asks``: how many
+    times to ask, each asked replica's newest counting (a deployment of more than one replica spreads the asks)."""
     from ray import serve
 
     from proxray.serve.app import deployment_name
 
-    return serve.get_deployment_handle(deployment_name(model), app_name).seen.remote().result()[-1]
+    handle = serve.get_deployment_handle(deployment_name(model), app_name)
+    return max((r for _ in range(asks) for r in handle.seen.remote().result()), key=lambda r: r["at"])
 
 
-def ends(model, app_name="proxray"):
-    """How the model deployment's calls ended (``OpenAIModel.ends``), oldest first."""
+def ends(model, app_name="proxray", asks=1):
+    """How the model deployment's calls ended (``OpenAIModel.ends``), oldest first (``asks``: as ``seen``'s, the
+    calls of every replica asked)."""
     from ray import serve
 
     from proxray.serve.app import deployment_name
 
-    return serve.get_deployment_handle(deployment_name(model), app_name).ends.remote().result()
+    handle = serve.get_deployment_handle(deployment_name(model), app_name)
+    calls = {(e["at"], e["endpoint"]): e for _ in range(asks) for e in handle.ends.remote().result()}
+    return [calls[k] for k in sorted(calls)]
 
 
 def stop_app():
@@ -153,3 +158,16 @@ def kill_node(node) -> int:
             pass
     psutil.wait_procs(procs, timeout=10)
     return len(procs)
+
+
+def prefix_cache(scrape: str, model: str) -> dict:
+    """vLLM's prefix-cache counters for ``model`` on Ray's Prometheus endpoint ``scrape``, summed over its replicas:
+    {"queries": prompt tokens looked up, "hits": found cached}."""
+    import httpx
+
+    out = {"queries": 0.0, "hits": 0.0}
+    for ln in httpx.get(scrape, timeout=10).text.splitlines():
+        for k in out:
+            if ln.startswith(f"ray_vllm_prefix_cache_{k}_total{{") and f'model_name="{model}"' in ln:
+                out[k] += float(ln.rsplit(" ", 1)[1])
+    return out

@@ -126,8 +126,8 @@ def test_stream_is_the_models_chunks_with_usage(client):
 def test_completions_pass_through(client):
     r = client.completions.create(model=TINY, prompt="Once upon a time", max_tokens=3, echo=False)
     assert r.object == "text_completion" and r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
-    assert seen(TINY) == {"endpoint": "/completions", "body": {"model": TINY, "prompt": "Once upon a time",
-                                                              "max_tokens": 3, "echo": False}}
+    assert {k: v for k, v in seen(TINY).items() if k != "at"} == {
+        "endpoint": "/completions", "body": {"model": TINY, "prompt": "Once upon a time", "max_tokens": 3, "echo": False}}
 
 
 @pytest.mark.parametrize("extra,name", [

