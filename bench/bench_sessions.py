@@ -198,43 +198,35 @@ def cohosted_sessions(url: str, scrape: str, model: str, sessions: int, turns: i
 
 
 def cohosted(a) -> dict:
-    """The co-hosted part: two replicas of the tiny vLLM CPU model (``proxray make-tiny-model``; vLLM on the CPU, as
-    serve_configs/cpu_vllm.yaml serves it), conversations with and without affinity."""
-    import ray
-    from ray import serve
+    """The co-hosted part: two replicas of the tiny vLLM CPU model (``proxray make-tiny-model``), served as
+    serve_configs/cpu_vllm.yaml serves it but with a 4,096-token context; conversations with and without affinity."""
+    import yaml
 
     from proxray import SentenceEncoder
     from proxray.devtools import build_tiny_model
-    from proxray.serve.app import build
     from proxray.serve.front import free_port
-    from serve_helpers import fit_router as fit_one
+    from serve_helpers import start_app, stop_app
 
     model = "tiny-llama-a"
     tmp = Path(tempfile.mkdtemp(prefix="bench-sessions-vllm-"))
-    source = build_tiny_model(tmp / model, seed=0, max_positions=4096)
-    fit_one(tmp / "router", SentenceEncoder(), [model], {model: (0.9, 1e-7)})
-    spec = {"id": model, "engine": "vllm", "source": source, "placement_group_config": {"bundles": [{"CPU": 0.1}]},
-            "runtime_env": {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
-            "engine_kwargs": {"dtype": "float32", "enforce_eager": True, "max_model_len": 4096, "max_num_seqs": 8},
-            "autoscaling": {"min_replicas": 2, "max_replicas": 2}}
-    port, metrics = free_port(), free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics,
-             runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    url, scrape = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}/metrics"
+    shipped = yaml.safe_load((ROOT / "serve_configs" / "cpu_vllm.yaml").read_text())["applications"][0]["args"]
+    spec = next(m for m in shipped["models"] if m["id"] == model)
+    spec.update(source=build_tiny_model(tmp / model, seed=0, max_positions=4096),
+                autoscaling={"min_replicas": 2, "max_replicas": 2})
+    spec["engine_kwargs"]["max_model_len"] = 4096
+    metrics = free_port()
+    print("[bench] co-hosted: two vLLM replicas starting ...", file=sys.stderr, flush=True)
     try:
-        print("[bench] co-hosted: two vLLM replicas starting ...", file=sys.stderr, flush=True)
-        serve.run(build({"router": str(tmp / "router"), "models": [spec], "timeout_s": 300}), name="proxray",
-                  route_prefix="/")
+        url = start_app(tmp, SentenceEncoder(), [spec], profile={model: (0.9, 1e-7)}, metrics_port=metrics,
+                        timeout_s=300)
         out = {}
         for affinity in (False, True):
             print(f"[bench] co-hosted {'with' if affinity else 'without'} affinity ...", file=sys.stderr, flush=True)
-            out["affinity" if affinity else "no_affinity"] = cohosted_sessions(url, scrape, model, a.sessions,
-                                                                               a.cohosted_turns, affinity)
+            out["affinity" if affinity else "no_affinity"] = cohosted_sessions(
+                url, f"http://127.0.0.1:{metrics}/metrics", model, a.sessions, a.cohosted_turns, affinity)
         return out
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        stop_app()
 
 
 def main(argv=None):

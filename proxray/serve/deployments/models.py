@@ -57,8 +57,9 @@ class OpenAIModel:
             return
         if not hasattr(self, "_seen"):
             self._seen, self._ends = deque(maxlen=32), deque(maxlen=32)
-        self._seen.append({"endpoint": endpoint, "body": body, "at": time.time()})
-        end = {"endpoint": endpoint, "objects": 0, "ended": "running", "at": self._seen[-1]["at"]}
+        at = time.time()
+        self._seen.append({"endpoint": endpoint, "body": body, "at": at})
+        end = {"endpoint": endpoint, "objects": 0, "ended": "running", "at": at}
         self._ends.append(end)
         gen = self._respond(endpoint, body)
         try:
