@@ -248,8 +248,9 @@ def test_a_conversations_turns_stay_on_one_of_two_vllm_replicas_and_its_prefix_c
 def test_a_conversations_replica_killed_under_conversations_load_fails_no_turn(client, app):
     """Four conversations take turns at once on the two vLLM replicas (each on its own, by the consistent hash);
     the replica that holds the first is killed without drain (Serve's controller starts another): no turn fails —
-    the turns it had in hand are retried — and the conversation's next turns go to the replica left. Last in the
-    module: the replacement engine is still starting when the module ends."""
+    the turns it had in hand are retried — and the conversation's next turns go to the replica left, moving at most
+    once more, when the replacement joins the ring. Last in the module: the replacement engine may still be starting
+    when the module ends."""
     import threading
     import time
 
@@ -290,5 +291,7 @@ def test_a_conversations_replica_killed_under_conversations_load_fails_no_turn(c
         t.join()
     after = [r for r in results if r[1] > killed_at]
     assert [r for r in after if r[2] != 200] == []
-    moved = [r[3] for r in after if r[0] == 0]
-    assert len(moved) >= 3 and held not in moved[-2:] and len(set(moved[-2:])) == 1, moved
+    moved = [r[3] for r in after if r[0] == 0][1:]  # the first may be the killed replica's answer, sent before it
+    # on the replica left, and at most one move more: the ring takes the replacement in when it starts (Ray's
+    # consistent hash moves about half of two replicas' conversations to a third)
+    assert len(moved) >= 2 and held not in moved and sum(a != b for a, b in zip(moved, moved[1:])) <= 1, moved

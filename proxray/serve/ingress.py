@@ -25,7 +25,6 @@ ray.serve.llm's ``LLMServer`` does), so docs and CORS are per app.
 
 import logging
 import time
-from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -54,7 +53,7 @@ from proxray.serve.request.model_list import ModelList
 from proxray.serve.request.policy import RoutingPolicy, budget_from, request_policy
 from proxray.serve.request.sse import answer_stream
 from proxray.serve.request.turn_cost import TurnFacts, turn_facts
-from proxray.serve.tenancy.conversations import ConversationClient, billed
+from proxray.serve.tenancy.conversations import ConversationClient, billed, named
 from proxray.serve.tenancy.feedback import FeedbackClient, FeedbackRequest
 from proxray.serve.tenancy.gate import Held, KeyGate
 from proxray.serve.tenancy.responses import ResponseStore
@@ -219,10 +218,7 @@ class RouterIngress:
             self.client.salt(key.owner[:32] if key is not None else "")  # its prompt-cache salt, for models that take one
             # the body every candidate gets (model aside), in the protocol or as the one internal request
             turn = await protocol.begin(req, self.context(protocol, key, request.headers))
-            if turn.previous_id is not None:  # a stored response's conversation: its id names it in the report
-                rp = replace(rp, conversation=turn.previous_id)
-            elif turn.session and rp.conversation is None:  # a Messages client's session
-                rp = replace(rp, conversation=turn.session)
+            rp = named(rp, turn.previous_id, turn.session)  # the conversation the turn continues, if any
             self.client.session(rp.conversation, key.owner if key is not None else "")  # its replica, co-hosted
             timings["parse_ms"] = 1e3 * (time.perf_counter() - t0) - timings["read_ms"]  # the CPU work after it
             text = turn.text(self.args.routing_text)

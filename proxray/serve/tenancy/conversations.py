@@ -20,6 +20,7 @@ switches only where another model's objective at its full price beats its own mo
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 from pydantic import Field
@@ -146,6 +147,16 @@ def weigh_cache(candidates: list, previous: str | None, acc, costs, lam: float, 
                 "why": f"{others[0]} gains {gain:.4g} over {previous}, more than its cache is worth ({cache_value:.4g})"}
     return {"action": "kept", **report,
             "why": f"{others[0]} would gain {gain:.4g}, no more than {previous}'s cache is worth ({cache_value:.4g})"}
+
+
+def named(rp, previous_id: str | None, session: str | None):
+    """Request parameters ``rp`` with the conversation a turn continues: a stored response's (its id names it in the
+    report), else a Messages client's session where the request names none; ``rp`` itself where neither."""
+    if previous_id is not None:
+        return replace(rp, conversation=previous_id)
+    if session and rp.conversation is None:
+        return replace(rp, conversation=session)
+    return rp
 
 
 def billed(report: dict, usage) -> None:
