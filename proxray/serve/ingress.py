@@ -51,6 +51,7 @@ from proxray.serve.request.fallback import first_answer
 from proxray.serve.request.http import error_response, gateway_api, parse_request, response_headers
 from proxray.serve.request.model_list import ModelList
 from proxray.serve.request.policy import RoutingPolicy, budget_from, request_policy
+from proxray.serve.request.report import completed
 from proxray.serve.request.sse import answer_stream
 from proxray.serve.request.turn_cost import TurnFacts, turn_facts
 from proxray.serve.tenancy.conversations import ConversationClient, billed, named
@@ -59,29 +60,6 @@ from proxray.serve.tenancy.gate import Held, KeyGate
 from proxray.serve.tenancy.responses import ResponseStore
 
 logger = logging.getLogger("ray.serve")
-
-
-def private(report: dict) -> None:
-    """What a key of the keys file is not shown of its own report: the app's router path, the served budget's state,
-    the encoder's batch, how long its text waited for the encoder (other keys' load) and whether the cache held it
-    (another key may have sent it) — ``report`` in place; its ``embed_ms`` is the encoder pass alone."""
-    report.pop("router_path", None)
-    report.pop("budget", None)
-    timings = report.get("timings", {})
-    if "encode_ms" in timings:
-        timings["embed_ms"] = timings["encode_ms"]
-    for name in ("embedding_cache", "encoder_batch", "encode_ms"):
-        timings.pop(name, None)
-
-
-def model_replica(stream) -> str | None:
-    """The replica of a co-hosted model's deployment that took the request (its stream, or the stream a protocol's
-    translation reads), where it said."""
-    while stream is not None:
-        if getattr(stream, "replica", None) is not None:
-            return stream.replica
-        stream = getattr(stream, "inner", None)
-    return None
 
 
 def deployment_name(model_id: str) -> str:
@@ -254,15 +232,7 @@ class RouterIngress:
         told = None  # the model that answered carries the conversation on, and its prompt in its cache
         if p.report.get("conversation") and turn.previous_id is None:
             told = self.conversations.carry_on(p.report["conversation"]["id"], model, key and key.owner, facts)
-        p.report["latency_s"] = time.perf_counter() - t0
-        p.report["timings"] = timings
-        p.report["replica"] = self.replica
-        if (served_by := model_replica(gen)) is not None:
-            p.report["model_replica"] = served_by
-        if key_report:
-            p.report["key"] = key_report
-        if key is not None:  # a key of the keys file sees its own request, nothing of the app's or other keys' traffic
-            private(p.report)
+        completed(p.report, time.perf_counter() - t0, timings, self.replica, gen, key_report, key is not None)
         # what an answer's usage counts toward: a budget on realised cost, the key's spend
         # and the answer, remembered for feedback on it
         if model != p.candidates[0] or estimate is None:

@@ -58,3 +58,43 @@ REPORT_FIELDS: dict[str, tuple[str, str]] = {
 def undocumented(report: dict) -> list[str]:
     """The fields of ``report`` the table does not list."""
     return sorted(k for k in report if k not in REPORT_FIELDS)
+
+
+def completed(report: dict, latency_s: float, timings: dict, replica: str, stream, key_report: dict | None,
+              keyed: bool) -> None:
+    """``report`` in place, once its answer has begun: the latency, where the gateway's time went, the ingress
+    replica that answered and the model replica that took it (where it said), the key's own report; and, for a key
+    of the keys file (``keyed``), only what it may see of its own request — nothing of the app's or other keys'
+    traffic."""
+    report["latency_s"] = latency_s
+    report["timings"] = timings
+    report["replica"] = replica
+    if (served_by := model_replica(stream)) is not None:
+        report["model_replica"] = served_by
+    if key_report:
+        report["key"] = key_report
+    if keyed:
+        private(report)
+
+
+def private(report: dict) -> None:
+    """What a key of the keys file is not shown of its own report: the app's router path, the served budget's state,
+    the encoder's batch, how long its text waited for the encoder (other keys' load) and whether the cache held it
+    (another key may have sent it) — ``report`` in place; its ``embed_ms`` is the encoder pass alone."""
+    report.pop("router_path", None)
+    report.pop("budget", None)
+    timings = report.get("timings", {})
+    if "encode_ms" in timings:
+        timings["embed_ms"] = timings["encode_ms"]
+    for name in ("embedding_cache", "encoder_batch", "encode_ms"):
+        timings.pop(name, None)
+
+
+def model_replica(stream) -> str | None:
+    """The replica of a co-hosted model's deployment that took the request (its stream, or the stream a protocol's
+    translation reads), where it said."""
+    while stream is not None:
+        if getattr(stream, "replica", None) is not None:
+            return stream.replica
+        stream = getattr(stream, "inner", None)
+    return None
