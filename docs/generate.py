@@ -332,6 +332,49 @@ def _field_rows(model, mirrors: str) -> list[str]:
     return out
 
 
+# a protocol's declared field fates (its support matrix), by route
+SUPPORT = {"/v1/responses": "proxray.serve.protocols.responses.fields",
+           "/v1/messages": "proxray.serve.protocols.messages.fields",
+           "/v1/chat/completions": None, "/v1/completions": None}  # None: relayed, each kind of model decides
+
+
+def chat_support_matrix(path: str) -> str:
+    """The support matrix of a relayed route: what each kind of pool model does with each field
+    (``proxray.serve.protocols.chat_fields``)."""
+    from proxray.serve.protocols.chat_fields import ENGINES, LEGEND, fields_of
+
+    kinds = {"openai": "hosted endpoint", "vllm": "co-hosted vLLM", "sim": "simulated", "transformers": "transformers"}
+    out = ["\n**Support matrix**: the request reaches the chosen model as sent (`model` rewritten, `proxray` removed); "
+           "each kind of pool model honours a field or refuses it by name (a 400 naming it; a routed request passes "
+           "such a model over). A field at its \"not asked\" value (`logprobs: false`, `store: false`, ...) is taken "
+           "by every model.\n\n", "| fate | meaning |\n|---|---|\n", *[f"| {k} | {v} |\n" for k, v in LEGEND.items()],
+           "\n| field | " + " | ".join(kinds[e] for e in ENGINES) + " | how |\n|---|" + "---|" * (len(ENGINES) + 1)
+           + "\n"]
+    out += [f"| `{f.field}` | " + " | ".join(f.fate(e) for e in ENGINES) + f" | {f.how} |\n"
+            for f in fields_of(path == "/v1/chat/completions")]
+    return "".join(out)
+
+
+def support_matrix(path: str) -> str:
+    """The support matrix of a route: each field's fate at a model serving the protocol itself and at one answering
+    through chat completions, from the protocol's declared table."""
+    import importlib
+
+    from proxray.serve.protocols.fates import FATES
+
+    if SUPPORT[path] is None:
+        return chat_support_matrix(path)
+    fields = importlib.import_module(SUPPORT[path])
+    out = ["\n**Support matrix**: what happens to each field at a model that serves this API itself (relayed) and at "
+           "one that answers through chat completions (a chat-only endpoint, a co-hosted vLLM model, a simulated one; "
+           "each then honours or refuses the chat parameters it is sent). What is dropped is named in the answer: "
+           "the report's `dropped` and the header `x-proxray-dropped`.\n\n",
+           "| fate | meaning |\n|---|---|\n", *[f"| {k} | {v} |\n" for k, v in FATES.items()],
+           "\n| field | relayed | through chat | how, through chat |\n|---|---|---|---|\n"]
+    out += [f"| `{f.field}` | {f.native} | {f.chat} | {f.how} |\n" for f in fields.FIELDS]
+    return "".join(out)
+
+
 def http_page() -> str:
     from proxray.serve.errors import STATUSES, RequestError, openai_shape
     from proxray.serve.protocols.messages.schemas import anthropic_shape
@@ -364,6 +407,8 @@ def http_page() -> str:
         if model is not None:
             out += [f"\n`{model.__name__}`:\n\n| field | type | | meaning |\n|---|---|---|---|\n",
                     *_field_rows(model, protocol.mirrors if protocol else "")]
+        if main and path in SUPPORT:
+            out.append(support_matrix(path))
         shape = "Anthropic's" if protocol is not None and protocol.error is anthropic_shape else "OpenAI's"
         answer, codes = ANSWERS[f"{method} {path}"]
         if shape == "Anthropic's":  # the status as Anthropic's shape answers it (503: 529)

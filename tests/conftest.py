@@ -14,6 +14,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 NDIM_SCALAR = "error:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
 os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), NDIM_SCALAR]))
 
+# Two test workers (pytest-xdist, as CI runs the suite) each start their own local Ray clusters: each gets a Ray
+# temp folder of its own, so the session a CLI joins by ``address="auto"`` (Ray's ray_current_cluster file), the
+# session_latest link and the sockets are that worker's, never the other's. Short: Unix socket paths are bounded.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("RAY_TMPDIR", f"/tmp/ray-{os.environ['PYTEST_XDIST_WORKER']}")
+    os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
+
 # The serving front users' clusters run (Serve's HAProxy ingress, proxray.serve.front) for every Ray cluster the tests
 # start; its ingress replicas hold on for 2 s when they stop (Ray's default, 30 s, is for a load balancer elsewhere to
 # drop them; here HAProxy is on the same machine), so a test's Serve shuts down in seconds
@@ -21,6 +28,10 @@ from proxray.serve.front import front_env, haproxy_ports  # noqa: E402
 
 os.environ.update(front_env())
 os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+# Serve calls a proxy (its HAProxy manager) that is not ready within 5 s of starting unhealthy and kills it; on two
+# busy cores shared by two test workers a start can take longer: a bound on a hang here, not a timing
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "30")
 
 
 def _fresh_front_ports():
@@ -127,15 +138,42 @@ def blobs(rng, n_per=60, centers=4, dim=16, spread=0.05, models=3):
     return X, acc, cost, labels
 
 
-def pytest_collection_finish(session):
-    """Work that mostly waits on the network, started as the session begins where its test is collected (the test
-    waits for it and checks it): the gpu lock's resolution from the package index (``test_locks.gpu_lock_dry_run``)."""
-    import tempfile
+# How the suite runs in two workers (README's test command: ``-n 2``; pyproject's addopts: ``--dist loadfile
+# --no-loadscope-reorder``): a module is one unit of work (its module-scoped app, cluster or engine starts once, on one
+# worker), and the units go out longest first (tests/timings.json: each module's seconds in a full run; one not listed
+# counts as short), so the two workers end together instead of one waiting on the last long module.
+TIMINGS = Path(__file__).with_name("timings.json")
 
-    session.config.proxray_background = {}
-    if not session.config.option.collectonly and any(item.name.startswith("test_the_gpu_lock_resolves_whole")
-                                                     for item in session.items):
-        from test_locks import gpu_lock_dry_run
 
-        work = Path(tempfile.mkdtemp(prefix="proxray-gpu-lock-"))
-        session.config.proxray_background["gpu_lock"] = (gpu_lock_dry_run(work), work)
+def _unit(item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # one process: the modules in their own order
+    import json
+
+    seconds = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
+    order = {}
+    for item in items:
+        order.setdefault(_unit(item), len(order))
+    items.sort(key=lambda it: (-seconds.get(_unit(it), 1.0), order[_unit(it)]))  # stable: a module's own order kept
+
+
+_spent: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    unit = report.nodeid.split("::", 1)[0]
+    _spent[unit] = _spent.get(unit, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """``PROXRAY_TIMINGS_OUT=path``: each module's seconds (setup, calls and teardown) written there as JSON, the
+    source of tests/timings.json (the controller sees every worker's reports)."""
+    out = os.environ.get("PROXRAY_TIMINGS_OUT")
+    if out and not os.environ.get("PYTEST_XDIST_WORKER") and _spent:
+        import json
+
+        Path(out).write_text(json.dumps({k: round(v, 1) for k, v in sorted(_spent.items())}, indent=1) + "\n")

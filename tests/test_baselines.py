@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from conftest import blobs
 from proxray import KNNRouter, LargestRouter, MLPRouter, RandomRouter, oracle_choice
@@ -20,6 +21,7 @@ def test_oracle_choice():
     np.testing.assert_array_equal(oracle_choice(acc, cost, 1.0), [1, 0])
 
 
+@pytest.mark.slow
 def test_mlp_router_learns_cluster_skills(rng, tmp_path):
     X, acc, cost, labels = blobs(rng, n_per=150, centers=4, models=3)
     tr, te = np.arange(0, 600, 2), np.arange(1, 600, 2)

@@ -53,6 +53,7 @@ def test_a_calibrated_budget_holds_on_held_out_queries_and_beats_single_models(w
     assert accuracy >= affordable.max(), (accuracy, affordable.max())
 
 
+@pytest.mark.slow
 def test_a_share_of_the_big_model_holds_on_held_out_queries(world):
     t, X, acc, cost, train, cal, test = world
     router = KNNRouter(k=50, temperature=20.0).fit(X[train], acc[train], cost[train], models=t.models)  # the paper's 1/τ
@@ -78,6 +79,7 @@ def serve_stream(ctl, acc_hat, cost_hat, stream, counted):
     return np.array(picks), np.array(lams)
 
 
+@pytest.mark.slow
 def test_the_served_budget_controller_keeps_recent_estimated_cost_on_target(world):
     """The ingress' loop without the transport (``serve_stream``): estimate, choose with the controller's λ,
     observe the chosen model's estimated cost. After a warm-up the recent mean stays within 10 % of target."""
@@ -104,6 +106,7 @@ def test_the_served_budget_controller_keeps_recent_estimated_cost_on_target(worl
         assert np.mean(right[1500:]) >= affordable.max() - 0.02, (np.mean(right[1500:]), affordable.max())
 
 
+@pytest.mark.slow
 def test_a_budget_on_realised_cost_holds_where_the_estimates_do_not(world):
     """Traffic with tasks the router never saw (gsm8k and svamp, a fifth of it): the router's cost estimates are
     wrong there, so a controller holding the mean *estimated* cost on target spends more than the target for

@@ -212,6 +212,7 @@ def test_the_serve_and_monitor_configs_name_the_monitor_and_the_bucket():
     assert mon["router"] == args["router"] and mon["state_dir"].startswith("s3://my-proxray-bucket/")
 
 
+@pytest.mark.slow
 def test_the_cpu_demo_configs_pass_with_the_router_the_readme_fits(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["fit", "--router", "knn", "--k", "50", "--out", "out/demo/router", "--models",

@@ -26,6 +26,7 @@ def test_import_error_is_reported_not_raised(tmp_path, capsys):
     assert "column 'correct': outside [0, 1] at row 0 (3.0)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_fit_writes_a_loadable_artifact(tmp_path, shared_data, capsys):
     from proxray.routing.temperature import PlugIn, Spread
 
@@ -76,6 +77,7 @@ def test_fit_writes_a_loadable_artifact(tmp_path, shared_data, capsys):
     assert not (tmp_path / "too-many").exists()
 
 
+@pytest.mark.slow
 def test_python_the_registry_and_proxray_fit_build_the_same_router(tmp_path, shared_data, encoder):
     """One temperature default: KNNRouter() / KMeansRouter() with their defaults, the registry's make_router and
     `proxray fit` with its defaults give the same router on a table, and the artifact the app loads estimates

@@ -54,6 +54,7 @@ def test_the_choice_is_the_rule_applied_to_measured_scores(table):
     assert decide(worse, 0.29)["reason"] == "static more than 0.29 pp of MiniLM on mean overall AUC (-0.30 pp)"
 
 
+@pytest.mark.slow
 def test_fit_auto_records_the_comparison_and_info_shows_it(table, tmp_path, capsys):
     table.write(tmp_path / "t.parquet")
     assert main(["fit", "--table", str(tmp_path / "t.parquet"), "--router", "knn", "--k", "20", "--encoder", "auto",

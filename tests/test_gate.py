@@ -163,6 +163,7 @@ def test_a_promoted_version_whose_live_feedback_falls_is_rolled_back_by_itself(w
     assert len(mon.train_prompts) == len(Xtr)
 
 
+@pytest.mark.slow
 def test_a_rollback_under_routed_load_fails_no_request(world, encoder, tmp_path, fresh_ray):
     """The monitor serves version 1 (grown from feedback); `rollback` while 6 clients route: every replica switches
     back between requests, and every request is answered."""

@@ -41,11 +41,12 @@ def test_small_sets_are_searched_exactly(rng):
 def test_above_the_limit_an_approximate_index_reaches_the_floor_and_the_artifact_keeps_it(rng, small_limits, tmp_path,
                                                                                          monkeypatch):
     X, acc, cost = refs(rng)
-    r = KNNRouter(k=20).fit(X, acc, cost)
+    # a budget no busy machine exceeds: the regret bound, not the clock, decides here (timings: bench/bench_scale.py)
+    r = KNNRouter(k=20, route_budget_ms=50.0).fit(X, acc, cost)
     info = r.index_info_
     assert info["kind"] == index_mod.AUTO_APPROX and info["sample"] == 300 and info["lams"] == 16
     assert info["decision_regret"] <= 0.005 and info["max_regret"] == 0.005 and info["recall_at_k"] >= 0.9
-    assert 0 < info["route_ms"] <= info["budget_ms"] == 1.0 and "warning" not in info
+    assert 0 < info["route_ms"] <= info["budget_ms"] == 50.0 and "warning" not in info
     assert info["trials"][-1]["ef_search"] == info["ef_search"]  # what it tried, the last the one kept
     # on fresh queries near the references it holds too (a margin for the sample's 256)
     Q = normalize(X[rng.choice(len(X), 200)] + 0.05 * rng.normal(size=(200, X.shape[1])).astype(np.float32))
@@ -71,19 +72,20 @@ def test_the_index_is_chosen_by_what_its_decisions_lose_not_by_recall(rng, small
     monkeypatch.setattr(index_mod, "MIN_EF_SEARCH", 4)  # a narrow first search, below what recall asks for
     R = normalize(rng.normal(size=(3000, 64)).astype(np.float32))
     flat = np.tile([[0.9, 0.5, 0.2]], (3000, 1))
-    same = KNNRouter(k=20).fit(R, flat, np.tile([[3e-3, 1e-3, 1e-4]], (3000, 1)))
+    # budgets no busy machine exceeds: what the decisions lose, not the clock, decides here
+    same = KNNRouter(k=20, route_budget_ms=50.0).fit(R, flat, np.tile([[3e-3, 1e-3, 1e-4]], (3000, 1)))
     info = same.index_info_
     print("same labels:", info)
     assert info["kind"] == "hnsw" and info["ef_search"] == index_mod.MIN_EF_SEARCH and info["decision_regret"] == 0
     assert info["recall_at_k"] < 0.95  # a recall floor of 0.95 would have widened it for nothing
     acc, cost = rng.uniform(size=(3000, 3)), rng.uniform(size=(3000, 3)) * 1e-3
-    loose = KNNRouter(k=20).fit(R, acc, cost).index_info_
+    loose = KNNRouter(k=20, route_budget_ms=50.0).fit(R, acc, cost).index_info_
     own = KNNRouter(k=20, max_regret=0.0005, route_budget_ms=50.0).fit(R, acc, cost).index_info_
     print("own labels:", loose, own)
     assert loose["trials"][0]["decision_regret"] > 0.0005  # the narrowest search loses more than the tight bound
     assert own["ef_search"] > loose["ef_search"] and own["decision_regret"] <= 0.0005 < own["trials"][0]["decision_regret"]
     assert own["decision_regret"] < loose["decision_regret"] and own["recall_at_k"] > loose["recall_at_k"]
-    strict = KNNRouter(k=20, max_regret=0.0, recall_floor=0.9).fit(R, flat, flat * 1e-3)
+    strict = KNNRouter(k=20, max_regret=0.0, recall_floor=0.9, route_budget_ms=50.0).fit(R, flat, flat * 1e-3)
     assert strict.index_info_["recall_at_k"] >= 0.9  # a floor asked for still holds
 
 
@@ -110,8 +112,11 @@ def test_where_no_setting_meets_the_bound_in_the_budget_the_least_regret_under_i
 
 def test_exact_search_is_chosen_where_it_fits_the_budget_and_is_faster(rng, monkeypatch):
     """Above EXACT_MAX, a reference set small enough that exact search routes faster than the graph: exact search,
-    timed, no regret."""
+    no regret. The two are timed as a quiet machine times them (the decision, not the clock, is what is tested here;
+    bench/bench_scale.py measures them)."""
     monkeypatch.setattr(index_mod, "EXACT_MAX", 500)
+    monkeypatch.setattr(index_mod, "exact_route_ms", lambda *a, **k: 0.05)
+    monkeypatch.setattr(index_mod, "route_ms", lambda *a, **k: 0.12)
     X, acc, cost = refs(rng)
     info = KNNRouter(k=20).fit(X, acc, cost).index_info_
     print(info)

@@ -35,6 +35,7 @@ def test_a_new_layout_takes_each_key_from_the_checkpoint_that_saved_it_last():
     assert merged_reports([{"a": rep}, {"a": {**rep, "spent_usd": 3.0}}, {"b": rep}])["a"]["spent_usd"] == 3.0
 
 
+@pytest.mark.slow
 def test_sharded_ledgers_keep_each_budget_exact_and_a_new_shard_count_carries_spend_over(fresh_ray):
     """Eight keys with a 1 USD budget over four ledgers (real actors): four admissions at once holding 0.30 each, of
     which exactly three fit; settled at 0.25; then the app's ledgers split over two — every key's spend is carried."""
@@ -84,6 +85,7 @@ def test_sharded_ledgers_keep_each_budget_exact_and_a_new_shard_count_carries_sp
     assert len(running_ledgers("shards")) == 6
 
 
+@pytest.mark.slow
 def test_a_ledger_answers_while_its_checkpoint_store_does_not(monkeypatch):
     """The GCS away (a head restarting): the ledger's key-value store blocks. Admissions and charges answer from
     memory at once; the newest state is written when the store takes it again, and nothing older after it."""

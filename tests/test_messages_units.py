@@ -34,7 +34,7 @@ def test_a_conversation_with_tools_and_images_in_chats_words():
                    temperature=0.5, top_k=5, thinking={"type": "enabled", "budget_tokens": 1024},
                    metadata={"user_id": "u"}, stream=True)
     chat, problems, dropped = to_chat(body)
-    assert problems == {} and dropped == ["metadata", "thinking", "top_k"]
+    assert problems == {} and dropped == ["metadata", "thinking", "top_k", "messages[thinking]"]
     roles = [m["role"] for m in chat["messages"]]
     assert roles == ["system", "user", "assistant", "tool", "user"]
     assert chat["messages"][0]["content"] == "Be brief.\n\nHarness rules."

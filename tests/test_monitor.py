@@ -427,7 +427,8 @@ def test_drift_demo_grows_the_router_from_feedback_alone(tmp_path):
     switches to each grown version."""
     from proxray.demos.drift import run
 
-    res = run(task=TASK, n_per_task=30, min_batch=10, n_inliers=20, state_dir=tmp_path, timeout_s=120,
+    # timeout_s: a bound, the run returns once the gate decided
+    res = run(task=TASK, n_per_task=30, min_batch=10, n_inliers=20, state_dir=tmp_path, timeout_s=300,
               labels="feedback")
     print(json.dumps(res))
     # no drift evaluation; the judge only spot-checks a sample of each feedback batch (and its own canaries)
@@ -446,7 +447,8 @@ def test_drift_demo_poisoned_labels_never_reach_the_served_version(tmp_path, poi
     from proxray.demos.drift import run
 
     labels = "feedback" if poison == "inverted-feedback" else "judge"
-    res = run(task=TASK, n_per_task=30, min_batch=10, n_inliers=20, state_dir=tmp_path, timeout_s=120,
+    # timeout_s: a bound, the run returns once the gate decided
+    res = run(task=TASK, n_per_task=30, min_batch=10, n_inliers=20, state_dir=tmp_path, timeout_s=300,
               labels=labels, poison=poison)
     print(json.dumps({k: res[k] for k in ("served_version", "label_sources", "gate", "versions", "spent_usd")}))
     source = "anonymous" if poison == "inverted-feedback" else "judge"

@@ -93,6 +93,7 @@ def test_a_refused_request_is_an_error_row_not_retried_and_the_next_run_retries_
     assert [r["todo"] for r in again["runs"]] == [1]  # the failed row, and only it, is tried again
 
 
+@pytest.mark.slow
 def test_a_bad_endpoint_is_named_before_any_work(api, tmp_path):
     standin, _, key_file = api
     wrong = tmp_path / "wrong"
@@ -113,6 +114,7 @@ def test_a_bad_endpoint_is_named_before_any_work(api, tmp_path):
                                               "price": {"input_per_mtok": 1, "output_per_mtok": 1}}]})
 
 
+@pytest.mark.slow
 def test_another_endpoint_re_runs_the_model(api, tmp_path):
     from proxray.evaljob.keys import fingerprints
     from proxray.evaljob.job import load_queries

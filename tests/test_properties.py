@@ -4,6 +4,7 @@ import json
 import math
 
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ cells = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-3
 @settings(max_examples=200, deadline=None)
 @given(correct=st.lists(cells, min_size=4, max_size=4), cost=st.lists(cells, min_size=4, max_size=4),
        qid=st.lists(st.one_of(st.sampled_from(["a", "b"]), st.none(), st.just("")), min_size=4, max_size=4))
+@pytest.mark.slow
 def test_tables_are_accepted_or_refused_with_a_named_rule(correct, cost, qid):
     df = pd.DataFrame({"query_id": qid, "task": "t", "prompt": "p", "model": ["m1", "m2", "m1", "m2"],
                        "correct": correct, "cost": cost})

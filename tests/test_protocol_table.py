@@ -45,6 +45,7 @@ def priced(model, used):
     return (used["prompt_tokens"] * p["input_per_mtok"] + used["completion_tokens"] * p["output_per_mtok"]) / 1e6
 
 
+@pytest.mark.slow
 def test_a_protocol_added_to_the_table_is_routed_streamed_budgeted_and_reported(app):
     h = {"Authorization": f"Bearer {KEYS['dev']}"}
     ask = {"model": "proxray", "question": "What is the capital of France?", "max_tokens": 8}

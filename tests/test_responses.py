@@ -214,7 +214,7 @@ def test_one_keys_stored_responses_are_unknown_to_another(app):
 
 @pytest.mark.parametrize("extra, name", [({"background": True}, "background"),
                                          ({"conversation": "conv_1"}, "conversation"),
-                                         ({"tools": [{"type": "web_search"}]}, "tools"),
+                                         ({"tools": [{"type": "custom", "name": "apply_patch"}]}, "tools"),
                                          ({"text": {"format": {"type": "text"}, "verbosity": "low"}}, "text"),
                                          ({"truncation": "auto"}, "truncation"),
                                          ({"top_logprobs": 3}, "top_logprobs")])
@@ -223,6 +223,14 @@ def test_what_cannot_be_honoured_is_a_400_naming_it(app, extra, name):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == name or name in err["message"], err
+
+
+def test_a_hosted_tool_a_chat_model_cannot_run_is_dropped_and_named(app):
+    """The app's default (responses.hosted_tools: drop): the answer comes, and says what its model was not offered."""
+    r = post(app, {"model": WEAK, "input": "Hi there.", "tools": [{"type": "web_search"}], "client_metadata": {"a": "b"}})
+    assert r.status_code == 200, r.text
+    assert r.json()["proxray"]["dropped"] == ["tools[0] (web_search)", "client_metadata"]
+    assert r.headers["x-proxray-dropped"] == "tools[0] (web_search),client_metadata"
 
 
 def test_a_routed_request_leaves_out_models_that_cannot_honour_it(app):

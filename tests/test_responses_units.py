@@ -32,8 +32,8 @@ def test_a_conversation_with_tools_and_structured_output_as_chat():
                       {"type": "function_call_output", "call_id": "call_1", "output": "5"},
                       {"role": "assistant", "content": [{"type": "output_text", "text": "It is 5."}]},
                       {"role": "user", "content": "Thanks."}]}
-    chat, problems = to_chat(body)
-    assert problems == {}
+    chat, problems, dropped = to_chat(body)
+    assert problems == {} and dropped == ["input[type=reasoning]"]
     assert chat["messages"] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Add 2 and 3."},
@@ -54,19 +54,34 @@ def test_a_conversation_with_tools_and_structured_output_as_chat():
 
 
 @pytest.mark.parametrize("extra, name", [
-    ({"tools": [{"type": "web_search"}]}, "tools"),
+    ({"tools": [{"type": "custom", "name": "apply_patch"}]}, "tools"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
     ({"text": {"verbosity": "low"}}, "text"),
     ({"text": {"format": {"type": "grammar"}}}, "text"),
-    ({"reasoning": {"summary": "auto"}}, "reasoning"),
     ({"truncation": "auto"}, "truncation"),
-    ({"include": ["reasoning.encrypted_content"]}, "include"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"max_tool_calls": 3}, "max_tool_calls"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input")])
 def test_what_has_no_chat_form_is_named(extra, name):
-    _, problems = to_chat({"model": "m", "input": "Hi.", **extra})
+    _, problems, _ = to_chat({"model": "m", "input": "Hi.", **extra})
     assert list(problems) == [name]
+
+
+def test_a_hosted_tool_is_dropped_and_named_or_refused_as_the_app_says():
+    body = {"model": "m", "input": "Hi.", "tools": [TOOL, {"type": "web_search"}], "tool_choice": "auto"}
+    chat, problems, dropped = to_chat(body)
+    assert problems == {} and dropped == ["tools[1] (web_search)"] and len(chat["tools"]) == 1
+    _, problems, dropped = to_chat(body, hosted_tools="refuse")
+    assert list(problems) == ["tools"] and dropped == []
+    chat, problems, dropped = to_chat({**body, "tools": [{"type": "web_search"}]})  # no tool left: no choice among none
+    assert problems == {} and "tools" not in chat and "tool_choice" not in chat
+
+
+def test_what_asks_for_reasoning_a_chat_model_does_not_return_is_answered_as_empty():
+    chat, problems, dropped = to_chat({"model": "m", "input": "Hi.", "reasoning": {"summary": "auto"},
+                                       "include": ["reasoning.encrypted_content"]})
+    assert problems == {} and dropped == [] and not {"reasoning", "include", "reasoning_effort"} & set(chat)
 
 
 def test_a_chat_completion_as_a_response():

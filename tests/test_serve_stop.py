@@ -29,15 +29,22 @@ def free(port: int) -> bool:
 
 
 def haproxies() -> list:
+    """The HAProxy processes this test process's clusters may have started: every one on the machine, or, where the
+    suite runs in two workers (each with its own Ray temp folder), those that inherited this worker's."""
+    mine = f"RAY_TMPDIR={os.environ['RAY_TMPDIR']}".encode() if os.environ.get("PYTEST_XDIST_WORKER") else None
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().split(b"\0")
+            if cmd and os.path.basename(cmd[0].decode(errors="replace")).endswith("haproxy"):
+                if mine is not None:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        if mine not in f.read().split(b"\0"):
+                            continue
+                out.append(int(pid))
         except OSError:
             continue
-        if cmd and os.path.basename(cmd[0].decode(errors="replace")).endswith("haproxy"):
-            out.append(int(pid))
     return out
 
 

@@ -90,6 +90,27 @@ def test_serve_app_args_get_the_same_checks(tiny):
     assert "max_tokens=64 leaves no room" in problems
 
 
+def test_a_served_vllm_model_may_set_vllms_server_arguments_a_job_model_may_not(tiny):
+    """Tool calling on a co-hosted vLLM model (``tool_choice: auto``, what the Codex CLI and most agents send) needs
+    vLLM's OpenAI server arguments ``enable_auto_tool_choice`` and ``tool_call_parser``: a Serve app's model may set
+    them in ``engine_kwargs`` (Ray Serve LLM hands them to vLLM's serving); the evaluation job runs no server, and
+    says so."""
+    from proxray.serve.builder import app_problems
+    from proxray.serve.config import AppArgs
+
+    tools = {"enable_auto_tool_choice": True, "tool_call_parser": "hermes", "max_model_len": 256}
+    args = AppArgs.model_validate({"router": "r", "default_max_tokens": 16, "models": [
+        {"id": "v", "engine": "vllm", "source": tiny, "engine_kwargs": tools,
+         "placement_group_config": {"bundles": [{"CPU": 0.1}]}}]})
+    assert not [p for p in app_problems(args)[1] if "engine_kwargs" in p]
+    with pytest.raises(ConfigError) as e:
+        run_job(cfg({"source": tiny, **CPU, "engine_kwargs": tools}), "unused-out")
+    problems = str(e.value)
+    assert ("engine_kwargs ['enable_auto_tool_choice', 'tool_call_parser'] are not vLLM engine arguments "
+            "(['enable_auto_tool_choice', 'tool_call_parser'] set vLLM's OpenAI server: a served model's only)") in problems
+
+
+@pytest.mark.slow
 def test_engine_args_and_head_sizes_read_from_source_match_vllm_itself():
     """The checks read vLLM's engine-argument names and CPU head sizes from its source (no 10 s import);
     they must be exactly what the imported classes say."""

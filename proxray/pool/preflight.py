@@ -4,6 +4,7 @@ arguments and context lengths against the installed vLLM's own source (read, not
 attention runs, an environment whose vLLM build cannot import, engine arguments the CPU engines do not take."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -95,6 +96,22 @@ def vllm_engine_fields() -> set | None:
     return fields or None
 
 
+@functools.lru_cache(maxsize=1)
+def vllm_frontend_fields() -> frozenset:
+    """Names of vLLM's OpenAI server arguments (its ``FrontendArgs``: ``enable_auto_tool_choice``,
+    ``tool_call_parser``, ``chat_template``, ...), read from the installed vLLM's source: a served model's
+    ``engine_kwargs`` may set them (Ray Serve LLM hands them to vLLM's OpenAI serving); an evaluation job's may not.
+    Parsed once per process: every model's check asks."""
+    import ast
+
+    tree = _vllm_source("entrypoints.launchers.cli_args")
+    if tree is None:
+        return frozenset()
+    return frozenset(node.target.id for cls in tree.body if isinstance(cls, ast.ClassDef)
+                     and cls.name in ("BaseFrontendArgs", "FrontendArgs")
+                     for node in cls.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name))
+
+
 def cpu_head_sizes() -> list | None:
     """The head sizes vLLM's CPU attention backend supports, read from the installed vLLM's source."""
     import ast
@@ -128,9 +145,11 @@ def check_vllm_model(name: str, source: str, engine_kwargs: dict, placement_grou
         if unknown:
             import difflib
 
-            hints = {k: difflib.get_close_matches(k, known_fields, n=1) for k in unknown}
+            server = sorted(set(unknown) & vllm_frontend_fields())
+            hints = {k: difflib.get_close_matches(k, known_fields, n=1) for k in unknown if k not in server}
             problems.append(f"model {name!r}: engine_kwargs {unknown} are not vLLM engine arguments"
-                            + "".join(f"; did you mean {h[0]!r} for {k!r}?" for k, h in hints.items() if h))
+                            + "".join(f"; did you mean {h[0]!r} for {k!r}?" for k, h in hints.items() if h)
+                            + (f" ({server} set vLLM's OpenAI server: a served model's only)" if server else ""))
     if cfg:
         ctx = cfg.get("max_position_embeddings") or cfg.get("max_sequence_length") or cfg.get("seq_length")
         max_len = engine_kwargs.get("max_model_len") or ctx
@@ -180,14 +199,17 @@ def vllm_install_problem() -> str | None:
     return None
 
 
-def check_models(models, max_tokens: int | None) -> tuple[dict, list]:
-    """Check every model of a job config or a Serve app before anything starts: vLLM models as
-    ``check_vllm_model`` does, transformers models' local folders. ``models`` have ``id``, ``source``,
-    ``engine``, ``engine_kwargs`` and ``placement_group_config``. Returns ``({model id: source with local
-    folders made absolute}, [every problem])`` — the caller raises its own error type."""
+def check_models(models, max_tokens: int | None, serving: bool = False) -> tuple[dict, list]:
+    """Check every model of a job config or a Serve app (``serving``: its vLLM models' ``engine_kwargs`` may also
+    set vLLM's OpenAI server arguments) before anything starts: vLLM models as ``check_vllm_model`` does,
+    transformers models' local folders. ``models`` have ``id``, ``source``, ``engine``, ``engine_kwargs`` and
+    ``placement_group_config``. Returns ``({model id: source with local folders made absolute}, [every problem])``
+    — the caller raises its own error type."""
     problems, sources = [], {}
     uses_vllm = any(m.engine == "vllm" for m in models)
     fields = vllm_engine_fields() if uses_vllm else None
+    if fields and serving:
+        fields = fields | vllm_frontend_fields()
     install = vllm_install_problem() if uses_vllm else None
     problems += [f"vLLM here: {install}"] if install else []
     for m in models:

@@ -45,7 +45,7 @@ def app_problems(a: AppArgs, where: str = "") -> tuple[dict, list]:
     from proxray.pool.preflight import check_models
 
     problems = router_problems(a.router, a.encoder, [m.id for m in a.models], a.new_models, f"{where}router")
-    sources, found = check_models(a.models, a.default_max_tokens)
+    sources, found = check_models(a.models, a.default_max_tokens, serving=True)
     problems += found + relay_problems(a.models, f"{where}models") + secret_problems(a.models, f"{where}models")
     if a.keys_file:
 

@@ -90,6 +90,11 @@ class ResponsesSpec(StrictModel):
 
     store: bool = Field(True, description="keep responses whose request did not say store: false, for retrieval and "
                         "previous_response_id; false: nothing is kept (every response says store: false)")
+    hosted_tools: Literal["drop", "refuse"] = Field("drop", description="a hosted tool (web_search, file_search, …) "
+                                                    "offered to a model that answers through chat completions, which "
+                                                    "cannot run it: drop (default; left out, named in the answer's "
+                                                    "dropped: Codex offers web_search on every request) or refuse (a "
+                                                    "400 naming it for that model)")
     retention_s: float = Field(86400.0, gt=0, description="a stored response is kept this long after it was created "
                                "or last continued (previous_response_id)")
     max_responses: int = Field(20_000, ge=1, description="stored responses at most, the least recently used dropped "

@@ -105,6 +105,11 @@ NOT_ASKED = {"logprobs": (False,), "echo": (False,), "presence_penalty": (0,), "
              "store": (False,), "metadata": ({},)}
 
 
+def cpu_honoured(engine: str, endpoint: str) -> set:
+    """The parameters a CPU engine's model takes at ``endpoint``: the simulated engine's chat also takes tools."""
+    return CPU_HONOURED | sim_tools.HONOURED if engine == "sim" and endpoint == CHAT_PATH else CPU_HONOURED
+
+
 def refused_parameters(body: dict, honoured=CPU_HONOURED) -> list:
     """The parameters of ``body`` set to something other than "not asked" that a model honouring only
     ``honoured`` would have to drop: it refuses them by name instead."""
@@ -150,8 +155,7 @@ class ModelServer(OpenAIModel):
         self.engine = make_engine(self.spec)
 
     def _honoured(self, endpoint: str) -> set:
-
-        return CPU_HONOURED | sim_tools.HONOURED if self.spec.engine == "sim" and endpoint == CHAT_PATH else CPU_HONOURED
+        return cpu_honoured(self.spec.engine, endpoint)
 
     async def capabilities(self) -> dict:
         return {CHAT_PATH: sorted(self._honoured(CHAT_PATH)), COMPLETIONS_PATH: sorted(CPU_HONOURED)}

@@ -168,14 +168,16 @@ class ViaChat:
     themselves (relayed as it is, ``native_body(body)``) and every other model takes as chat completions (``chat``,
     translated once; ``problems``: ``{parameter: why}`` of what has no chat form, a 400 for those models). A chat answer
     comes back as ``whole(obj, model)``, or a stream through ``events(model)`` (an ``EventsFromChat``); ``words`` names
-    a chat parameter as the request names it; ``on_error`` and ``on_native`` map error objects and native objects."""
+    a chat parameter as the request names it; ``on_error`` and ``on_native`` map error objects and native objects;
+    ``dropped``: what the translation left out."""
 
     def __init__(self, client, native: set, chat: dict, problems: dict, whole, events, words: dict,
-                 on_error=None, native_body=None, on_native=None):
+                 on_error=None, native_body=None, on_native=None, dropped: list | None = None):
         self.client, self.native, self.chat, self.problems = client, native, chat, problems
         self.whole, self.events, self.words, self.on_error = whole, events, words, on_error
         self.native_body = native_body or (lambda body: body)
         self.on_native = on_native
+        self.dropped = dropped or []  # what the translation left out, named in translated answers (``dropped_for``)
 
     def stream(self, model: str, upstream: str, body: dict, patient: bool = True):
         if model in self.native:
@@ -199,6 +201,14 @@ class ViaChat:
         for m, refused in translated.items():
             out[m] = sorted(set(self.problems) | {self.words.get(p, p) for p in refused})
         return out
+
+
+def dropped_for(via: ViaChat, report: dict) -> dict:
+    """``report`` with ``dropped`` (in place: the answer's headers are written from it) where the model that answered
+    took the request translated and the translation left something out."""
+    if report.get("model") not in via.native and via.dropped:
+        report["dropped"] = via.dropped
+    return report
 
 
 async def _mapped(inner, fn):

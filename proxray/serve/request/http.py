@@ -21,7 +21,7 @@ MAX_DEPTH = 32  # JSON nesting a request may have
 PARSE_INLINE_BYTES = 64 * 1024  # bigger bodies are parsed in a worker thread, off the event loop
 # what a browser page may read of a cross-origin answer besides the CORS-safelisted headers
 EXPOSED_HEADERS = ["x-request-id", "x-proxray-model", "x-proxray-routed", "x-proxray-outlier-score",
-                   "x-proxray-estimated-cost", "x-proxray-fallback-from"]
+                   "x-proxray-estimated-cost", "x-proxray-fallback-from", "x-proxray-dropped"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,8 @@ def response_headers(report: dict) -> dict:
         h["x-proxray-estimated-cost"] = f"{report['estimated_cost']:.6g}"
     if report["fallback_from"]:
         h["x-proxray-fallback-from"] = ",".join(report["fallback_from"])
+    if report.get("dropped"):
+        h["x-proxray-dropped"] = ",".join(report["dropped"])[:1024]
     return h
 
 

@@ -50,8 +50,10 @@ REPORT_FIELDS: dict[str, tuple[str, str]] = {
     "key": ("a key of the keys file", "`{name, spent_usd, over_budget}`: the key's name (never its secret), its spend "
             "in its window when admitted, whether it was past its budget"),
     "not_stored": ("Responses, `store` asked for but not done", "why the response was not stored"),
-    "dropped": ("Messages, at a model that does not serve Messages itself", "the request's fields chat has no form "
-                "for (`thinking`, …), dropped before the model saw it"),
+    "dropped": ("Messages or Responses, at a model that answers through chat completions, where the translation left "
+                "something out", "the request's fields (or tools, items) chat has no form for and that do not change "
+                "the answer's meaning (`thinking`, `client_metadata`, a hosted tool, …), dropped before the model saw "
+                "them (the support matrix in the HTTP reference); also the header `x-proxray-dropped`"),
 }
 
 

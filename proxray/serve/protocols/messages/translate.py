@@ -2,7 +2,7 @@
 (or its event stream), for every model that does not serve ``/v1/messages`` itself (the CPU engines, vLLM through
 ray.serve.llm, OpenAI-compatible endpoints). No HTTP and no Ray: dicts in, dicts out.
 
-Field by field, the rule that applies on the way to chat:
+Field by field, the rule that applies on the way to chat (declared in ``fields.MESSAGES``, decided here by it):
 
 * sent in chat's words: ``system`` (and ``system`` turns inside ``messages``) as the system message; text, image
   (base64 or URL), ``tool_use`` and ``tool_result`` blocks as chat's text and image parts, ``tool_calls`` and ``tool``
@@ -10,7 +10,7 @@ Field by field, the rule that applies on the way to chat:
   ``temperature``, ``top_p``, ``stream`` (with usage asked for), ``tools`` with ``input_schema`` (functions),
   ``tool_choice`` (``auto``, ``any`` → ``required``, ``tool`` → that function, ``none``) and its
   ``disable_parallel_tool_use`` (``parallel_tool_calls: false``);
-* dropped, because chat has no form for them and they only tune how a Messages model works (``DROPPED``): ``thinking``
+* dropped, because chat has no form for them and they only tune how a Messages model works: ``thinking``
   (a model that reasons returns its reasoning all the same, as ``thinking`` blocks), ``context_management``,
   ``output_config``, ``metadata`` (read by the gateway for the session), ``top_k``, ``service_tier``, ``container``,
   ``mcp_servers``; earlier turns' ``thinking`` / ``redacted_thinking`` blocks (chat has no field for them);
@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 
 from proxray.serve.protocols.core import EventsFromChat, Usage, completion_parts, new_id
+from proxray.serve.protocols.fates import DROPPED
+from proxray.serve.protocols.messages.fields import chat_fate
 
-DROPPED = ("thinking", "context_management", "output_config", "metadata", "top_k", "service_tier", "container",
-           "mcp_servers")
 READ = {"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p", "stream", "tools",
         "tool_choice"}
 # chat parameters a Messages request spells another way (a chat model's refusal is reported in the client's words)
@@ -141,7 +141,10 @@ def to_chat(body: dict) -> tuple[dict, dict, list]:
                                {"any": "required"}.get(kind, kind))
         if choice.get("disable_parallel_tool_use") and tools:
             chat["parallel_tool_calls"] = False
-    dropped = sorted(k for k in body if k not in READ)
+    dropped = sorted(k for k in body if k not in READ and chat_fate(k) == DROPPED)
+    if any(isinstance(m["content"], list) and any(b.get("type") in ("thinking", "redacted_thinking")
+                                                  for b in m["content"]) for m in body["messages"]):
+        dropped.append("messages[thinking]")
     return chat, problems, dropped
 
 

@@ -15,7 +15,7 @@ import json
 from proxray.serve.config import ROUTER_MODEL
 from proxray.serve.errors import RequestError, is_error
 from proxray.serve.protocols.base import Turn, sse_data, text_of
-from proxray.serve.protocols.core import LIMIT_FIELDS, Usage, ViaChat, one_limit
+from proxray.serve.protocols.core import LIMIT_FIELDS, Usage, ViaChat, dropped_for, one_limit
 from proxray.serve.protocols.messages.schemas import anthropic_error
 from proxray.serve.protocols.messages.translate import CHAT_TO_MESSAGES, events_from_chat, from_chat, to_chat
 from proxray.serve.wire import UpstreamHeaders
@@ -63,11 +63,9 @@ def models(client, native: set, body: dict, headers: UpstreamHeaders) -> ViaChat
     translated to chat completions (once, here) for the rest."""
     chat, problems, dropped = to_chat(body)
     stops = body.get("stop_sequences")
-    via = ViaChat(client, native, chat, problems, whole=lambda obj, model: from_chat(obj, model, stops),
-                  events=lambda model: events_from_chat(model, stops), words=CHAT_TO_MESSAGES,
-                  native_body=lambda b: {**b, UpstreamHeaders.FIELD: headers})
-    via.dropped = dropped
-    return via
+    return ViaChat(client, native, chat, problems, whole=lambda obj, model: from_chat(obj, model, stops),
+                   events=lambda model: events_from_chat(model, stops), words=CHAT_TO_MESSAGES,
+                   native_body=lambda b: {**b, UpstreamHeaders.FIELD: headers}, dropped=dropped)
 
 
 async def count_tokens(via: ViaChat, model: str, body: dict) -> dict:
@@ -136,8 +134,7 @@ class MessagesTurn(Turn):
         return obj.get("id") or (obj.get("message") or {}).get("id")
 
     def _report(self, report: dict) -> dict:
-        dropped = self.client.dropped if report.get("model") not in self.client.native else []
-        return {**report, "dropped": dropped} if dropped else report
+        return dropped_for(self.client, report)
 
     async def answer(self, obj: dict, report: dict) -> dict:
         return {**obj, "proxray": self._report(report)}

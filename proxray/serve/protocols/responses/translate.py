@@ -2,25 +2,27 @@
 (or its event stream), for the models that do not serve ``/v1/responses`` themselves (the CPU engines, vLLM through
 ray.serve.llm, a chat-only endpoint). No HTTP and no Ray: dicts in, dicts out.
 
-What has no chat form is refused by name (``problems``), never dropped: a tool other than a function, a hosted tool
-choice, ``text.verbosity``, ``reasoning.summary``, ``truncation: auto``, ``include``, ``prompt``, ``max_tool_calls``,
-an input item or content part chat has no place for (files, audio, item references, hosted tools' calls). Reasoning
-items of earlier output are left out of the conversation the model reads: chat has no field for them."""
+Each field's fate is declared in ``fields.RESPONSES`` and decided here by it: sent in chat's words, passed, honoured by
+the gateway, answered as empty (``include: ["reasoning.encrypted_content"]``, ``reasoning.summary``: a model answering
+through chat returns no reasoning items), dropped and named (``client_metadata``, a namespace's functions, a hosted tool
+under ``responses.hosted_tools: drop``, earlier reasoning items), or refused by name (what would change the answer and
+has no chat form: ``text.verbosity``, ``truncation: auto``, ``prompt``, ``max_tool_calls``, a custom tool, an input
+item or part chat has no place for)."""
 from __future__ import annotations
 
 import time
 
 from proxray.serve.protocols.core import EventsFromChat, Usage, completion_parts, new_id
+from proxray.serve.protocols.responses.fields import (DROPPED, EMPTY_INCLUDES, HOSTED_TOOLS, PASSED, REFUSED,
+                                                      chat_fate)
 
 # chat parameters a Responses request spells another way (a chat model's refusal is reported in the client's words)
 CHAT_TO_RESPONSES = {"response_format": "text", "max_completion_tokens": "max_output_tokens", "messages": "input",
                      "reasoning_effort": "reasoning", "logprobs": "top_logprobs", "top_logprobs": "top_logprobs",
                      "tool_choice": "tool_choice", "tools": "tools"}
-SAME = ("temperature", "top_p", "parallel_tool_calls", "user", "service_tier", "prompt_cache_key", "safety_identifier")
-# read here (or by the gateway: metadata, stream_options' obfuscation), not passed on under their own name
-READ = {"model", "input", "instructions", "max_output_tokens", "stream", "metadata", "text", "tools", "tool_choice",
-        "reasoning", "truncation", "include", "stream_options", "top_logprobs", "prompt", "max_tool_calls", "store",
-        "previous_response_id"}
+# the fields to_chat reads itself, value by value (the table's rows field[...] and field.part)
+READ = {"model", "input", "instructions", "max_output_tokens", "stream", "text", "tools", "tool_choice", "reasoning",
+        "include", "top_logprobs", "truncation"}
 ECHOED = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "temperature", "text", "tool_choice",
           "tools", "top_p", "truncation", "user", "reasoning", "top_logprobs", "service_tier")
 
@@ -65,7 +67,8 @@ def messages(items: list, instructions: str | None = None) -> tuple[list, dict]:
                 parts = [p for j, x in enumerate(content) if (p := _part(x, f"input[{i}].content[{j}]", problems))]
                 texts_only = all(p["type"] == "text" for p in parts)
                 content = "\n".join(p["text"] for p in parts if p["type"] == "text") if texts_only else parts
-            out.append({"role": item.get("role") or "user", "content": content or ""})
+            role = item.get("role") or "user"
+            out.append({"role": "system" if role == "developer" else role, "content": content or ""})
         elif kind == "function_call":
             call = {"id": item.get("call_id") or item.get("id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments") or ""}}
@@ -88,20 +91,26 @@ def messages(items: list, instructions: str | None = None) -> tuple[list, dict]:
 
 
 # ---- request -----------------------------------------------------------------------------------------------------
-def _tools(body: dict, chat: dict, problems: dict) -> None:
+def _tools(body: dict, chat: dict, problems: dict, dropped: list, hosted_tools: str) -> None:
     tools = []
     for i, t in enumerate(body.get("tools") or []):
-        if t.get("type") != "function":
-            problems.setdefault("tools", f"tools[{i}]: a {t.get('type')!r} tool needs a model that serves the "
-                                "Responses API itself; this one answers through chat completions")
-            continue
-        fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
-        tools.append({"type": "function", "function": fn})
+        kind = t.get("type")
+        if kind == "function":
+            fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
+            tools.append({"type": "function", "function": fn})
+        elif kind == "namespace":
+            dropped.append(f"tools[{i}] (namespace {str(t.get('name'))[:64]})")
+        elif kind in HOSTED_TOOLS and hosted_tools == "drop":
+            dropped.append(f"tools[{i}] ({kind})")
+        else:
+            problems.setdefault("tools", f"tools[{i}]: a {kind!r} tool needs a model that serves the Responses API "
+                                "itself; this one answers through chat completions")
     if tools:
         chat["tools"] = tools
     choice = body.get("tool_choice")
     if isinstance(choice, str):
-        chat["tool_choice"] = choice
+        if tools or choice == "required":
+            chat["tool_choice"] = choice  # (a choice among no tools left says nothing: left out)
     elif isinstance(choice, dict) and choice.get("type") == "function":
         chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
     elif choice is not None:
@@ -122,31 +131,41 @@ def _format(body: dict, chat: dict, problems: dict) -> None:
         problems.setdefault("text", "text.verbosity has no chat completions form")
 
 
-def to_chat(body: dict) -> tuple[dict, dict]:
+def to_chat(body: dict, hosted_tools: str = "drop") -> tuple[dict, dict, list]:
     """(the chat completions body of a Responses ``body`` whose ``input`` is the whole conversation, the problems
-    ``{parameter: why}`` of what has no chat form). A stream asks for its usage."""
-    msgs, problems = messages(input_items(body["input"]), body.get("instructions"))
+    ``{parameter: why}`` of what would be refused, the fields dropped and named), each field as ``fields.RESPONSES``
+    declares it; ``hosted_tools``: the app's ``responses.hosted_tools``. A stream asks for its usage."""
+    items = input_items(body["input"])
+    msgs, problems = messages(items, body.get("instructions"))
+    dropped = ["input[type=reasoning]"] if any(i.get("type") == "reasoning" for i in items) else []
     chat = {"model": body["model"], "messages": msgs}
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
     if body.get("stream"):
         chat["stream"], chat["stream_options"] = True, {"include_usage": True}
-    _tools(body, chat, problems)
+    _tools(body, chat, problems, dropped, hosted_tools)
     _format(body, chat, problems)
     reasoning = body.get("reasoning") or {}
     if reasoning.get("effort") is not None:
         chat["reasoning_effort"] = reasoning["effort"]
-    if reasoning.get("summary") is not None or reasoning.get("generate_summary") is not None:
-        problems.setdefault("reasoning", "reasoning.summary has no chat completions form")
     if body.get("top_logprobs"):
         chat["logprobs"], chat["top_logprobs"] = True, body["top_logprobs"]
-    for name, ok in (("truncation", (None, "disabled")), ("include", (None, [])), ("prompt", (None,)),
-                     ("max_tool_calls", (None,))):
-        if body.get(name) not in ok:
+    for value in body.get("include") or []:
+        if value not in EMPTY_INCLUDES:
+            problems.setdefault("include", f"include: {str(value)[:80]!r} has no chat completions form")
+    if body.get("truncation") not in (None, "disabled"):
+        problems.setdefault("truncation", "truncation: has no chat completions form")
+    for name, value in body.items():
+        if name in READ or value is None:
+            continue
+        fate = chat_fate(name)
+        if fate == PASSED:
+            chat[name] = value  # a chat model that cannot honour it refuses it by name
+        elif fate == DROPPED:
+            dropped.append(name)
+        elif fate == REFUSED:
             problems.setdefault(name, f"{name}: has no chat completions form")
-    chat.update({k: body[k] for k in SAME if body.get(k) is not None})
-    chat.update({k: v for k, v in body.items() if k not in READ and k not in SAME})  # the model refuses it by name
-    return chat, problems
+    return chat, problems, dropped
 
 
 def in_responses_words(err: dict) -> dict:

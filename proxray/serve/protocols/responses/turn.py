@@ -12,7 +12,7 @@ from __future__ import annotations
 from proxray.serve.config import ROUTER_MODEL
 from proxray.serve.errors import RequestError, is_error
 from proxray.serve.protocols.base import Turn, sse_data, text_of
-from proxray.serve.protocols.core import Stream, Usage, ViaChat, new_id
+from proxray.serve.protocols.core import Stream, Usage, ViaChat, dropped_for, new_id
 from proxray.serve.protocols.responses.translate import (CHAT_TO_RESPONSES, TERMINAL, as_error, events_from_chat,
                                                          final_response, from_chat, in_responses_words, input_items,
                                                          shell, to_chat)
@@ -47,14 +47,14 @@ def has_content(obj: dict) -> bool:
     return isinstance(kind, str) and kind.startswith("response.") and (kind.endswith(".delta") or kind in CONTENT)
 
 
-def models(client, native: set, body: dict) -> ViaChat:
+def models(client, native: set, body: dict, hosted_tools: str = "drop") -> ViaChat:
     """The model client of one Responses request ``body``: relayed to the models in ``native``, translated to chat
-    completions (once, here) for the rest."""
-    chat, problems = to_chat(body)
+    completions (once, here) for the rest (``dropped``: what their translation left out, named in their answers)."""
+    chat, problems, dropped = to_chat(body, hosted_tools)
     return ViaChat(client, native, chat, problems,
                    whole=lambda obj, model: from_chat(obj, shell(body, "resp_pending", model, None, False)),
                    events=lambda model: events_from_chat(shell(body, "resp_pending", model, None, False)),
-                   words=CHAT_TO_RESPONSES, on_error=in_responses_words, on_native=as_error)
+                   words=CHAT_TO_RESPONSES, on_error=in_responses_words, on_native=as_error, dropped=dropped)
 
 
 class ResponsesTurn(Turn):
@@ -73,9 +73,11 @@ class ResponsesTurn(Turn):
         history = [replayable(x) for r in records for x in r["input"] + r["response"]["output"] if replayable(x)]
         self.previous = records[-1]["response"]["model"] if records else None  # the conversation's model
         self.previous_id = req.previous_response_id
+        key = (req.model_extra or {}).get("prompt_cache_key")  # a client's session (Codex's): the conversation's id
+        self.session = key if isinstance(key, str) and 0 < len(key) <= 256 else None
         self.body = req.forward(ctx.args.default_max_tokens)
         self.body.update(input=history + self.items, store=False)
-        self.client = models(ctx.client, ctx.native, self.body)  # the request as chat: translated once
+        self.client = models(ctx.client, ctx.native, self.body, ctx.args.responses.hosted_tools)  # translated once
         self.turns = [(m["role"], m["content"] if isinstance(m["content"], str) else
                        "\n".join(p.get("text") or "" for p in m["content"] or [] if p.get("type") == "text"))
                       for m in self.client.chat["messages"]]
@@ -97,6 +99,8 @@ class ResponsesTurn(Turn):
         return self.rid
 
     def _dress(self, r: dict, report: dict | None = None) -> dict:
+        if report is not None:
+            dropped_for(self.client, report)
         r = {**r, "id": self.rid, "previous_response_id": self.previous_id, "store": self.keep,
              "metadata": self.req.metadata or {}}
         return {**r, "proxray": report} if report is not None else r
