@@ -24,14 +24,19 @@ def node_front(env_vars: dict | None = None) -> dict:
 PROFILE = {WEAK: (0.3, 1e-6), SLOW: (0.5, 4e-6), BROKEN: (1.0, 2e-6), STRONG: (0.9, 3e-5)}
 
 
-def fit_router(path, encoder, models, profile=None):
+def fit_router(path, encoder, models, profile=None, table_path=None):
+    """A kNN router over a small synthetic table, saved at ``path``; ``table_path``: the table it was fitted on is
+    written there too (a monitor's ``table``: it embeds 32 prompts, not the embedded table's 2,000)."""
     profile = {**PROFILE, **(profile or {})}
     q = generate_queries(8, seed=1)
     rng = np.random.default_rng(0)
     n = len(q)
     acc = np.stack([rng.uniform(size=n) < profile[m][0] for m in models], 1).astype(float)
     cost = np.tile([profile[m][1] for m in models], (n, 1))
-    table = RoutingTable.from_matrices(acc, cost, models=models, prompts=list(q.prompt))
+    table = RoutingTable.from_matrices(acc, cost, models=models, prompts=list(q.prompt), tasks=list(q.task),
+                                       query_ids=list(q.query_id))
+    if table_path is not None:
+        table.write(table_path)
     KNNRouter(k=10).fit(encoder.encode(table.prompts), *table.matrices(models=models), models=models,
                         encoder_id=encoder.id, query_ids=list(q.query_id), tasks=list(q.task)).save(path)
 

@@ -114,14 +114,16 @@ def test_the_head_lost_under_keyed_load_and_restarted_on_its_redis(redis, tmp_pa
     try:
         keys = {name: new_key_entry(tmp_path / "keys.yaml", name, budget={"usd": 100.0}, feedback="record")
                 for name in ("a", "b")}
-        fit_router(tmp_path / "router", encoder, [WEAK, STRONG])
+        fit_router(tmp_path / "router", encoder, [WEAK, STRONG], table_path=tmp_path / "table.parquet")
         models = [{"id": m, "engine": "sim", "num_cpus": 0.5, "price": PRICE, "engine_kwargs": {"latency_s": 0.2}}
                   for m in (WEAK, STRONG)]
         args = {"router": str(tmp_path / "router"), "models": models, "keys_file": str(tmp_path / "keys.yaml"),
                 "timeout_s": 20, "router_replicas": 2, "router_max_replicas_per_node": 1, "router_num_cpus": 1,
                 "router_resources": {"proxray_ingress": 0.01}, "monitor": "proxray-monitor"}
         monitor = yaml.safe_load((ROOT / "monitor_configs" / "cpu_demo.yaml").read_text())
-        monitor.update(router=str(tmp_path / "router"), state_dir=str(tmp_path / "monitor"), shadow_rate=0.0,
+        # the table the router was fitted on: the monitor on the head (no CPU of its own) embeds its 32 prompts at
+        # start, not the embedded table's 2,000
+        monitor.update(router=str(tmp_path / "router"), table=str(tmp_path / "table.parquet"), state_dir=str(tmp_path / "monitor"), shadow_rate=0.0,
                        min_batch=100000, tick_s=1)
         monitor["job"]["models"] = [{**m, "engine_kwargs": {}} for m in models]
         monitor["job"]["grader"] = {"model": STRONG}
