@@ -344,14 +344,17 @@ def chat_support_matrix(path: str) -> str:
     from proxray.serve.protocols.chat_fields import ENGINES, LEGEND, fields_of
 
     kinds = {"openai": "hosted endpoint", "vllm": "co-hosted vLLM", "sim": "simulated", "transformers": "transformers"}
+    rows = fields_of(path == "/v1/chat/completions")
+    used = {f.fate(e) for f in rows for e in ENGINES}
     out = ["\n**Support matrix**: the request reaches the chosen model as sent (`model` rewritten, `proxray` removed); "
            "each kind of pool model honours a field or refuses it by name (a 400 naming it; a routed request passes "
-           "such a model over). A field at its \"not asked\" value (`logprobs: false`, `store: false`, ...) is taken "
-           "by every model.\n\n", "| fate | meaning |\n|---|---|\n", *[f"| {k} | {v} |\n" for k, v in LEGEND.items()],
+           "such a model over); a hint it does not take is left out and named instead. A field at its \"not asked\" "
+           "value (`logprobs: false`, `store: false`, ...) is taken by every model.\n\n", "| fate | meaning |\n|---|---|\n",
+           *[f"| {k} | {v} |\n" for k, v in LEGEND.items() if k in used],
            "\n| field | " + " | ".join(kinds[e] for e in ENGINES) + " | how |\n|---|" + "---|" * (len(ENGINES) + 1)
            + "\n"]
     out += [f"| `{f.field}` | " + " | ".join(f.fate(e) for e in ENGINES) + f" | {f.how} |\n"
-            for f in fields_of(path == "/v1/chat/completions")]
+            for f in rows]
     return "".join(out)
 
 

@@ -70,6 +70,30 @@ def test_a_pass_through_request_reaches_the_endpoint_as_sent(client, app):
     assert not any(k.lower() == "x-client-secret" or "do-not-forward" in str(v) for k, v in headers.items())
 
 
+def test_a_hint_reaches_a_model_that_takes_it_and_is_named_where_it_is_left_out(client, app):
+    """A provider's hints (prompt cache key, metadata, storage, safety identifier): sent on as they are to the endpoint,
+    whose API takes them; left out of what the simulated model is sent (it takes none of them) and named in its answer —
+    the report's ``dropped`` and the header — whole, streamed, named and routed; never a 400."""
+    _, standin, _ = app
+    hints = {"prompt_cache_key": "session-7", "metadata": {"team": "a"}, "store": True, "safety_identifier": "u-7"}
+    ask = {"messages": [{"role": "user", "content": prompt_of(5, "Name a colour.")}], "max_tokens": 8}
+    before = len(standin.requests)
+    raw = client.chat.completions.with_raw_response.create(model=EXTERNAL, **ask, extra_body=hints)
+    assert "x-proxray-dropped" not in raw.headers and "dropped" not in raw.parse().model_extra["proxray"]
+    assert {k: standin.requests[before][1].get(k) for k in hints} == hints
+    raw = client.chat.completions.with_raw_response.create(model=WEAK, **ask, extra_body=hints)
+    assert raw.headers["x-proxray-dropped"] == ",".join(sorted(hints))
+    assert raw.parse().model == WEAK and raw.parse().model_extra["proxray"]["dropped"] == sorted(hints)
+    chunks = list(client.chat.completions.create(model=WEAK, **ask, stream=True, extra_body=hints))
+    assert chunks[0].model_extra["proxray"]["dropped"] == sorted(hints)
+    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+    routed = client.chat.completions.create(model="proxray", **ask,
+                                            extra_body={**hints, "proxray": {"allowed_models": [WEAK]}})
+    assert routed.model == WEAK and routed.model_extra["proxray"]["dropped"] == sorted(hints)
+    plain = client.chat.completions.create(model=WEAK, **ask)  # a request without hints names nothing
+    assert "dropped" not in plain.model_extra["proxray"]
+
+
 def test_a_routed_stream_is_relayed_chunk_by_chunk_with_its_usage(client, app):
     text = prompt_of(5, "How many apples does Ava have now?")
     chunks = list(client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": text}],

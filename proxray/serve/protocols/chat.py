@@ -3,7 +3,8 @@ through the gateway (``ChatTurn``: the request itself is the internal request, s
 
 The request models check only what the gateway itself needs and the limits that bound a request's work; every other
 field is kept as sent (``extra="allow"``) and passed through to the chosen model, which honours it or refuses it by
-name."""
+name; a hint it does not take (``chat_fields.HINTS``) is left out of what it is sent and named in the answer
+(``HintsDropped``)."""
 from __future__ import annotations
 
 from typing import Literal
@@ -12,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from proxray.serve.protocols.base import (INT64, MAX_CONTENT_CHARS, MAX_MESSAGES, MAX_PARTS, Protocol, RoutingOptions,
                                           TextPart, Turn, sse_data, text_of)
+from proxray.serve.protocols.chat_fields import HINTS
 from proxray.serve.protocols.core import one_limit
 from proxray.serve.wire import CHAT_PATH, COMPLETIONS_PATH
 
@@ -137,10 +139,39 @@ def has_content(obj: dict) -> bool:
     return False
 
 
+class HintsDropped:
+    """The model client of a chat or completions request that carries hints (``chat_fields.HINTS``: a provider's prompt
+    cache, metadata, storage, tier): a model that does not take one (its ``capabilities``) is sent the request without
+    it, and the answer names what it was not sent (``dropped``); a model that takes them gets them as sent. Hints never
+    make a model refuse a request."""
+
+    def __init__(self, client, hints: frozenset):
+        self.client, self.hints = client, hints
+        self.dropped: dict = {}  # model -> the hints it was not sent
+
+    async def learn(self, model: str, upstream: str) -> None:
+        """Ask a named model what it takes (a routed request's candidates are asked by ``refusals``)."""
+        if model in self.client.handles:
+            await self.client.refusals([model], {}, upstream)
+
+    def stream(self, model: str, upstream: str, body: dict, patient: bool = True):
+        honoured = self.client.caps.get(model, {}).get(upstream)
+        left = sorted(k for k in body if k in self.hints and body[k] is not None and honoured is not None
+                      and k not in honoured)
+        if left:
+            self.dropped[model] = left
+            body = {k: v for k, v in body.items() if k not in left}
+        return self.client.stream(model, upstream, body, patient)
+
+    async def refusals(self, models, body: dict, upstream: str) -> dict:
+        return await self.client.refusals(models, {k: v for k, v in body.items() if k not in self.hints}, upstream)
+
+
 class ChatTurn(Turn):
     """The request as sent with ``model`` rewritten and the app's ``default_max_tokens`` where it sets no limit; a
     stream asks every model for its usage (a client that did not ask does not get it). A chat conversation's model is
-    the conversations book's (``proxray.conversation``); a tool turn is routed as any other."""
+    the conversations book's (``proxray.conversation``); a tool turn is routed as any other. Hints go through
+    ``HintsDropped``."""
 
     def __init__(self, req, ctx):
         super().__init__(ctx)
@@ -150,13 +181,32 @@ class ChatTurn(Turn):
         self.hide_usage = not bool((self.body.get("stream_options") or {}).get("include_usage"))
         if req.stream:
             self.body["stream_options"] = {**(self.body.get("stream_options") or {}), "include_usage": True}
+        hints = HINTS[isinstance(req, ChatRequest)]
+        if any(k in hints for k in self.body):
+            self.client = HintsDropped(ctx.client, hints)
 
     def text(self, policy: str) -> str:
         return routing_text(self.req, policy)
 
+    def _named(self, report: dict) -> dict:
+        """``report`` with ``dropped`` (in place: the answer's headers are written from it): the hints the model that
+        answered was not sent."""
+        if isinstance(self.client, HintsDropped) and self.client.dropped.get(report.get("model")):
+            report["dropped"] = self.client.dropped[report["model"]]
+        return report
+
+    async def answer(self, obj: dict, report: dict) -> dict:
+        return await super().answer(obj, self._named(report))
+
+    async def shown(self, head: list, rest, report: dict):
+        return await super().shown(head, rest, self._named(report))
+
 
 async def begin(req, ctx) -> ChatTurn:
-    return ChatTurn(req, ctx)
+    turn = ChatTurn(req, ctx)
+    if isinstance(turn.client, HintsDropped):
+        await turn.client.learn(req.model, turn.upstream)
+    return turn
 
 
 def openai_params(module: str):

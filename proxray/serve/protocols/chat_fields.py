@@ -5,19 +5,22 @@ hosted endpoint (``engine: openai``) takes what its server takes; a co-hosted vL
 have (``VLLMModelServer``: a field vLLM would ignore with a log line is refused instead); the CPU engines what
 ``deployments.models.CPU_HONOURED`` says, the simulated one also tools (``deployments.sim_tools``). A field set to its
 "not asked" value (``deployments.models.NOT_ASKED``: ``logprobs: false``, ``store: false``, ...) is taken by every
-model. The HTTP reference's support matrices are written from this table (``docs/generate.py``), and
+model. A hint (``hint``: a provider's prompt cache, metadata, storage or tier, no effect on the answer's meaning) is
+not sent to a model that does not take it and is named in the answer instead (``chat.HintsDropped``). The HTTP reference's support matrices are written from this table (``docs/generate.py``), and
 ``tests/test_fields.py`` checks each row against the engines. No HTTP and no Ray."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxray.serve.protocols.fates import GATEWAY, PASSED, REFUSED
+from proxray.serve.protocols.fates import DROPPED, GATEWAY, PASSED, REFUSED
 
 ENGINES = ("openai", "vllm", "sim", "transformers")
 ALL, VLLM, SIM = frozenset(ENGINES), frozenset({"openai", "vllm"}), frozenset({"openai", "vllm", "sim"})
 HOSTED = frozenset({"openai"})
 LEGEND = {GATEWAY: "honoured by the gateway itself, not sent on",
           PASSED: "taken by the model",
+          DROPPED: "a hint with no effect on the answer's meaning: not sent to that model, named in the answer's "
+                   "`dropped` and the header `x-proxray-dropped`",
           REFUSED: "the model refuses it by name: a 400 naming it (a routed request passes that model over)"}
 
 
@@ -28,11 +31,14 @@ class ChatField:
     how: str
     completions: bool = True  # a completions request's field too (``messages`` and tools are chat's only)
     chat: bool = True
+    hint: bool = False  # no effect on the answer's meaning: dropped and named where the model does not take it
 
     def fate(self, engine: str) -> str:
         if self.field in ("model", "proxray"):
             return GATEWAY
-        return PASSED if engine in self.honoured_by else REFUSED
+        if engine in self.honoured_by:
+            return PASSED
+        return DROPPED if self.hint else REFUSED
 
 
 CHAT_FIELDS: tuple[ChatField, ...] = (
@@ -71,14 +77,15 @@ CHAT_FIELDS: tuple[ChatField, ...] = (
     ChatField("echo", VLLM, "`false` is taken by every model", chat=False),
     ChatField("suffix", VLLM, "", chat=False),
     ChatField("best_of", HOSTED, "at most 16; vLLM 0.29 no longer takes it", chat=False),
-    ChatField("store", HOSTED, "`false` is taken by every model", completions=False),
-    ChatField("metadata", HOSTED, "`{}` is taken by every model", completions=False),
-    ChatField("prompt_cache_key", HOSTED, "the provider's prompt cache", completions=False),
-    ChatField("prompt_cache_retention", HOSTED, "the provider's prompt cache", completions=False),
-    ChatField("prompt_cache_options", HOSTED, "the provider's prompt cache", completions=False),
+    ChatField("store", HOSTED, "the provider keeps the completion for its dashboards and evals", completions=False,
+              hint=True),
+    ChatField("metadata", HOSTED, "tags for the provider's dashboards", completions=False, hint=True),
+    ChatField("prompt_cache_key", HOSTED, "the provider's prompt cache", completions=False, hint=True),
+    ChatField("prompt_cache_retention", HOSTED, "the provider's prompt cache", completions=False, hint=True),
+    ChatField("prompt_cache_options", HOSTED, "the provider's prompt cache", completions=False, hint=True),
     ChatField("moderation", HOSTED, "the provider's moderation", completions=False),
-    ChatField("safety_identifier", HOSTED, "the provider's abuse detection", completions=False),
-    ChatField("service_tier", HOSTED, "the provider's capacity tier", completions=False),
+    ChatField("safety_identifier", HOSTED, "the provider's abuse detection", completions=False, hint=True),
+    ChatField("service_tier", HOSTED, "the provider's capacity tier", completions=False, hint=True),
     ChatField("modalities", HOSTED, "audio output", completions=False),
     ChatField("audio", HOSTED, "audio output", completions=False),
     ChatField("prediction", HOSTED, "predicted outputs", completions=False),
@@ -94,3 +101,6 @@ CHAT_FIELDS: tuple[ChatField, ...] = (
 def fields_of(chat: bool) -> tuple[ChatField, ...]:
     """The rows of chat completions' table (``chat``) or completions'."""
     return tuple(f for f in CHAT_FIELDS if (f.chat if chat else f.completions))
+
+
+HINTS = {chat: frozenset(f.field for f in fields_of(chat) if f.hint) for chat in (True, False)}  # per protocol

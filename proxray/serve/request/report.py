@@ -50,10 +50,12 @@ REPORT_FIELDS: dict[str, tuple[str, str]] = {
     "key": ("a key of the keys file", "`{name, spent_usd, over_budget}`: the key's name (never its secret), its spend "
             "in its window when admitted, whether it was past its budget"),
     "not_stored": ("Responses, `store` asked for but not done", "why the response was not stored"),
-    "dropped": ("Messages or Responses, at a model that answers through chat completions, where the translation left "
-                "something out", "the request's fields (or tools, items) chat has no form for and that do not change "
-                "the answer's meaning (`thinking`, `client_metadata`, a hosted tool, …), dropped before the model saw "
-                "them (the support matrix in the HTTP reference); also the header `x-proxray-dropped`"),
+    "dropped": ("Messages or Responses at a model that answers through chat completions, where the translation left "
+                "something out; chat completions with a hint the model does not take", "the request's fields (or "
+                "tools, items) that do not change the answer's meaning and that the model was not sent: those chat "
+                "has no form for (`thinking`, `client_metadata`, a hosted tool, …) and a provider's hints "
+                "(`prompt_cache_key`, `metadata`, `store`, …) at a model that takes none (the support matrices in the "
+                "HTTP reference); also the header `x-proxray-dropped`"),
 }
 
 
