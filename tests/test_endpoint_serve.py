@@ -73,7 +73,8 @@ def test_a_pass_through_request_reaches_the_endpoint_as_sent(client, app):
 def test_a_hint_reaches_a_model_that_takes_it_and_is_named_where_it_is_left_out(client, app):
     """A provider's hints (prompt cache key, metadata, storage, safety identifier): sent on as they are to the endpoint,
     whose API takes them; left out of what the simulated model is sent (it takes none of them) and named in its answer —
-    the report's ``dropped`` and the header — whole, streamed, named and routed; never a 400."""
+    the report's ``dropped`` and the header — whole, streamed, named and routed; never a 400. The prompt cache key
+    names a routed request's conversation."""
     _, standin, _ = app
     hints = {"prompt_cache_key": "session-7", "metadata": {"team": "a"}, "store": True, "safety_identifier": "u-7"}
     ask = {"messages": [{"role": "user", "content": prompt_of(5, "Name a colour.")}], "max_tokens": 8}
@@ -90,6 +91,12 @@ def test_a_hint_reaches_a_model_that_takes_it_and_is_named_where_it_is_left_out(
     routed = client.chat.completions.create(model="proxray", **ask,
                                             extra_body={**hints, "proxray": {"allowed_models": [WEAK]}})
     assert routed.model == WEAK and routed.model_extra["proxray"]["dropped"] == sorted(hints)
+    # the prompt cache key names the conversation: its next turn continues it on its model
+    assert routed.model_extra["proxray"]["conversation"]["id"] == "session-7"
+    again = client.chat.completions.create(model="proxray", **ask,
+                                           extra_body={**hints, "proxray": {"allowed_models": [WEAK]}})
+    told = again.model_extra["proxray"]["conversation"]
+    assert told["id"] == "session-7" and told["previous"] == WEAK and told["action"] == "kept"
     plain = client.chat.completions.create(model=WEAK, **ask)  # a request without hints names nothing
     assert "dropped" not in plain.model_extra["proxray"]
 

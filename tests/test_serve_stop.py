@@ -1,6 +1,7 @@
-"""``proxray serve`` stopped as a supervisor stops it (SIGTERM) or as a person does (Ctrl-C: SIGINT) leaves nothing
-behind: when it exits, its HTTP port and Serve's HAProxy stats and metrics ports are free and no HAProxy it started
-still runs, so the next ``proxray serve`` starts on the same port. A local cluster of Ray on 127.0.0.1, bounded in time."""
+"""``proxray serve`` stopped as a supervisor stops it (SIGTERM, to it or to its whole process group as systemd and
+``kill -TERM -- -PGID`` do) or as a person does (Ctrl-C: SIGINT to the group) leaves nothing behind: when it exits,
+its HTTP port and Serve's HAProxy stats and metrics ports are free and no HAProxy it started still runs, so the next
+``proxray serve`` starts on the same port. A local cluster of Ray on 127.0.0.1, bounded in time."""
 import os
 import signal
 import socket
@@ -48,14 +49,15 @@ def haproxies() -> list:
     return out
 
 
-def stopped_twice(tmp_path, argv: list, port: int, ready) -> list:
-    """Starts ``proxray <argv>`` on ``port``, waits until ``ready(log_text)`` and /health answers 200, stops it by
-    SIGTERM, then again by SIGINT: after each stop no HAProxy it started runs and its ports are free."""
+def stopped(tmp_path, argv: list, port: int, ready, stops) -> list:
+    """Starts ``proxray <argv>`` on ``port``, waits until ``ready(log_text)`` and /health answers 200 and stops it, once
+    per ``(signal, to the whole process group)`` of ``stops``: after each stop no HAProxy it started runs and its ports
+    are free."""
     stats, metrics = free_port(), free_port()
     env = {**os.environ, "RAY_SERVE_HAPROXY_STATS_PORT": str(stats), "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics)}
     before, seen = set(haproxies()), []
-    for how in (signal.SIGTERM, signal.SIGINT):
-        path = tmp_path / f"{argv[0]}-{how.name}.log"
+    for i, (how, group) in enumerate(stops):
+        path = tmp_path / f"{argv[0]}-{i}-{how.name}.log"
         with open(path, "w") as log:
             running = subprocess.Popen([sys.executable, "-m", "proxray", *argv], stdout=log, stderr=subprocess.STDOUT,
                                        env=env, start_new_session=True)
@@ -72,19 +74,25 @@ def stopped_twice(tmp_path, argv: list, port: int, ready) -> list:
             else:
                 raise AssertionError(f"proxray {argv[0]} did not answer /health")
             assert set(haproxies()) - before  # Serve's HAProxy ingress is in front
-            running.send_signal(how)
+            if group:
+                os.killpg(running.pid, how)  # its own session: the group is it and what it started in it
+            else:
+                running.send_signal(how)
             assert running.wait(90) == 0, path.read_text()[-3000:]
         finally:
             if running.poll() is None:
                 os.killpg(running.pid, signal.SIGKILL)
         left = set(haproxies()) - before
-        seen.append({"signal": how.name, "haproxy_left": len(left), "ports_free": [free(p) for p in (port, stats, metrics)]})
+        seen.append({"signal": how.name, "group": group, "haproxy_left": len(left),
+                     "ports_free": [free(p) for p in (port, stats, metrics)]})
         print(seen[-1])
         assert not left and free(port) and free(stats) and free(metrics)
     return seen
 
 
-def test_proxray_serve_stopped_twice_leaves_its_ports_free_and_starts_again(tmp_path, encoder):
+def test_proxray_serve_stopped_four_times_leaves_its_ports_free_and_starts_again(tmp_path, encoder):
+    """SIGTERM to it, SIGTERM to its process group twice (HAProxy's parent may be gone before the stop looks), and
+    SIGINT to the group."""
     fit_router(tmp_path / "router", encoder, [WEAK, STRONG])
     port = free_port()
     config = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": port},
@@ -93,12 +101,14 @@ def test_proxray_serve_stopped_twice_leaves_its_ports_free_and_starts_again(tmp_
                                     {"id": m, "engine": "sim", "autoscaling": {"min_replicas": 1, "max_replicas": 1}}
                                     for m in (WEAK, STRONG)]}}]}
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
-    stopped_twice(tmp_path, ["serve", "--config", str(tmp_path / "serve.yaml")], port, lambda log: True)
+    stops = [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGTERM, True), (signal.SIGINT, True)]
+    stopped(tmp_path, ["serve", "--config", str(tmp_path / "serve.yaml")], port, lambda log: True, stops)
 
 
 def test_proxray_demo_drift_stopped_twice_leaves_its_ports_free_and_starts_again(tmp_path):
     """The demo runs a local Ray, Serve with HAProxy and the monitor's CLI in its own process tree; stopped in the
-    middle of its loop (right after it serves), by either signal, nothing of it is left."""
+    middle of its loop (right after it serves), by SIGTERM to its process group or SIGINT to it, nothing of it is
+    left."""
     port = free_port()
-    stopped_twice(tmp_path, ["demo", "drift", "--n-per-task", "10", "--port", str(port)], port,
-                  lambda log: f"serving on http://127.0.0.1:{port}/v1" in log)
+    stopped(tmp_path, ["demo", "drift", "--n-per-task", "10", "--port", str(port)], port,
+            lambda log: f"serving on http://127.0.0.1:{port}/v1" in log, [(signal.SIGTERM, True), (signal.SIGINT, False)])

@@ -90,33 +90,41 @@ def _cmd_serve(a):
 
 
 STOP_GRACE_S = 30.0  # how long ``serve run`` may take to stop Serve and its local Ray before what is left is killed
+WATCH_S = 1.0  # how often the processes below ``serve run`` are looked up while it runs
 
 
-def descendants(pid: int) -> list:
-    """Every process below ``pid`` (read from /proc; none where there is no /proc)."""
+def _stat(pid) -> list:
+    """The fields of ``/proc/<pid>/stat`` after the command's name: [state, parent, …, start time (index 19), …]."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def descendants(pid: int) -> dict:
+    """Every process below ``pid``, with when it started (read from /proc; none where there is no /proc)."""
     children: dict = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                fields = _stat(entry)
+                children.setdefault(int(fields[1]), []).append((int(entry), fields[19]))
             except (OSError, ValueError, IndexError):
                 continue
-            children.setdefault(parent, []).append(int(entry))
-    found, stack = [], [pid]
+    found, stack = {}, [pid]
     while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
+        for child, started in children.get(stack.pop(), []):
+            found[child] = started
             stack.append(child)
     return found
 
 
 def supervise(child) -> int:
     """Wait for ``serve run`` (or a demo); stopped by SIGTERM (a supervisor) or SIGINT (Ctrl-C), stop it and leave nothing behind:
-    ``serve run`` is told to stop (SIGTERM: it shuts Serve and the local Ray down), and every process that was below it
-    when the stop came and still runs after it (Serve's HAProxy, re-parented to init, holding the HTTP port and its
-    stats and metrics ports) is ended — so the next ``proxray serve`` binds the same ports. Returns 0 for a stop asked
-    for, else ``serve run``'s own status."""
+    ``serve run`` is told to stop (SIGTERM: it shuts Serve and the local Ray down), and every process seen below it
+    while it ran that still runs after it (Serve's HAProxy, re-parented to init, holding the HTTP port and its stats
+    and metrics ports) is ended — so the next ``proxray serve`` binds the same ports. The processes below it are
+    looked up every ``WATCH_S`` as it runs, not only when the stop comes: a signal to the whole process group
+    (systemd's stop, ``kill -TERM -- -PGID``) may have ended HAProxy's parent by then. Returns 0 for a stop asked for,
+    else ``serve run``'s own status."""
     import signal
     import time
 
@@ -126,12 +134,17 @@ def supervise(child) -> int:
         asked.append(signum)
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    seen: dict = {}  # pid -> when it started: a pid the system gave to another process since is not that one
     try:
+        looked = 0.0
         while child.poll() is None and not asked:
+            if time.monotonic() - looked >= WATCH_S:
+                seen.update(descendants(child.pid))
+                looked = time.monotonic()
             time.sleep(0.2)
         if not asked:
             return child.returncode
-        tree = descendants(child.pid)  # now, before Ray's processes exit and theirs are re-parented
+        seen.update(descendants(child.pid))  # what started since the last look
         print("proxray serve: stopping Serve and its local Ray", file=sys.stderr)
         child.send_signal(signal.SIGTERM)
         try:
@@ -139,27 +152,28 @@ def supervise(child) -> int:
         except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: it did not stop in time
             child.kill()
             child.wait()
-        _end(tree)
+        _end(seen)
         return 0
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
 
 
-def _end(pids: list, grace_s: float = 5.0) -> None:
-    """SIGTERM to each of ``pids`` still running, then SIGKILL to those still running after ``grace_s``."""
+def _end(procs: dict, grace_s: float = 5.0) -> None:
+    """SIGTERM to each of ``procs`` ({pid: when it started}) still running, then SIGKILL to those still running after
+    ``grace_s``."""
     import signal
     import time
 
     def alive(pid):
         try:
-            os.kill(pid, 0)
-            with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for its parent is gone for our purpose
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            fields = _stat(pid)
         except (OSError, IndexError):
             return False
+        # a zombie waiting for its parent is gone for our purpose; another process given the pid since is not ours
+        return fields[0] != "Z" and fields[19] == procs[pid]
 
-    left = [p for p in pids if alive(p)]
+    left = [p for p in procs if alive(p)]
     for p in left:
         try:
             os.kill(p, signal.SIGTERM)

@@ -170,8 +170,8 @@ class HintsDropped:
 class ChatTurn(Turn):
     """The request as sent with ``model`` rewritten and the app's ``default_max_tokens`` where it sets no limit; a
     stream asks every model for its usage (a client that did not ask does not get it). A chat conversation's model is
-    the conversations book's (``proxray.conversation``); a tool turn is routed as any other. Hints go through
-    ``HintsDropped``."""
+    the conversations book's (``proxray.conversation``, else the request's ``prompt_cache_key``: the client's own name
+    for the prompts that share a cache); a tool turn is routed as any other. Hints go through ``HintsDropped``."""
 
     def __init__(self, req, ctx):
         super().__init__(ctx)
@@ -181,6 +181,8 @@ class ChatTurn(Turn):
         self.hide_usage = not bool((self.body.get("stream_options") or {}).get("include_usage"))
         if req.stream:
             self.body["stream_options"] = {**(self.body.get("stream_options") or {}), "include_usage": True}
+        key = self.body.get("prompt_cache_key") if isinstance(req, ChatRequest) else None
+        self.session = key if isinstance(key, str) and 0 < len(key) <= 256 else None  # the conversation's id
         hints = HINTS[isinstance(req, ChatRequest)]
         if any(k in hints for k in self.body):
             self.client = HintsDropped(ctx.client, hints)

@@ -80,7 +80,8 @@ CHAT_FIELDS: tuple[ChatField, ...] = (
     ChatField("store", HOSTED, "the provider keeps the completion for its dashboards and evals", completions=False,
               hint=True),
     ChatField("metadata", HOSTED, "tags for the provider's dashboards", completions=False, hint=True),
-    ChatField("prompt_cache_key", HOSTED, "the provider's prompt cache", completions=False, hint=True),
+    ChatField("prompt_cache_key", HOSTED, "the provider's prompt cache; also the conversation's id where the request "
+              "names none (`proxray.conversation`, `x-proxray-conversation`)", completions=False, hint=True),
     ChatField("prompt_cache_retention", HOSTED, "the provider's prompt cache", completions=False, hint=True),
     ChatField("prompt_cache_options", HOSTED, "the provider's prompt cache", completions=False, hint=True),
     ChatField("moderation", HOSTED, "the provider's moderation", completions=False),

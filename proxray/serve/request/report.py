@@ -26,7 +26,7 @@ REPORT_FIELDS: dict[str, tuple[str, str]] = {
                       "header `x-proxray-fallback-from`"),
     "failures": ("always", "`[{model, error}]`: each failed try and why"),
     "conversation": ("a conversation id (`proxray.conversation`, `x-proxray-conversation`, a Messages session, a "
-                     "Responses `previous_response_id`)", "`{id, rule, action, previous, gain, …}`: `action` is `new`, "
+                     "Responses `previous_response_id`, a `prompt_cache_key`)", "`{id, rule, action, previous, gain, …}`: `action` is `new`, "
                      "`kept` or `switched`; `rule` `cache_aware` (each model's cost this turn's expected bill there), "
                      "`margin`, `first_turn` or `table` (the router's table estimates: the conversation's first turn, "
                      "or a candidate without a price). Under `cache_aware`: `gain` (the best other model's objective "
