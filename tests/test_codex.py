@@ -6,7 +6,8 @@ question, through (a) a hosted model that answers through chat completions, (b) 
 ``/v1/responses`` itself and (c) the routed model over a pool of tool-capable members. The hosted models are a stand-in
 on 127.0.0.1 (tests/agent_standin.py) that answers with tool calls in both wire formats. The OpenAI Agents SDK (pinned,
 installed here from the package index) runs the same shell task through the same app, on both of its model classes
-(Responses and chat completions), whole and streamed."""
+(Responses and chat completions), whole and streamed; guidellm (pinned, installed here) loads the routed model over
+chat completions and Responses, four streams at once."""
 import json
 import os
 import shutil
@@ -22,6 +23,11 @@ pytestmark = pytest.mark.slow
 
 CODEX = "@openai/codex@0.169.0"
 AGENTS_SDK = ["openai-agents==0.24.0", "griffelib==2.4.1"]  # its other requirements are in the dev install
+# guidellm and what the dev install lacks of its requirements (pip's own resolution against the dev install), pinned
+GUIDELLM = ["guidellm==0.8.1", "click==8.4.2", "culsans==0.10.0", "datasets==5.2.0", "ftfy==6.3.1",
+            "more-itertools==11.2.1", "eval_type_backport==0.4.0", "Faker==40.63.0", "sanic==25.12.1", "tabulate==0.10.0",
+            "aiofiles==25.1.0", "aiologic==0.17.1", "html5tagger==2.0.0", "multidict==6.9.1", "multiprocess==0.70.19",
+            "sanic-routing==23.12.0", "tracerite==2.6.5", "ujson==6.1.0", "wcwidth==0.9.4"]
 CHAT, CHAT2, NATIVE = "hosted/chat-coder", "hosted/chat-coder-2", "hosted/resp-coder"
 PROFILE = {CHAT: (0.9, 2e-5), CHAT2: (0.6, 1e-5), NATIVE: (0.8, 3e-5)}
 MINIMAL = ["-c", 'web_search="disabled"', "--disable", "multi_agent", "--disable", "goals", "--disable", "plugins",
@@ -201,3 +207,40 @@ def test_the_agents_sdk_runs_a_tool_through_the_gateway(agents_sdk, app, wire, m
     # a Responses turn to the model that serves /v1/responses is relayed; every other reaches it as chat completions
     native = wire == "responses" and served == {NATIVE.split("/")[1]}
     assert {p.rsplit("/", 1)[-1] for p, _, _ in sent} == ({"responses"} if native else {"completions"})
+
+
+@pytest.fixture(scope="module")
+def guidellm(tmp_path_factory):
+    """guidellm as pip installs it from the package index, in a folder of its own."""
+    import sys
+
+    target = tmp_path_factory.mktemp("guidellm")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                           *GUIDELLM], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return target
+
+
+@pytest.mark.parametrize("request_format", ["/v1/chat/completions", "/v1/responses"])
+def test_guidellm_loads_the_routed_model(guidellm, app, tmp_path, request_format):
+    """``guidellm run`` as its README writes it — the openai_http backend at the gateway, model ``proxray``, four
+    concurrent streams over a prompts file — completes every request and reads every answer's streamed tokens."""
+    import sys
+
+    url, standin = app
+    data = tmp_path / "prompts.json"
+    data.write_text(json.dumps([{"prompt": f"What is {i} plus {i + 1}?"} for i in range(20)]))
+    before = len(standin.requests)
+    env = {**os.environ, "PYTHONPATH": str(guidellm), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "guidellm", "run",
+                           "--backend", f"kind=openai_http,target={url},model=proxray,request_format={request_format}",
+                           "--profile", "kind=concurrent,streams=4", "--constraint", "kind=max_requests,count=20",
+                           "--data", f"kind=json_file,path={data}", "--disable-console-interactive",
+                           "--output", f"kind=json,path={tmp_path / 'out.json'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    metrics = json.loads((tmp_path / "out.json").read_text())["benchmarks"][0]["metrics"]
+    assert metrics["request_totals"] == {"successful": 20, "errored": 0, "incomplete": 0, "total": 20}
+    assert len(standin.requests) - before >= 20  # each answered by a pool model
+    tokens = metrics["output_token_count"]["successful"]
+    assert tokens["count"] == 20 and tokens["min"] >= 1, tokens
