@@ -85,12 +85,37 @@ def _cmd_serve(a):
     # Ray's token auth stays as configured (on by default in Ray 2.60: the local cluster makes a token); a local
     # cluster it starts puts Serve's HAProxy ingress in front, on ports no other Serve here holds
     # (proxray.serve.front); a running one keeps its own
-    child = subprocess.Popen([serve_bin, "run", config], env={**os.environ, **front_env(local=True)})
-    raise SystemExit(supervise(child))
+    raise SystemExit(run_supervised([serve_bin, "run", config], {**os.environ, **front_env(local=True)}))
 
 
 STOP_GRACE_S = 30.0  # how long ``serve run`` may take to stop Serve and its local Ray before what is left is killed
 WATCH_S = 1.0  # how often the processes below ``serve run`` are looked up while it runs
+SUPERVISED = "PROXRAY_SUPERVISED"  # in a supervised process's environment, and so in every process started under it
+
+
+def run_supervised(cmd: list, env: dict | None = None) -> int:
+    """``cmd`` in a child process under ``supervise``, marked: its environment names it (``SUPERVISED``), as does the
+    environment of every process started under it — Ray's, its workers', Serve's HAProxy — wherever it is re-parented."""
+    import subprocess
+
+    marker = f"{os.getpid()}-{os.urandom(6).hex()}"
+    child = subprocess.Popen(cmd, env={**(os.environ if env is None else env), SUPERVISED: marker})
+    return supervise(child, marker)
+
+
+def marked(marker: str) -> dict:
+    """Every process whose environment carries ``SUPERVISED=marker``, with when it started (none without /proc)."""
+    needle = f"{SUPERVISED}={marker}".encode()
+    found = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found[int(entry)] = _stat(entry)[19]
+            except (OSError, IndexError):
+                continue
+    return found
 
 
 def _stat(pid) -> list:
@@ -117,14 +142,16 @@ def descendants(pid: int) -> dict:
     return found
 
 
-def supervise(child) -> int:
+def supervise(child, marker: str | None = None) -> int:
     """Wait for ``serve run`` (or a demo); stopped by SIGTERM (a supervisor) or SIGINT (Ctrl-C), stop it and leave nothing behind:
     ``serve run`` is told to stop (SIGTERM: it shuts Serve and the local Ray down), and every process seen below it
     while it ran that still runs after it (Serve's HAProxy, re-parented to init, holding the HTTP port and its stats
     and metrics ports) is ended — so the next ``proxray serve`` binds the same ports. The processes below it are
     looked up every ``WATCH_S`` as it runs, not only when the stop comes: a signal to the whole process group
-    (systemd's stop, ``kill -TERM -- -PGID``) may have ended HAProxy's parent by then. Returns 0 for a stop asked for,
-    else ``serve run``'s own status."""
+    (systemd's stop, ``kill -TERM -- -PGID``) may have ended HAProxy's parent by then. With ``marker``
+    (``run_supervised``), every process whose environment carries it is ended too: one started while the stop went on
+    (HAProxy reloaded as the app's last replica came up) is in no look-up. Returns 0 for a stop asked for, else
+    ``serve run``'s own status."""
     import signal
     import time
 
@@ -152,7 +179,9 @@ def supervise(child) -> int:
         except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: it did not stop in time
             child.kill()
             child.wait()
-        _end(seen)
+        _end({**seen, **(marked(marker) if marker else {})})
+        if marker:
+            _end(marked(marker))  # one started while the others stopped
         return 0
     finally:
         for s, handler in old.items():
@@ -200,8 +229,7 @@ def _cmd_demo(a):
         from proxray.demos.drift import main as drift_main
 
         raise SystemExit(drift_main(a.rest))
-    child = subprocess.Popen([sys.executable, "-m", "proxray.demos.drift", *a.rest])
-    raise SystemExit(supervise(child))
+    raise SystemExit(run_supervised([sys.executable, "-m", "proxray.demos.drift", *a.rest]))
 
 
 def _cmd_monitor(a):
