@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from standin_http import JSONHandler
 
 MODEL = "claude-standin-1"
 # USD per million tokens, and per search, as the stand-in's provider publishes them
@@ -38,18 +40,7 @@ class AnthropicStandIn:
         self.lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, status, obj):
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JSONHandler):
             def _authorized(self):
                 if self.headers.get("x-api-key") != outer.key:
                     self._send(401, {"type": "error", "error": {"type": "authentication_error",

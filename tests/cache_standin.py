@@ -12,7 +12,9 @@ import hashlib
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from standin_http import JSONHandler
 
 # USD per million tokens, as the providers publish them (Sonnet-like and Haiku-like)
 PRICES = {"claude-large": {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.30},
@@ -46,18 +48,7 @@ class CacheStandIn:
         self.lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, status, obj):
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JSONHandler):
             def do_GET(self):
                 self._send(200, {"data": [{"id": m, "type": "model"} for m in outer.prices], "has_more": False})
 

@@ -9,7 +9,9 @@ import json
 import threading
 import time
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from standin_http import JSONHandler
 
 MODEL = "acme/frontier-1"
 
@@ -35,20 +37,7 @@ class StandIn:
         self.lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def _send(self, status, obj, headers=()):
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in headers:
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JSONHandler):
             def _stream(self, body, prompt):
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
