@@ -89,7 +89,6 @@ def _cmd_serve(a):
 
 
 STOP_GRACE_S = 30.0  # how long ``serve run`` may take to stop Serve and its local Ray before what is left is killed
-WATCH_S = 1.0  # how often the processes below ``serve run`` are looked up while it runs
 SUPERVISED = "PROXRAY_SUPERVISED"  # in a supervised process's environment, and so in every process started under it
 
 
@@ -124,33 +123,13 @@ def _stat(pid) -> list:
         return f.read().rsplit(")", 1)[1].split()
 
 
-def descendants(pid: int) -> dict:
-    """Every process below ``pid``, with when it started (read from /proc; none where there is no /proc)."""
-    children: dict = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit():
-            try:
-                fields = _stat(entry)
-                children.setdefault(int(fields[1]), []).append((int(entry), fields[19]))
-            except (OSError, ValueError, IndexError):
-                continue
-    found, stack = {}, [pid]
-    while stack:
-        for child, started in children.get(stack.pop(), []):
-            found[child] = started
-            stack.append(child)
-    return found
-
-
-def supervise(child, marker: str | None = None) -> int:
-    """Wait for ``serve run`` (or a demo); stopped by SIGTERM (a supervisor) or SIGINT (Ctrl-C), stop it and leave nothing behind:
-    ``serve run`` is told to stop (SIGTERM: it shuts Serve and the local Ray down), and every process seen below it
-    while it ran that still runs after it (Serve's HAProxy, re-parented to init, holding the HTTP port and its stats
-    and metrics ports) is ended — so the next ``proxray serve`` binds the same ports. The processes below it are
-    looked up every ``WATCH_S`` as it runs, not only when the stop comes: a signal to the whole process group
-    (systemd's stop, ``kill -TERM -- -PGID``) may have ended HAProxy's parent by then. With ``marker``
-    (``run_supervised``), every process whose environment carries it is ended too: one started while the stop went on
-    (HAProxy reloaded as the app's last replica came up) is in no look-up. Returns 0 for a stop asked for, else
+def supervise(child, marker: str) -> int:
+    """Wait for ``serve run`` (or a demo) started marked by ``run_supervised``; stopped by SIGTERM (a supervisor, to
+    this process or its whole process group) or SIGINT (Ctrl-C), stop it and leave nothing behind: ``serve run`` is
+    told to stop (SIGTERM: it shuts Serve and the local Ray down), and every process whose environment carries
+    ``marker`` that still runs after it is ended — Serve's HAProxy above all, re-parented to init once its parent is
+    gone (a group signal may end that parent first) or reloaded while the stop went on, holding the HTTP port and its
+    stats and metrics ports — so the next ``proxray serve`` binds the same ports. Returns 0 for a stop asked for, else
     ``serve run``'s own status."""
     import signal
     import time
@@ -161,17 +140,11 @@ def supervise(child, marker: str | None = None) -> int:
         asked.append(signum)
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    seen: dict = {}  # pid -> when it started: a pid the system gave to another process since is not that one
     try:
-        looked = 0.0
         while child.poll() is None and not asked:
-            if time.monotonic() - looked >= WATCH_S:
-                seen.update(descendants(child.pid))
-                looked = time.monotonic()
             time.sleep(0.2)
         if not asked:
             return child.returncode
-        seen.update(descendants(child.pid))  # what started since the last look
         print("proxray serve: stopping Serve and its local Ray", file=sys.stderr)
         child.send_signal(signal.SIGTERM)
         try:
@@ -179,9 +152,8 @@ def supervise(child, marker: str | None = None) -> int:
         except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: it did not stop in time
             child.kill()
             child.wait()
-        _end({**seen, **(marked(marker) if marker else {})})
-        if marker:
-            _end(marked(marker))  # one started while the others stopped
+        _end(marked(marker))
+        _end(marked(marker))  # one started while the others stopped
         return 0
     finally:
         for s, handler in old.items():
