@@ -5,8 +5,10 @@ and the cluster's ``max_workers``. The head is cluster.yaml's (``CPU: 0``, its d
 type keeps cluster.yaml's resources, with the CPUs and GPUs its instance type would bring declared (scaled down on
 CPUs: the raylets share this machine's two cores; a simulated engine needs none of them).
 
-``start()`` runs ``ray stop --force`` first and ``stop()`` after, as Ray's ``AutoscalingCluster`` does: every Ray on
-the machine stops, so this runs in a process of its own (tests/rehearsal.py), never beside another Ray."""
+Every process of this cluster carries a mark in its environment (``ray start`` passes its environment to the head's
+processes, whose autoscaler starts each worker node with it, whose raylets start the workers with it): ``stop()``
+ends those and only those (proxray serve's own stop, ``proxray.cli.serving.marked``), where Ray's
+``AutoscalingCluster`` runs ``ray stop --force`` — which would end every Ray on the machine, another test worker's too."""
 from __future__ import annotations
 
 import collections
@@ -17,6 +19,8 @@ import sys
 from pathlib import Path
 
 import yaml
+
+from proxray.cli.serving import SUPERVISED, _end, marked
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTANCE = {"m6i.2xlarge": {"CPU": 2}, "p5.48xlarge": {"CPU": 16, "GPU": 8}, "p4de.24xlarge": {"CPU": 16, "GPU": 8},
@@ -52,24 +56,26 @@ class ClusterYamlAutoscaler:
         self.work, self.port, self.dashboard_port = work, port, dashboard_port
         self.address = f"{services.get_node_ip_address()}:{port}"
         self.bin = str(Path(sys.executable).parent)  # the environment's `ray`, as cluster.yaml's image has it on PATH
+        self.marker = f"cluster-{os.getpid()}-{os.urandom(6).hex()}"
 
     def start(self, env: dict) -> None:
         """``ray start --head`` with the autoscaler's config where `ray up` leaves it on a head,
         ``~/ray_bootstrap_config.yaml`` (``env``'s HOME), which ``proxray check --address`` reads on the head."""
-        self.stop()
         path = Path(env["HOME"]) / "ray_bootstrap_config.yaml"
         path.write_text(json.dumps(autoscaler_config(self.address)))
         head = autoscaler_config(self.address)["available_node_types"][HEAD_TYPE]["resources"]
         env = {**env, "PATH": f"{self.bin}:{env.get('PATH', '')}", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
-               "RAY_FAKE_CLUSTER": "1"}
+               "RAY_FAKE_CLUSTER": "1", SUPERVISED: self.marker}
         subprocess.run([f"{self.bin}/ray", "start", "--head", f"--autoscaling-config={path}", f"--port={self.port}",
                         f"--num-cpus={head['CPU']}", "--dashboard-host=127.0.0.1",
                         f"--dashboard-port={self.dashboard_port}", "--disable-usage-stats"],
                        env=env, check=True, capture_output=True, text=True)
 
     def stop(self) -> None:
-        subprocess.run([f"{self.bin}/ray", "stop", "--force"], capture_output=True, env={
-            **os.environ, "PATH": f"{self.bin}:{os.environ.get('PATH', '')}"})
+        """Every process of this cluster ended (SIGTERM, then SIGKILL to those left after 5 s); twice, for one a
+        raylet started while the others stopped."""
+        for _ in range(2):
+            _end(marked(self.marker))
 
     @staticmethod
     def kinds() -> dict:
