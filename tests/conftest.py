@@ -16,9 +16,11 @@ os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARN
 
 # Two test workers (pytest-xdist, as CI runs the suite) each start their own local Ray clusters: each gets a Ray
 # temp folder of its own, so the session a CLI joins by ``address="auto"`` (Ray's ray_current_cluster file), the
-# session_latest link and the sockets are that worker's, never the other's. Short: Unix socket paths are bounded.
+# session_latest link and the sockets are that worker's, never the other's, and this run's, never an earlier run's.
+# Short: Unix socket paths are bounded.
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("RAY_TMPDIR", f"/tmp/ray-{os.environ['PYTEST_XDIST_WORKER']}")
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:6]
+    os.environ.setdefault("RAY_TMPDIR", f"/tmp/ray-{os.environ['PYTEST_XDIST_WORKER']}-{run_id}")
     os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
 
 # The serving front users' clusters run (Serve's HAProxy ingress, proxray.serve.front) for every Ray cluster the tests
@@ -75,7 +77,7 @@ def _start_local_ray():
     import ray
 
     _fresh_front_ports()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
 
 
 @pytest.fixture(scope="module")

@@ -74,8 +74,11 @@ class ClusterYamlAutoscaler:
     def stop(self) -> None:
         """Every process of this cluster ended (SIGTERM, then SIGKILL to those left after 5 s); twice, for one a
         raylet started while the others stopped."""
+        import ray._common.utils
+
         for _ in range(2):
             _end(marked(self.marker))
+        ray._common.utils.reset_ray_address()  # as `ray stop` does: `ray.init()` here no longer finds this cluster
 
     @staticmethod
     def kinds() -> dict:

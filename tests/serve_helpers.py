@@ -54,7 +54,7 @@ def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxra
 
     fit_router(tmp / "router", fit_encoder, [m["id"] for m in models], profile)
     port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
              runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", **(env or {})}})  # the API key comes from the environment, never the runtime env
     http = {"host": "127.0.0.1", "port": port}
     if request_timeout_s:

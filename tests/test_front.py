@@ -92,7 +92,7 @@ def test_health_says_200_only_once_the_routes_answer(tmp_path, encoder, monkeypa
     one = {"min_replicas": 1, "max_replicas": 1}
     models = [{"id": m, "engine": "sim", "autoscaling": one} for m in (WEAK, STRONG)]
     port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"

@@ -138,7 +138,7 @@ def serve_config(raw: dict) -> int:
 
     schema = ServeDeploySchema.model_validate(raw)
     port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})
     serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": 300})
     app = schema.applications[0]

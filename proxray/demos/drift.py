@@ -136,7 +136,9 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     log(f"router v0 fitted without {task}: AUC on held-out {task} queries = {before:.2f}%")
 
     os.environ.update(front_env(local=True))  # the serving front proxray's clusters run (proxray.serve.front)
-    ctx = ray.init(include_dashboard=True, log_to_driver=False, num_cpus=max(4, os.cpu_count() or 1))
+    # a Ray of its own ("local"), even where `ray start` left another on this machine
+    ctx = ray.init(address="local", include_dashboard=True, log_to_driver=False,
+                   num_cpus=max(4, os.cpu_count() or 1))
     jobs_address = f"http://{ctx.dashboard_url}"  # the Ray Jobs API is served by the dashboard
     port = port or free_port()  # after Ray's own processes took theirs
     serve.start(http_options={"host": "127.0.0.1", "port": port})
