@@ -74,7 +74,9 @@ def _listeners():
 @pytest.mark.slow
 def test_health_says_200_only_once_the_routes_answer(tmp_path, encoder, monkeypatch):
     """Deployed while a probe asks /health every 20 ms: the moment it first says 200, 24 chat completions go at once,
-    and every one is answered — none refused for a missing route (404) or a backend not up yet (503). Ray's own
+    and every one is answered — none refused for a missing route (404) or a backend not up yet (503) — and a request
+    naming the model that starts last (a transformers engine loading its weights) is answered too; before, /health
+    said 503 with how many models were still starting, or nothing (no route yet). Ray's own
     HAProxy stats and metrics ports (8404, 9101) are held by another process meanwhile, as by a second Serve on the
     machine: a cluster started with ``front_env(local=True)`` takes others."""
     import ray
@@ -88,15 +90,19 @@ def test_health_says_200_only_once_the_routes_answer(tmp_path, encoder, monkeypa
     for name, value in front_env(local=True).items():
         monkeypatch.setenv(name, value)
     held = [h for h in map(_hold, (8404, 9101)) if h is not None]
-    fit_router(tmp_path / "router", encoder, [WEAK, STRONG])
+    from proxray.devtools import build_tiny_model
+
+    weights = build_tiny_model(tmp_path / "tiny", seed=0)
+    fit_router(tmp_path / "router", encoder, [WEAK, STRONG, "tiny"], profile={"tiny": (0.2, 1e-6)})
     one = {"min_replicas": 1, "max_replicas": 1}
     models = [{"id": m, "engine": "sim", "autoscaling": one} for m in (WEAK, STRONG)]
+    models.append({"id": "tiny", "engine": "transformers", "source": str(weights), "num_cpus": 0.2, "autoscaling": one})
     port = free_port()
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"
-        before, done = [], threading.Event()
+        before, starting, done = [], [], threading.Event()
 
         def deploy():
             serve.run(build_app({"router": str(tmp_path / "router"), "models": models,
@@ -108,7 +114,10 @@ def test_health_says_200_only_once_the_routes_answer(tmp_path, encoder, monkeypa
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             try:
-                status = probe.get(f"{url}/health").status_code
+                r = probe.get(f"{url}/health")
+                status = r.status_code
+                if status == 503 and r.headers.get("content-type") == "application/json":
+                    starting.append(r.json())
             except httpx.HTTPError as e:
                 status = type(e).__name__
             if status == 200:
@@ -122,6 +131,9 @@ def test_health_says_200_only_once_the_routes_answer(tmp_path, encoder, monkeypa
             codes = list(pool.map(lambda _: client.post(f"{url}/v1/chat/completions", json=body).status_code,
                                   range(24)))
         assert codes == [200] * 24, (codes, before[-5:])
+        named = client.post(f"{url}/v1/chat/completions", json={**body, "model": "tiny"})
+        assert named.status_code == 200 and named.json()["model"] == "tiny", named.text[:300]
+        assert all(s["status"] == "starting" and 1 <= s["models_starting"] <= 3 for s in starting), starting
         from collections import Counter
 
         print(f"/health before its first 200: {dict(Counter(before))}")

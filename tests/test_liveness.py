@@ -204,3 +204,39 @@ def test_candidates_that_lost_their_replica_are_asked_again_until_one_is_back():
     with pytest.raises(RequestError) as e:  # a model with no replica to come is not waited for
         run(Scripted({"a": ModelUnavailable("a", "none answered for 2.0 s")}), ["a"])
     assert e.value.status == 503
+
+
+def test_readiness_names_the_models_still_starting_until_each_has_run_and_then_stops_asking(monkeypatch):
+    """``/health``'s answer while the app starts: the models whose deployment has no RUNNING replica yet, the
+    controller asked at most once a second; once every one has run, ready for good (a model lost later is the
+    liveness check's, not a reason to call the gateway unready); a controller that does not answer: still starting."""
+    from proxray.serve.deployments import readiness
+
+    views = iter([{"A": 1, "B": 0}, {"A": 0, "B": 1}, RuntimeError("controller away")])
+    asked = []
+
+    def running(app):
+        asked.append(app)
+        view = next(views)
+        if isinstance(view, Exception):
+            raise view
+        return view
+
+    monkeypatch.setattr(readiness, "running_replicas", running)
+    clock = [100.0]
+    monkeypatch.setattr(readiness.time, "monotonic", lambda: clock[0])
+    r = readiness.Readiness("app", {"a": "A", "b": "B"})
+
+    async def go():
+        out = [await r.starting()]
+        out.append(await r.starting())  # within the second: not asked again
+        clock[0] += 1.0
+        out.append(await r.starting())  # b has run now; a was seen running before: ready
+        clock[0] += 5.0
+        out.append(await r.starting())  # never asked again, whatever the controller says
+        return out
+
+    assert asyncio.run(go()) == [["b"], ["b"], [], []] and asked == ["app", "app"]
+    views = iter([RuntimeError("controller away")])
+    assert asyncio.run(readiness.Readiness("app", {"a": "A"}).starting()) == ["a"]
+    assert asyncio.run(readiness.Readiness(None, {"a": "A"}).starting()) == []  # no Serve app: nothing to wait on

@@ -39,6 +39,7 @@ from proxray.serve.deployments.client import ModelClient
 from proxray.serve.deployments.endpoint_server import relays
 from proxray.serve.deployments.liveness import Liveness
 from proxray.serve.deployments.models import OpenAIModel
+from proxray.serve.deployments.readiness import Readiness
 from proxray.serve.errors import RequestError
 from proxray.serve.metrics import GatewayMetrics
 from proxray.serve.monitor_client import MonitorClient
@@ -91,6 +92,7 @@ class RouterIngress:
         app_name = serve.get_replica_context().app_name
         deployments = {m: deployment_name(m) for m, h in handles.items() if not isinstance(h, OpenAIModel)}
         self.client = ModelClient(handles, Liveness(app_name, deployments, a.failover_s))
+        self.readiness = Readiness(app_name, deployments)  # /health: 503 until every model deployment has run
         self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a), a.conversations,
                                     {m.id: m.price for m in a.models})
         place_with(a.router_resources)  # the app's shared actors where an ingress may run: off a head without them
@@ -285,5 +287,10 @@ class RouterIngress:
                 "budget_requests": budget.n if budget is not None else 0, "budget_lam": budget.lam if budget else None}
 
     async def health(self):
-        """Liveness for probes and load balancers, without a key: nothing about the pool or the traffic."""
+        """For probes and load balancers, without a key: 200 once every model the app serves has had a running
+        replica; before that 503 with how many are still starting (``readiness.py``; not which: no key is asked)."""
+        starting = await self.readiness.starting()
+        if starting:
+            return JSONResponse({"status": "starting", "models_starting": len(starting)}, status_code=503,
+                                headers={"Retry-After": "1"})
         return {"status": "ok"}

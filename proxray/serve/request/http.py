@@ -47,7 +47,8 @@ GATEWAY_ROUTES = (
     Route("GET", "/v1/models/{model:path}", lambda ing: ing.listing.get,
           "one model of that list (ids hold `/`: the openai SDK sends it as `%2F`)"),
     Route("GET", "/health", lambda ing: ing.health,
-          "liveness for probes and load balancers, without a key: `{\"status\": \"ok\"}`, nothing about the pool"),
+          "readiness for probes and load balancers, without a key: `{\"status\": \"ok\"}` once every served model "
+          "has had a running replica, before that 503 `{\"status\": \"starting\", \"models_starting\": n}`"),
 )
 
 
