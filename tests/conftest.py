@@ -153,15 +153,32 @@ def blobs(rng, n_per=60, centers=4, dim=16, spread=0.05, models=3):
     return X, acc, cost, labels
 
 
-# How the suite runs in two workers (README's test command: ``-n 2``; pyproject's addopts: ``--dist loadfile
-# --no-loadscope-reorder``): a module is one unit of work (its module-scoped app, cluster or engine starts once, on one
-# worker), and the units go out longest first (tests/timings.json: each module's seconds in a full run; one not listed
-# counts as short), so the two workers end together instead of one waiting on the last long module.
+# How the suite runs in two workers (README's test command: ``-n 2``). A module is one unit of work (its module-scoped
+# app, cluster or engine starts once, on one worker), except the modules that keep a core busy for most of their time
+# (vLLM engines, Ray Data jobs, installs, lock resolutions: ONE_LANE), which are one unit together: they run one after
+# another on one worker, never two at once, while the other worker takes the rest a module at a time, longest first
+# (tests/timings.json: each module's seconds in a full run; one not listed counts as short), and the first worker
+# takes what is left once its lane is done.
 TIMINGS = Path(__file__).with_name("timings.json")
+ONE_LANE = {"tests/test_monitor.py", "tests/test_vllm_endpoint.py", "tests/test_rehearsal.py", "tests/test_vllm_job.py",
+            "tests/test_vllm_serve.py", "tests/test_user_paths.py", "tests/test_locks.py"}
 
 
-def _unit(item) -> str:
-    return item.nodeid.split("::", 1)[0]
+def _unit(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return "one lane" if module in ONE_LANE else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """The controller's scheduler: xdist's by scope (a unit goes to a worker whole, a worker takes the next unit
+    when its own is almost done), with the scope above."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return Lanes(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -170,17 +187,20 @@ def pytest_collection_modifyitems(config, items):
     import json
 
     seconds = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
+    lane = sum(seconds.get(m, 1.0) for m in ONE_LANE)
     order = {}
     for item in items:
-        order.setdefault(_unit(item), len(order))
-    items.sort(key=lambda it: (-seconds.get(_unit(it), 1.0), order[_unit(it)]))  # stable: a module's own order kept
+        order.setdefault(_unit(item.nodeid), len(order))
+    # the units longest first (the lane's seconds are its modules'); stable: a module's own order kept
+    items.sort(key=lambda it: (-(lane if _unit(it.nodeid) == "one lane" else seconds.get(_unit(it.nodeid), 1.0)),
+                               order[_unit(it.nodeid)]))
 
 
 _spent: dict = {}
 
 
 def pytest_runtest_logreport(report):
-    unit = report.nodeid.split("::", 1)[0]
+    unit = report.nodeid.split("::", 1)[0]  # the module
     _spent[unit] = _spent.get(unit, 0.0) + report.duration
 
 
