@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -255,8 +256,9 @@ def _check_monitor(raw: dict, report: Report, simulate: bool = False):
     return _job_demand(job.models)
 
 
-# the ways a Ray cluster's head is told of an external Redis for its GCS (Ray's GCS fault tolerance), in its commands
-GCS_FT_MARKS = re.compile(r"RAY_REDIS_ADDRESS=[^\s;]|--redis-address[= ]\S|RAY_external_storage_namespace=[^\s;]")
+# how a Ray 2.60 cluster's head is told of an external Redis for its GCS (Ray's GCS fault tolerance), in its commands:
+# RAY_REDIS_ADDRESS in ray start's environment (ray/_private/node.py); `ray start` has no flag for it
+GCS_FT_MARKS = re.compile(r"RAY_REDIS_ADDRESS=[^\s;]")
 HEAD_LOSS = ("a head loss takes the whole cluster: without the GCS the workers' raylets exit within a minute "
              "(gcs_rpc_server_reconnect_timeout_s), every replica with them, the endpoint is down until the cluster "
              "is started again, and what the app's shared actors hold in memory (the keys' spend in their windows, "
@@ -294,6 +296,35 @@ def gcs_redis_source(raw: dict) -> str | None:
     return None
 
 
+def _ray_version() -> str:
+    import ray
+
+    return ray.__version__
+
+
+def ray_start_flags() -> set:
+    """Every option the installed Ray's ``ray start`` takes (its click command's own list)."""
+    from ray.scripts.scripts import start
+
+    return {o for p in start.params for o in (*p.opts, *p.secondary_opts)}
+
+
+def unknown_ray_start_flags(commands) -> list:
+    """The ``--flags`` given to ``ray start`` in ``commands`` (shell command strings) that it does not take."""
+    known, out = ray_start_flags(), []
+    for command in commands:
+        for part in re.split(r";|&&|\|\|", str(command)):
+            m = re.search(r"\bray start\b(.*)", part)
+            if not m:
+                continue
+            try:
+                words = shlex.split(m.group(1))
+            except ValueError:  # an unbalanced quote: the words as they stand
+                words = m.group(1).split()
+            out += [w.split("=", 1)[0] for w in words if w.startswith("--") and w.split("=", 1)[0] not in known]
+    return list(dict.fromkeys(out))
+
+
 def _check_cluster_config(raw: dict, report: Report, simulate: bool = False):
     """A Ray cluster launcher config (``cluster.yaml``): its head's start commands, and the ``~/.proxray/env`` they
     load, read for GCS fault tolerance (an external Redis); without it, a warning saying what a head loss costs."""
@@ -303,6 +334,10 @@ def _check_cluster_config(raw: dict, report: Report, simulate: bool = False):
         report.problems.append(f"head_node_type: {head_type!r} is not one of available_node_types "
                                f"({', '.join(map(str, types)) if isinstance(types, dict) else 'not a mapping'})")
         return None
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        for flag in unknown_ray_start_flags(raw.get(key) or []):
+            report.problems.append(f"{key}: ray start has no option {flag} (Ray {_ray_version()}: "
+                                   "`ray start --help` lists them)")
     source = gcs_redis_source(raw)
     if source is None:
         report.notes.append("warning: no GCS fault tolerance (no external Redis: RAY_REDIS_ADDRESS in the head's "

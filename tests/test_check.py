@@ -253,6 +253,15 @@ def test_a_cluster_config_without_gcs_fault_tolerance_is_a_warning(tmp_path, cap
     (tmp_path / "ft.yaml").write_text(yaml.safe_dump(raw))
     assert main(["check", "--config", str(tmp_path / "ft.yaml")]) == 0
     assert "GCS fault tolerance: an external Redis (the head's start commands)" in capsys.readouterr().out
+    # a flag Ray 2.60's ray start does not take is a problem, and no fault tolerance: no RAY_REDIS_ADDRESS anywhere
+    raw["head_start_ray_commands"] = [c.replace("RAY_REDIS_ADDRESS=redis.internal:6379 RAY_AUTH_MODE=token ray start",
+                                                "RAY_AUTH_MODE=token ray start --redis-address=redis.internal:6379")
+                                      for c in raw["head_start_ray_commands"]]
+    (tmp_path / "flag.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["check", "--config", str(tmp_path / "flag.yaml")]) != 0
+    out = capsys.readouterr().out
+    assert "head_start_ray_commands: ray start has no option --redis-address" in out, out
+    assert "warning: no GCS fault tolerance" in out
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**raw, "head_node_type": "nope"}))
     assert main(["check", "--config", str(tmp_path / "bad.yaml")]) != 0  # a problem: it would not deploy
     assert "head_node_type: 'nope'" in capsys.readouterr().out

@@ -1,5 +1,5 @@
-"""The KubeRay manifests (deploy/kuberay/) against the ray.io/v1 schema (tests/data/kuberay: KubeRay v1.5.1's RayJob
-and RayService, Kubernetes 1.33's pod templates, closed), and what they must hold for the app to start: Secrets the
+"""The KubeRay manifests (deploy/kuberay/) against the ray.io/v1 schema (tests/data/kuberay: generated from KubeRay
+v1.5.1's RayJob and RayService CRD files, Kubernetes 1.33's pod templates, closed), and what they must hold for the app to start: Secrets the
 image's user reads and `proxray check` accepts, the Hugging Face token beside a writable cache, GPU tolerations,
 the fit after the evaluation, the monitor's application naming a config the image holds."""
 import copy
@@ -49,6 +49,30 @@ def test_the_schema_refuses_what_the_operator_would():
     job = manifest("rayjob.yaml")
     job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] = "2"
     assert any("replicas" in p for p in problems(job))
+
+
+def kuberay_ray_resources(group: dict) -> dict:
+    """The --resources KubeRay v1.5.1 gives `ray start` for a group (common/pod.go: updateRayStartParamsResources,
+    then getResourcesMap's parse, which trims quotes and reads JSON): a ValueError where the operator logs a failure."""
+    params = dict(group.get("rayStartParams") or {})
+    if group.get("resources"):
+        params["resources"] = "'" + json.dumps({k: float(v) for k, v in group["resources"].items()}) + "'"
+    return json.loads(params.get("resources", "{}").strip("'\"` "))
+
+
+@pytest.mark.parametrize("name", ["rayjob.yaml", "rayservice.yaml"])
+def test_each_group_gives_ray_the_resources_its_models_ask_for_as_kuberay_reads_them(name):
+    spec = manifest(name)["spec"]
+    spec = spec.get("rayClusterSpec") or spec["rayClusterConfig"]
+    got = {g["groupName"]: kuberay_ray_resources(g) for g in spec["workerGroupSpecs"]}
+    want = {"h100": {"accelerator_type:H100": 8.0}} | ({"ingress": {"proxray_ingress": 1.0}} if "rayservice" in name else {})
+    assert got == want
+    # the JSON-in-a-string form the manifests had: KubeRay cannot parse it, and the node would have no H100s
+    with pytest.raises(ValueError):
+        kuberay_ray_resources({"rayStartParams": {"resources": '"{\\"accelerator_type:H100\\": 8}"'}})
+    bad = copy.deepcopy(manifest(name))
+    (bad["spec"].get("rayClusterSpec") or bad["spec"]["rayClusterConfig"])["workerGroupSpecs"][0]["resources"] = {"x": 8}
+    assert any("resources" in p for p in problems(bad))  # a quantity is a string in the CRD
 
 
 @pytest.mark.parametrize("name", ["rayjob.yaml", "rayservice.yaml"])
@@ -130,7 +154,8 @@ def test_the_weights_claim_is_shared_and_holds_the_pool():
 
 def core_problems(doc: dict) -> list:
     name = {"StorageClass": "io.k8s.api.storage.v1.StorageClass",
-            "PersistentVolumeClaim": "io.k8s.api.core.v1.PersistentVolumeClaim"}[doc["kind"]]
+            "PersistentVolumeClaim": "io.k8s.api.core.v1.PersistentVolumeClaim",
+            "Deployment": "io.k8s.api.apps.v1.Deployment", "Service": "io.k8s.api.core.v1.Service"}[doc["kind"]]
     schema = {**SCHEMA, "$ref": f"#/$defs/{name}"}
     return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in Draft202012Validator(schema).iter_errors(doc)]
 
@@ -162,7 +187,82 @@ def test_the_head_and_the_ingress_are_placed_on_the_cpu_node_group(name):
             assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}, group
         else:
             assert pod["nodeSelector"] == {"proxray.io/pool": "cpu"}, group
-    assert "--node-labels proxray.io/pool=cpu" in guide  # the node group the guide creates carries the label
+    groups = {g["labels"]["proxray.io/pool"]: g for g in yaml.safe_load(
+        (KUBERAY / "eksctl-nodegroups.yaml").read_text())["managedNodeGroups"]}
+    assert set(groups) == {"cpu", "h100"}  # the node groups the guide creates carry the label the pods select
+    assert "eksctl create nodegroup -f deploy/kuberay/eksctl-nodegroups.yaml" in guide
+
+
+GUIDE = (ROOT / "docs" / "guides" / "deploy-on-a-cluster.md").read_text()
+EKS = GUIDE[GUIDE.index("## On Kubernetes (KubeRay)"):]
+
+
+def test_the_gpu_node_group_takes_the_gpu_pods_and_a_scaler_grows_it_from_zero():
+    """eksctl's ClusterConfig (taints and labels are not flags of `eksctl create nodegroup`): the GPU group's nodes
+    are the ones the GPU pods select, carry a taint they tolerate, and hold as many GPUs as a pod asks for; it starts
+    at 0 and reaches the most GPU pods the manifests ask for, grown by the Cluster Autoscaler the guide installs on the
+    CPU group, whose role may do it."""
+    config = yaml.safe_load((KUBERAY / "eksctl-nodegroups.yaml").read_text())
+    assert config["apiVersion"] == "eksctl.io/v1alpha5" and config["kind"] == "ClusterConfig"
+    cpu, gpu = config["managedNodeGroups"]
+    most = 0
+    for name in ("rayjob.yaml", "rayservice.yaml"):
+        spec = manifest(name)["spec"]
+        spec = spec.get("rayClusterSpec") or spec["rayClusterConfig"]
+        for group in spec["workerGroupSpecs"]:
+            pod = group["template"]["spec"]
+            limits = pod["containers"][0]["resources"]["limits"]
+            if "nvidia.com/gpu" not in limits:
+                continue
+            assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": gpu["instanceType"]}
+            for taint in gpu["taints"]:
+                assert any(t["key"] == taint["key"] and t["effect"] == taint["effect"] and t["operator"] == "Exists"
+                           for t in pod["tolerations"]), taint
+            assert gpu["tags"]["k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu"] == limits["nvidia.com/gpu"]
+            most = max(most, group["maxReplicas"])
+    assert gpu["minSize"] == 0 and gpu["maxSize"] == most == 4 and gpu["propagateASGTags"] is True
+    assert cpu["iam"]["withAddonPolicies"]["autoScaler"] is True and cpu["minSize"] == cpu["maxSize"] == 3
+    assert min(cpu["volumeSize"], gpu["volumeSize"]) >= 200  # the image on every node
+    assert "helm install cluster-autoscaler autoscaler/cluster-autoscaler" in EKS and \
+        "autoDiscovery.clusterName=$CLUSTER" in EKS and "nodeSelector.proxray\\.io/pool=cpu" in EKS
+    for flag in ("--node-taints", "--node-labels", "--node-volume-size"):  # not eksctl's flags, or not needed
+        assert flag not in EKS, flag
+
+
+def test_the_eks_steps_create_each_resource_after_what_it_needs():
+    """The file system is available before its mount targets; the OIDC provider before the role assumed through it;
+    account ids from the caller's identity, never an example's; Redis and its Secret before the RayService."""
+    def at(step):
+        assert step in EKS, step
+        return EKS.index(step)
+
+    assert at("aws efs create-file-system") < at("LifeCycleState' --output text)\" = available") \
+        < at("aws efs create-mount-target")
+    assert at("eksctl utils associate-iam-oidc-provider") < at("eksctl create iamserviceaccount")
+    assert at("aws sts get-caller-identity") < at("arn:aws:iam::$ACCOUNT:role/proxray-efs-csi")
+    assert "123456789012" not in EKS
+    assert at("kubectl create secret generic proxray-gcs-redis") < at("kubectl apply -f deploy/kuberay/redis.yaml") \
+        < at("kubectl apply -f deploy/kuberay/rayservice.yaml")
+
+
+def test_the_services_redis_is_made_in_the_cluster_and_only_its_head_reads_it():
+    docs = list(yaml.safe_load_all((KUBERAY / "redis.yaml").read_text()))
+    assert [problems for problems in map(core_problems, docs) if problems] == []
+    service, deployment = docs
+    ft = manifest("rayservice.yaml")["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
+    host, port = ft["redisAddress"].split(":")
+    assert host == service["metadata"]["name"] and int(port) == service["spec"]["ports"][0]["port"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
+    assert pod["nodeSelector"] == {"proxray.io/pool": "cpu"}
+    (redis,) = pod["containers"]
+    (env,) = redis["env"]
+    assert env["valueFrom"]["secretKeyRef"] == ft["redisPassword"]["valueFrom"]["secretKeyRef"]
+    assert "$(REDIS_PASSWORD)" not in " ".join(redis["command"])  # Kubernetes would put it on the command line
+    assert "kubectl create secret generic proxray-gcs-redis --from-literal=password=" in EKS
+    # the pods' proxray-env leaves out the launcher's RAY_ lines (a Redis the pods cannot reach)
+    assert "--from-env-file=<(grep -v -E '^(export )?RAY_' $HOME/.proxray/env" in EKS
+    assert "RAY_REDIS" not in (KUBERAY / "rayjob.yaml").read_text() + (KUBERAY / "rayservice.yaml").read_text()
 
 
 def test_an_edit_of_the_cluster_does_not_start_a_second_one():

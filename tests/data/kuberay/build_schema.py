@@ -2,94 +2,103 @@
 tests/test_kuberay_manifests.py. Run once by hand when the pinned versions change:
 
     pip download kubernetes-validate==1.37.0 --no-deps -d /tmp/kv && unzip -q -o /tmp/kv/*.whl -d /tmp/kv
-    python tests/data/kuberay/build_schema.py /tmp/kv/kubernetes_validate/kubernetes-json-schema/v1.33.0-local-strict
+    git clone -q --depth 1 --branch v1.5.1 https://github.com/ray-project/kuberay /tmp/kuberay
+    python tests/data/kuberay/build_schema.py /tmp/kv/kubernetes_validate/kubernetes-json-schema/v1.33.0-local-strict \
+        /tmp/kuberay/ray-operator/config/crd/bases
 
 What it holds (descriptions dropped, everything else as published):
-  * RayJob and RayService of ray.io/v1 as KubeRay v1.5.1 defines them (ray-operator/apis/ray/v1: rayjob_types.go,
-    rayservice_types.go, raycluster_types.go), for the fields of RayJobSpec, RayServiceSpec, RayClusterSpec,
-    HeadGroupSpec, WorkerGroupSpec, AuthOptions, AutoscalerOptions, GcsFaultToleranceOptions and RedisCredential,
-    typed as controller-gen types them, required as their JSON tags make them, and closed (an unknown field is an error, as `kubectl apply`'s strict field
-    validation makes it);
-  * every pod template, service and container setting as Kubernetes 1.33's own strict schema (PodTemplateSpec and
-    what it refers to), from kubernetes-validate (the yannh/instrumenta schemas), and the same for the core objects
-    the manifests ship beside them: StorageClass (storage.k8s.io/v1) and PersistentVolumeClaim (v1).
+  * RayJob and RayService of ray.io/v1 from KubeRay v1.5.1's own CRD files (ray.io_rayjobs.yaml,
+    ray.io_rayservices.yaml: the `openAPIV3Schema` the API server validates against), converted to JSON Schema
+    2020-12 and closed as the API server's strict field validation (`kubectl apply`'s default) makes them: an object
+    with `properties` and no `x-kubernetes-preserve-unknown-fields` refuses a field it does not name; int32 bounded,
+    int-or-string either; and two of the operator's own checks (ray-operator/controllers/ray/utils/validation.go:
+    the upgrade strategy's three types, no `labels` in a group's rayStartParams — the group's `labels` field instead).
+    Not checked here: the CRDs' CEL rules (`x-kubernetes-validations`) and the operator's other checks;
+  * every pod template and service in them as Kubernetes 1.33's own strict schema (PodTemplateSpec, Service and what
+    they refer to, from kubernetes-validate: the yannh/instrumenta schemas) instead of the CRD's inlined copy, and the
+    same for the core objects the manifests ship beside them: StorageClass (storage.k8s.io/v1),
+    PersistentVolumeClaim (v1), and Redis's Deployment (apps/v1) and Service (v1).
 """
 import json
 import sys
 from pathlib import Path
 
-INT32 = {"type": "integer", "minimum": -2**31, "maximum": 2**31 - 1}
-STRMAP = {"type": "object", "additionalProperties": {"type": "string"}}
+import yaml
 
-
-def closed(props: dict, required=()) -> dict:
-    out = {"type": "object", "properties": props, "additionalProperties": False}
-    if required:
-        out["required"] = list(required)
-    return out
+INT32 = {"minimum": -2**31, "maximum": 2**31 - 1}
+POD = "io.k8s.api.core.v1.PodTemplateSpec"
+SERVICE = "io.k8s.api.core.v1.Service"
+CORE = ["io.k8s.api.storage.v1.StorageClass", "io.k8s.api.core.v1.PersistentVolumeClaim",  # weights, storageclass
+        "io.k8s.api.apps.v1.Deployment", "io.k8s.api.core.v1.Service"]  # redis.yaml
+KINDS = {"RayJob": "ray.io_rayjobs.yaml", "RayService": "ray.io_rayservices.yaml"}
+VERSION = "v1.5.1"
 
 
 def ref(name: str) -> dict:
     return {"$ref": f"#/$defs/{name}"}
 
 
-POD = ref("io.k8s.api.core.v1.PodTemplateSpec")
-KUBERAY = {
-    "ray.io.v1.AuthOptions": closed({"mode": {"type": "string", "enum": ["disabled", "token"]}}),
-    "ray.io.v1.AutoscalerOptions": closed({
-        "resources": ref("io.k8s.api.core.v1.ResourceRequirements"), "image": {"type": "string"},
-        "imagePullPolicy": {"type": "string"}, "env": {"type": "array", "items": ref("io.k8s.api.core.v1.EnvVar")},
-        "envFrom": {"type": "array", "items": ref("io.k8s.api.core.v1.EnvFromSource")},
-        "volumeMounts": {"type": "array", "items": ref("io.k8s.api.core.v1.VolumeMount")},
-        "securityContext": ref("io.k8s.api.core.v1.SecurityContext"), "idleTimeoutSeconds": INT32,
-        "upscalingMode": {"type": "string", "enum": ["Default", "Aggressive", "Conservative"]},
-        "version": {"type": "string", "enum": ["v1", "v2"]}}),
-    "ray.io.v1.HeadGroupSpec": closed({
-        "serviceType": {"type": "string"}, "headService": ref("io.k8s.api.core.v1.Service"),
-        "enableIngress": {"type": "boolean"}, "rayStartParams": STRMAP, "template": POD,
-        "headLabelSelector": STRMAP}, required=["template"]),
-    "ray.io.v1.WorkerGroupSpec": closed({
-        "groupName": {"type": "string"}, "replicas": INT32, "minReplicas": INT32, "maxReplicas": INT32,
-        "numOfHosts": INT32, "idleTimeoutSeconds": INT32, "suspend": {"type": "boolean"},
-        "rayStartParams": STRMAP, "template": POD,
-        "scaleStrategy": closed({"workersToDelete": {"type": "array", "items": {"type": "string"}}}),
-        "labelSelector": STRMAP}, required=["groupName", "maxReplicas", "minReplicas", "template"]),
-    "ray.io.v1.RayClusterSpec": closed({
-        "authOptions": ref("ray.io.v1.AuthOptions"), "headGroupSpec": ref("ray.io.v1.HeadGroupSpec"),
-        "workerGroupSpecs": {"type": "array", "items": ref("ray.io.v1.WorkerGroupSpec")},
-        "rayVersion": {"type": "string"}, "enableInTreeAutoscaling": {"type": "boolean"},
-        "autoscalerOptions": ref("ray.io.v1.AutoscalerOptions"), "headServiceAnnotations": STRMAP,
-        "suspend": {"type": "boolean"}, "managedBy": {"type": "string"},
-        "gcsFaultToleranceOptions": ref("ray.io.v1.GcsFaultToleranceOptions")}, required=["headGroupSpec"]),
-    "ray.io.v1.GcsFaultToleranceOptions": closed({
-        "redisUsername": ref("ray.io.v1.RedisCredential"), "redisPassword": ref("ray.io.v1.RedisCredential"),
-        "externalStorageNamespace": {"type": "string"}, "redisAddress": {"type": "string"}}, required=["redisAddress"]),
-    "ray.io.v1.RedisCredential": closed({"valueFrom": ref("io.k8s.api.core.v1.EnvVarSource"), "value": {"type": "string"}}),
-    "ray.io.v1.RayJobSpec": closed({
-        "activeDeadlineSeconds": INT32, "backoffLimit": INT32, "rayClusterSpec": ref("ray.io.v1.RayClusterSpec"),
-        "submitterPodTemplate": POD, "metadata": STRMAP, "clusterSelector": STRMAP,
-        "submitterConfig": closed({"backoffLimit": INT32}), "managedBy": {"type": "string"},
-        "deletionStrategy": {"type": "object"}, "entrypoint": {"type": "string"},
-        "runtimeEnvYAML": {"type": "string"}, "jobId": {"type": "string"},
-        "submissionMode": {"type": "string", "enum": ["K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"]},
-        "entrypointResources": {"type": "string"}, "entrypointNumCpus": {"type": "number"},
-        "entrypointNumGpus": {"type": "number"}, "ttlSecondsAfterFinished": INT32,
-        "shutdownAfterJobFinishes": {"type": "boolean"}, "suspend": {"type": "boolean"}}),
-    "ray.io.v1.RayServiceSpec": closed({
-        "serveConfigV2": {"type": "string"}, "rayClusterConfig": ref("ray.io.v1.RayClusterSpec"),
-        "serviceUnhealthySecondThreshold": INT32, "deploymentUnhealthySecondThreshold": INT32,
-        "serveService": ref("io.k8s.api.core.v1.Service"), "excludeHeadPodFromServeSvc": {"type": "boolean"},
-        "upgradeStrategy": closed({"type": {"type": "string", "enum": ["NewCluster", "None",
-                                                                       "NewClusterWithIncrementalUpgrade"]},
-                                   "clusterUpgradeOptions": {"type": "object"}})}, required=["rayClusterConfig"]),
-}
-CORE = ["io.k8s.api.storage.v1.StorageClass", "io.k8s.api.core.v1.PersistentVolumeClaim"]  # weights.yaml, storageclass.yaml
+def is_pod_template(node: dict) -> bool:
+    props = node.get("properties") or {}
+    return "containers" in ((props.get("spec") or {}).get("properties") or {}) and "metadata" in props
 
 
-def root(kind: str, spec: str) -> dict:
-    return closed({"apiVersion": {"const": "ray.io/v1"}, "kind": {"const": kind},
-                   "metadata": ref("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"), "spec": ref(spec)},
-                  required=["apiVersion", "kind", "metadata", "spec"])
+def is_service(node: dict) -> bool:
+    props = node.get("properties") or {}
+    return "ports" in ((props.get("spec") or {}).get("properties") or {}) and "status" in props \
+        and "loadBalancer" in ((props.get("status") or {}).get("properties") or {})
+
+
+def convert(node):
+    """One node of a CRD's structural schema as JSON Schema 2020-12, closed where the API server is strict."""
+    if isinstance(node, list):
+        return [convert(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if is_pod_template(node):
+        return ref(POD)
+    if is_service(node):
+        return ref(SERVICE)
+    out = {}
+    for k, v in node.items():
+        if k in ("description", "format", "nullable") or k.startswith("x-kubernetes-"):
+            continue
+        if k == "properties":
+            out[k] = {name: convert(sub) for name, sub in v.items()}
+        elif k in ("items", "additionalProperties", "allOf", "anyOf", "oneOf", "not"):
+            out[k] = convert(v)
+        else:
+            out[k] = v
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if node.get("type") == "integer" and node.get("format") == "int32":
+        out.update(INT32)
+    if "properties" in node and "additionalProperties" not in node \
+            and not node.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+def operator_checks(spec: dict, kind: str) -> None:
+    """validation.go's checks that a schema can say, added to the converted CRD in place."""
+    cluster = spec["properties"]["rayClusterSpec" if kind == "RayJob" else "rayClusterConfig"]["properties"]
+    for group in (cluster["headGroupSpec"], cluster["workerGroupSpecs"]["items"]):
+        group["properties"]["rayStartParams"]["propertyNames"] = {"not": {"const": "labels"}}
+    if kind == "RayService":
+        spec["properties"]["upgradeStrategy"]["properties"]["type"]["enum"] = [
+            "NewClusterWithIncrementalUpgrade", "NewCluster", "None"]
+
+
+def crd_root(crd_dir: Path, kind: str) -> dict:
+    crd = yaml.safe_load((crd_dir / KINDS[kind]).read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema = version["schema"]["openAPIV3Schema"]
+    spec = convert(schema["properties"]["spec"])
+    operator_checks(spec, kind)
+    return {"type": "object", "additionalProperties": False, "required": ["apiVersion", "kind", "metadata", "spec"],
+            "properties": {"apiVersion": {"const": "ray.io/v1"}, "kind": {"const": kind},
+                           "metadata": ref("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"), "spec": spec}}
 
 
 def strip(node):
@@ -112,31 +121,18 @@ def closure(defs: dict, names: list) -> dict:
     return out
 
 
-def main(k8s_dir: str) -> None:
+def main(k8s_dir: str, crd_dir: str) -> None:
     defs = json.loads((Path(k8s_dir) / "_definitions.json").read_text())["$defs"]
-    needed = sorted({r["$ref"].split("/")[-1] for d in KUBERAY.values() for r in _refs(d)} - set(KUBERAY)) + CORE
+    roots = {f"ray.io.v1.{kind}": crd_root(Path(crd_dir), kind) for kind in KINDS}
+    needed = sorted({r.split('"')[0] for d in roots.values() for r in json.dumps(d).split('"$ref": "#/$defs/')[1:]})
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
-              "$comment": "KubeRay v1.5.1 ray.io/v1 RayJob and RayService, Kubernetes 1.33 pod templates, "
-                          "StorageClass and PersistentVolumeClaim "
-                          "(tests/data/kuberay/build_schema.py)",
-              "$defs": {**closure(defs, needed), **KUBERAY,
-                        "ray.io.v1.RayJob": root("RayJob", "ray.io.v1.RayJobSpec"),
-                        "ray.io.v1.RayService": root("RayService", "ray.io.v1.RayServiceSpec")}}
+              "$comment": f"KubeRay {VERSION}'s ray.io/v1 RayJob and RayService CRDs, Kubernetes 1.33 pod templates, "
+                          "services, StorageClass, PersistentVolumeClaim and Deployment (tests/data/kuberay/build_schema.py)",
+              "$defs": {**closure(defs, needed + CORE), **roots}}
     out = Path(__file__).with_name("ray.io_v1.schema.json")
     out.write_text(json.dumps(schema, indent=None, sort_keys=True, separators=(",", ":")) + "\n")
     print(f"{out}: {len(schema['$defs'])} definitions, {out.stat().st_size} bytes")
 
 
-def _refs(node):
-    if isinstance(node, dict):
-        if "$ref" in node:
-            yield node
-        for v in node.values():
-            yield from _refs(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _refs(v)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])
