@@ -49,6 +49,47 @@ def test_free_ports_come_from_outside_the_range_every_connection_and_bind_0_draw
             s.close()
 
 
+def test_a_local_cluster_takes_ingress_ports_no_other_serve_on_the_machine_listens_on():
+    """Serve's controller hands its ingress replicas ports from one range, lowest first, and they bind them with
+    SO_REUSEPORT: two Serves on one machine on the same range would share ports and answer each other's requests. A
+    cluster proxray starts here takes a block of the range on which nothing listens — here every block but one is
+    held (one port in each, with SO_REUSEPORT as a replica holds it) — the same block of the gRPC range, and the
+    ranges the caller's environment names where it names them."""
+    import random
+    import socket
+
+    from proxray.serve.front import INGRESS_BLOCK, INGRESS_RANGES, ingress_ports
+
+    (lo, hi), (glo, _) = INGRESS_RANGES["HTTP"], INGRESS_RANGES["GRPC"]
+    free_block = random.Random(3).randrange(0, hi - lo, INGRESS_BLOCK)
+    held = []
+    try:
+        for offset in range(0, hi - lo, INGRESS_BLOCK):
+            if offset == free_block:
+                continue
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                s.bind(("127.0.0.1", lo + offset + random.Random(offset).randrange(INGRESS_BLOCK)))
+                s.listen()
+                held.append(s)
+            except OSError:  # something here holds it already: as good
+                s.close()
+        for seed in range(5):
+            got = ingress_ports({}, rng=random.Random(seed))
+            assert got == {"RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(lo + free_block),
+                           "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(lo + free_block + INGRESS_BLOCK - 1),
+                           "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(glo + free_block),
+                           "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(glo + free_block + INGRESS_BLOCK - 1)}, got
+    finally:
+        for s in held:
+            s.close()
+    named = {"RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": "31000", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": "31249"}
+    assert ingress_ports(named) == named and front_env(named, local=True).items() >= named.items()
+    # the tests' own clusters take ranges of their own, outside those blocks
+    assert not lo <= int(os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]) < hi
+
+
 def _hold(port: int):
     """A plain listener on ``port`` (another Serve's HAProxy, say), or None where something here holds it already."""
     import socket

@@ -242,3 +242,70 @@ def test_the_head_lost_under_keyed_load_and_restarted_on_its_redis(redis, tmp_pa
         assert after["router_version"] == before["router_version"]
     finally:
         c.shutdown()
+
+
+KEEPER = """
+import sys
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False, namespace="kept")
+if sys.argv[2] == "make":
+    @ray.remote(num_cpus=0, lifetime="detached", name="keeper", max_restarts=-1)  # as the drift monitor
+    class Keeper:
+        def ping(self):
+            return "pong"
+    print(ray.get(Keeper.remote().ping.remote(), timeout=120))
+else:
+    try:
+        print(ray.get(ray.get_actor("keeper").ping.remote(), timeout=120))
+    except ValueError:
+        print("absent")
+"""
+
+
+def test_a_head_on_a_new_instance_restores_nothing_and_gcs_clean_removes_the_old_tables(redis, tmp_path):
+    """cluster.yaml's head keeps its GCS tables in the external Redis under proxray-<the host's boot id>: a head started
+    again on its instance (`ray up --restart-only`, the same namespace) finds the detached actors it had; one on a new
+    instance (`ray down` then `ray up`, another boot id) finds none — no monitor of the last cluster comes back — and
+    `proxray gcs-clean`, run on the old head before `ray down`, leaves nothing of it in Redis."""
+    import redis as redis_py
+    import ray._common.utils
+
+    from proxray.cli.serving import SUPERVISED, _end, marked
+    from proxray.common.gcs_storage import redis_target
+
+    address, password = redis
+    gcs_port = free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_REDIS_ADDRESS": address}
+
+    def head_on(namespace: str, step: str) -> str:
+        """A head as cluster.yaml's start command starts it (`ray start --head`, the namespace in its environment),
+        asked for the actor, then every process of it ended (SIGTERM, then SIGKILL), as an instance's are."""
+        marker = f"head-{os.getpid()}-{os.urandom(4).hex()}"
+        start = {**env, "RAY_external_storage_namespace": namespace, SUPERVISED: marker}
+        try:
+            subprocess.run([str(Path(sys.executable).with_name("ray")), "start", "--head", f"--port={gcs_port}",
+                            "--num-cpus=1", "--include-dashboard=false", f"--redis-password={password}",
+                            "--disable-usage-stats"], env=start, check=True, capture_output=True, timeout=120)
+            r = subprocess.run([sys.executable, "-c", KEEPER, f"127.0.0.1:{gcs_port}", step], env=env,
+                               capture_output=True, text=True, timeout=240)
+            assert r.returncode == 0, r.stderr[-3000:]
+            return r.stdout.strip().splitlines()[-1]
+        finally:
+            _end(marked(marker))
+            _end(marked(marker))
+            ray._common.utils.reset_ray_address()
+
+    first, second = "proxray-boot-1", "proxray-boot-2"
+    assert head_on(first, "make") == "pong"
+    assert head_on(first, "find") == "pong"  # restart-only: the same instance, its actors back
+    assert head_on(second, "find") == "absent"  # a new instance: the last cluster's actors stay gone
+    host, port, _ = redis_target(address)
+    store = redis_py.Redis(host=host, port=port, password=password)
+    assert store.keys(f"RAY{first}@*") and store.keys(f"RAY{second}@*")
+    (tmp_path / "env").write_text(f"RAY_REDIS_ADDRESS={address}\nRAY_REDIS_PASSWORD={password}\n"
+                                  f"RAY_external_storage_namespace={first}\n")
+    r = subprocess.run([sys.executable, "-m", "proxray", "gcs-clean", "--env-file", str(tmp_path / "env")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and f"removed namespace {first}" in r.stdout, r.stderr[-2000:]
+    assert password not in r.stdout + r.stderr
+    assert store.keys(f"RAY{first}@*") == [] and store.keys(f"RAY{second}@*")  # only the old head's tables

@@ -205,19 +205,95 @@ def test_the_image_makes_its_users_cache_folders_and_appends_the_shell_line():
     assert line == ["export PATH=/home/ray/proxray/.venv/bin:$PATH"]
 
 
-def test_every_host_logs_in_to_the_registry_before_rays_docker_pull():
-    """Ray runs a plain `docker pull` on each host (command_runner.py) and never logs in itself: the launcher's
-    initialization_commands (on the host, before the container) log docker in to ECR, on every node type."""
+def fake_bin(tmp_path, **scripts) -> dict:
+    """An environment whose PATH starts with a folder of stand-in commands (name -> bash body), HOME in tmp_path."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, body in scripts.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body + "\n")
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "home").mkdir(exist_ok=True)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path / "home")}
+
+
+def test_every_host_pulls_through_the_ecr_credential_helper(tmp_path):
+    """Ray runs a plain `docker pull` on each host (command_runner.py) and never logs in itself — and on `ray up
+    --restart-only` it pulls before any command of ours runs, when a 12-hour `docker login` may have expired. So the
+    initialization commands (on the host, on every node type) install Amazon's ECR credential helper and name it for
+    the registry in docker's config: each pull gets a fresh login from the instance role. Rehearsed here in bash:
+    the helper installed where it is missing, the config written (what was in it kept), twice the same."""
+    import json
+    import subprocess
+
     c = cluster()
     login = c["initialization_commands"][0]
-    assert "aws ecr get-login-password" in login and "docker login --username AWS --password-stdin" in login
-    assert 'cut -d. -f4' in login and login.startswith("r=REGISTRY;")  # the region from the registry's host name
+    assert login.startswith("r=REGISTRY;") and "docker login" not in login
     for name, t in c["available_node_types"].items():
         assert t.get("initialization_commands", c["initialization_commands"])[0] == login, name
+    registry = "123456789012.dkr.ecr.eu-central-1.amazonaws.com"
+    env = fake_bin(tmp_path, sudo='echo "$@" >> "$HOME/sudo.log"')
+    (tmp_path / "home" / ".docker").mkdir()
+    (tmp_path / "home" / ".docker" / "config.json").write_text(json.dumps({"auths": {"ghcr.io": {}}}))
+    cmd = login.replace("REGISTRY", registry)
+    for _ in range(2):
+        r = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    assert "apt-get install -y -qq amazon-ecr-credential-helper" in (tmp_path / "home" / "sudo.log").read_text()
+    config = json.loads((tmp_path / "home" / ".docker" / "config.json").read_text())
+    assert config == {"auths": {"ghcr.io": {}}, "credHelpers": {registry: "ecr-login"}}
+    # where the helper is already installed, nothing is installed again
+    env = fake_bin(tmp_path / "again", sudo='echo "$@" >> "$HOME/sudo.log"', **{"docker-credential-ecr-login": ""})
+    assert subprocess.run(["bash", "-c", cmd], env=env, timeout=60).returncode == 0
+    assert not (tmp_path / "again" / "home" / "sudo.log").exists()
+
+
+def test_a_gpu_node_without_its_nvme_store_mounted_stops_with_a_clear_error(tmp_path):
+    """The weights' folder is made on the instance store the AMI mounts at /opt/dlami/nvme; where nothing is mounted
+    there, mkdir would put the weights on the root volume until it fills. Rehearsed in bash on a folder that is no
+    mount point (refused, saying why) and on one that is (/dev/shm here: made, owned by the image's user)."""
     import subprocess
-    region = subprocess.run(["bash", "-c", login.split(";")[0].replace("REGISTRY", "123456789012.dkr.ecr.eu-central-1"
-                             ".amazonaws.com") + '; echo "$r" | cut -d. -f4'], capture_output=True, text=True)
-    assert region.stdout.strip() == "eu-central-1"
+
+    cmd = next(x for x in cluster()["available_node_types"]["h100_worker"]["initialization_commands"]
+               if "/opt/dlami/nvme" in x)
+    env = fake_bin(tmp_path, sudo='"$@"', chown='echo "$@" >> "$HOME/chown.log"')
+    plain = tmp_path / "not-mounted"
+    plain.mkdir()
+    r = subprocess.run(["bash", "-c", cmd.replace("/opt/dlami/nvme", str(plain))], env=env, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 1 and "is not a mounted file system on this node" in r.stderr
+    assert "weights would fill its root volume" in r.stderr and not (plain / "proxray-weights").exists()
+    mounted = Path("/dev/shm")
+    assert subprocess.run(["mountpoint", "-q", str(mounted)]).returncode == 0
+    try:
+        r = subprocess.run(["bash", "-c", cmd.replace("/opt/dlami/nvme", str(mounted))], env=env,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert (mounted / "proxray-weights").is_dir()
+        assert (tmp_path / "home" / "chown.log").read_text().split() == ["1000:100", f"{mounted}/proxray-weights"]
+    finally:
+        (mounted / "proxray-weights").rmdir()
+
+
+def test_the_heads_gcs_namespace_is_its_instances_unless_the_env_file_names_one(tmp_path):
+    """The head's start command gives Ray's GCS the namespace proxray-<the host's boot id>: the same after a restart
+    on the instance (ray up --restart-only finds its tables), another on a new instance (ray down then ray up does
+    not restore the last cluster's actors); one named in ~/.proxray/env wins. `proxray gcs-clean` works out the same
+    name. Rehearsed in bash with a stand-in `ray` that prints what it was given."""
+    import subprocess
+
+    from proxray.common.gcs_storage import BOOT_ID, namespace
+
+    (start,) = [x for x in cluster()["head_start_ray_commands"] if "ray start --head" in x]
+    env = fake_bin(tmp_path, ray='echo "$RAY_external_storage_namespace"')
+    said = [subprocess.run(["bash", "-c", start], env=env, capture_output=True, text=True, timeout=30).stdout.strip()
+            for _ in range(2)]
+    assert said == [f"proxray-{BOOT_ID.read_text().strip()}"] * 2 == [namespace({})] * 2
+    (tmp_path / "home" / ".proxray").mkdir()
+    (tmp_path / "home" / ".proxray" / "env").write_text("RAY_external_storage_namespace=mine\n")
+    r = subprocess.run(["bash", "-c", start], env=env, capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == "mine" == namespace({"RAY_external_storage_namespace": "mine"})
 
 
 def test_gpu_nodes_keep_weights_on_their_nvme_store_and_no_node_is_volta():

@@ -51,6 +51,18 @@ def _keys_report(a):
         ray.shutdown()
 
 
+def _cmd_gcs_clean(a):
+    from proxray.common.gcs_storage import clean, env_file_values
+
+    env = {**{k: v for k, v in os.environ.items() if k.startswith("RAY_")}, **env_file_values(a.env_file)}
+    if not env.get("RAY_REDIS_ADDRESS"):
+        print(f"proxray gcs-clean: no RAY_REDIS_ADDRESS (in the environment or {a.env_file}): the GCS kept its tables "
+              "on the head, nothing to remove")
+        return 0
+    print(f"proxray gcs-clean: removed namespace {clean(env)} from the external Redis")
+    return 0
+
+
 def _cmd_check(a):
     from proxray.check import check
 
@@ -318,6 +330,12 @@ def add_serving(sub) -> None:
                      "one)")
     chk.add_argument("--simulate", action="store_true", help="check the rehearsal (--simulate) of each config")
     chk.set_defaults(func=_cmd_check)
+
+    gcs = sub.add_parser("gcs-clean", help="on a launcher cluster's head, with Ray stopped: remove its GCS tables from "
+                         "the external Redis (RAY_REDIS_ADDRESS), so no later head restores them")
+    gcs.add_argument("--env-file", default="~/.proxray/env", help="the file the head's start loads "
+                     "(RAY_REDIS_ADDRESS, RAY_REDIS_PASSWORD, RAY_external_storage_namespace; default ~/.proxray/env)")
+    gcs.set_defaults(func=_cmd_gcs_clean)
 
     demo = sub.add_parser("demo", help="end-to-end demos")
     demo.add_argument("name", choices=["drift"], help="drift: the drift monitor's whole loop on a CPU")

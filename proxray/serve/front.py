@@ -11,7 +11,13 @@ proxray's own commands start (``proxray serve`` without a running cluster, ``pro
 HAProxy also listens on two fixed ports of every node, its stats page (``RAY_SERVE_HAPROXY_STATS_PORT``, 8404) and its
 Prometheus exporter (``RAY_SERVE_HAPROXY_METRICS_PORT``, 9101), without ``SO_REUSEPORT``: a second Serve on the same
 machine — or one started while the last one's HAProxy is still exiting — fails to start on them. A Ray cluster proxray
-starts on this machine takes free ones instead (``local=True``); a cluster's nodes keep Ray's."""
+starts on this machine takes free ones instead (``local=True``); a cluster's nodes keep Ray's.
+
+Behind HAProxy each ingress replica serves HTTP (and gRPC) itself, on a port Serve's controller hands out from one
+range (``RAY_SERVE_DIRECT_INGRESS_MIN/MAX_HTTP_PORT``, 30000–31000; gRPC 40000–41000), lowest first, and binds with
+``SO_REUSEPORT``. Two Serves on one machine would hand out the same ports, both bind them, and the kernel would split
+each app's requests between the two apps' replicas. So a Ray cluster proxray starts on this machine also takes a block
+of those ranges that nothing listens on (``local=True``, :func:`ingress_ports`)."""
 from __future__ import annotations
 
 import os
@@ -21,6 +27,9 @@ from pathlib import Path
 
 FRONT = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+INGRESS_RANGES = {"HTTP": (30000, 31000), "GRPC": (40000, 41000)}  # Ray 2.60's defaults (serve/_private/constants.py)
+INGRESS_BLOCK = 50  # ports of a local cluster's block: its ingress replicas, one port each, and room to replace them
+INGRESS_PORTS = tuple(f"RAY_SERVE_DIRECT_INGRESS_{end}_{proto}_PORT" for proto in INGRESS_RANGES for end in ("MIN", "MAX"))
 
 
 # Where :func:`free_port` looks: above Ray's worker ports (``--min/max-worker-port``, 10002–19999 by default), under
@@ -70,7 +79,25 @@ def front_env(environ=None, local: bool = False) -> dict:
     (:func:`haproxy_ports`: free ones where the caller's environment does not name them)."""
     environ = os.environ if environ is None else environ
     env = {name: environ.get(name, value) for name, value in FRONT.items()}
-    return {**env, **haproxy_ports(environ)} if local else env
+    return {**env, **haproxy_ports(environ), **ingress_ports(environ)} if local else env
+
+
+def ingress_ports(environ=None, rng=None) -> dict:
+    """The ingress replicas' port ranges for a Ray cluster on this machine (:data:`INGRESS_PORTS`): those ``environ``
+    names, else a block of :data:`INGRESS_BLOCK` ports at the same offset in Ray's HTTP and gRPC ranges on which
+    nothing listens now, drawn at random; {} (Ray's own ranges) where every block is in use."""
+    environ = {} if environ is None else environ
+    if any(environ.get(name) for name in INGRESS_PORTS):
+        return {name: environ[name] for name in INGRESS_PORTS if environ.get(name)}
+    (http_lo, http_hi), (grpc_lo, _) = INGRESS_RANGES["HTTP"], INGRESS_RANGES["GRPC"]
+    blocks = list(range(0, http_hi - http_lo, INGRESS_BLOCK))
+    (rng or random.Random()).shuffle(blocks)
+    for offset in blocks:
+        firsts = {"HTTP": http_lo + offset, "GRPC": grpc_lo + offset}
+        if all(_bindable("0.0.0.0", port) for first in firsts.values() for port in range(first, first + INGRESS_BLOCK)):
+            return {f"RAY_SERVE_DIRECT_INGRESS_{end}_{proto}_PORT": str(first + (INGRESS_BLOCK - 1) * (end == "MAX"))
+                    for proto, first in firsts.items() for end in ("MIN", "MAX")}
+    return {}
 
 
 def haproxy_ports(environ=None) -> dict:
