@@ -39,6 +39,20 @@ def until(what: str, check, timeout_s: float, every_s: float = 1.0):
     raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
 
 
+def submit_when_ready(jobs, **job) -> str:
+    """``jobs.submit_job(**job)`` once the head's job agent has registered, a while after the dashboard answers (a 500
+    "No available agent" until then, nothing submitted)."""
+    def submitted():
+        try:
+            return jobs.submit_job(**job)
+        except RuntimeError as e:
+            if "No available agent" not in str(e):
+                raise
+            return None
+
+    return until("the head's job agent", submitted, 120)
+
+
 def cli(*args, timeout_s=600) -> str:
     r = subprocess.run([sys.executable, "-m", "proxray", *args], capture_output=True, text=True, timeout=timeout_s,
                        cwd=tempfile.mkdtemp())  # a working directory of its own: nothing read from the repo's
@@ -96,9 +110,10 @@ def main() -> None:
         from ray.job_submission import JobSubmissionClient
 
         jobs = JobSubmissionClient(dashboard)
-        sid = jobs.submit_job(entrypoint=f"{sys.executable} {ROOT / 'jobs' / 'build_table.py'} --config "
-                                         "s3://journey/job.yaml --out s3://journey/table",
-                              submission_id="journey-table")
+
+        sid = submit_when_ready(jobs, entrypoint=f"{sys.executable} {ROOT / 'jobs' / 'build_table.py'} --config "
+                                                 "s3://journey/job.yaml --out s3://journey/table",
+                                submission_id="journey-table")
         status = until("the evaluation job", lambda: (s := jobs.get_job_status(sid)).is_terminal() and s, 300)
         assert str(status) == "SUCCEEDED", jobs.get_job_logs(sid)[-3000:]
         seen["job"] = str(status)

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from journey import ROOT, cli, free_port, step, until  # noqa: E402
+from journey import ROOT, cli, free_port, step, submit_when_ready, until  # noqa: E402
 
 BUCKET = "s3://my-proxray-bucket/proxray"
 
@@ -95,10 +95,11 @@ def main() -> None:
         from ray.job_submission import JobSubmissionClient
 
         jobs = JobSubmissionClient(dashboard)
-        sid = jobs.submit_job(entrypoint=f"{sys.executable} jobs/build_table.py --config jobs/configs/paper_pool_h100.yaml"
-                                         f" --simulate --sample 4 --out {BUCKET}/tables/paper_pool",
-                              submission_id="tables-1", runtime_env={"working_dir": str(ROOT),
-                                                                    "excludes": [".venv", "out", ".git"]})
+        sid = submit_when_ready(jobs, entrypoint=f"{sys.executable} jobs/build_table.py --config "
+                                "jobs/configs/paper_pool_h100.yaml"
+                                f" --simulate --sample 4 --out {BUCKET}/tables/paper_pool",
+                                submission_id="tables-1", runtime_env={"working_dir": str(ROOT),
+                                                                      "excludes": [".venv", "out", ".git"]})
         status = until("the evaluation job", lambda: (s := jobs.get_job_status(sid)).is_terminal() and s, 400)
         assert str(status) == "SUCCEEDED", jobs.get_job_logs(sid)[-4000:]
         seen["job"] = str(status)

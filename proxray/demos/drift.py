@@ -139,125 +139,127 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     # a Ray of its own ("local"), even where `ray start` left another on this machine
     ctx = ray.init(address="local", include_dashboard=True, log_to_driver=False,
                    num_cpus=max(4, os.cpu_count() or 1))
-    jobs_address = f"http://{ctx.dashboard_url}"  # the Ray Jobs API is served by the dashboard
-    port = port or free_port()  # after Ray's own processes took theirs
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    auto = {"min_replicas": 1, "max_replicas": 1}
-    serve.run(build_app({"router": str(state / "router_v0"), "monitor": name, "reload_every_s": 1.0,
-                         "models": [{"id": m, "engine": "sim", "autoscaling": auto,
-                                     "engine_kwargs": {"table": str(state / "full_table.parquet")}} for m in POOL]}),
-              name="proxray", route_prefix="/")
-    log(f"serving on http://127.0.0.1:{port}/v1 (model 'proxray')")
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
-    # the app names a monitor that does not exist yet: serving does not need it
-    early = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "What is 2 + 2?"}])
-    cfg_path = state / "monitor.yaml"
-    import yaml
+    try:
+        jobs_address = f"http://{ctx.dashboard_url}"  # the Ray Jobs API is served by the dashboard
+        port = port or free_port()  # after Ray's own processes took theirs
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        auto = {"min_replicas": 1, "max_replicas": 1}
+        serve.run(build_app({"router": str(state / "router_v0"), "monitor": name, "reload_every_s": 1.0,
+                             "models": [{"id": m, "engine": "sim", "autoscaling": auto,
+                                         "engine_kwargs": {"table": str(state / "full_table.parquet")}} for m in POOL]}),
+                  name="proxray", route_prefix="/")
+        log(f"serving on http://127.0.0.1:{port}/v1 (model 'proxray')")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
+        # the app names a monitor that does not exist yet: serving does not need it
+        early = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": "What is 2 + 2?"}])
+        cfg_path = state / "monitor.yaml"
+        import yaml
 
-    by_feedback = labels == "feedback"  # users' scores label; the judge only spot-checks them (no drift evaluation)
-    overrides = ({"max_evals_per_hour": 0, "shadow_rate": 0.0, "feedback_batch": min_batch, "feedback_max_wait_s": 3.0}
-                 if by_feedback else {"shadow_rate": 0.0} if poison else {})  # J_z is not what a poisoned run shows
-    judge_error = 0.5 if poison == "random-judge" else None
-    cfg_path.write_text(yaml.safe_dump(monitor_config(state, name, min_batch, judge_error, **overrides)))
-    # the operator's command, against this cluster
-    started = subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "start", "--config", str(cfg_path),
-                              "--address", ctx.address_info["gcs_address"]], capture_output=True, text=True, timeout=600)
-    if started.returncode != 0:
-        raise RuntimeError(f"proxray monitor start failed:\n{started.stdout}\n{started.stderr}")
-    monitor = get_monitor(name)
-    inliers = [full.prompts[i] for i in rng.choice(train, n_inliers, replace=False)]
-    live = [full.prompts[i] for i in t_live]
+        by_feedback = labels == "feedback"  # users' scores label; the judge only spot-checks them (no drift evaluation)
+        overrides = ({"max_evals_per_hour": 0, "shadow_rate": 0.0, "feedback_batch": min_batch, "feedback_max_wait_s": 3.0}
+                     if by_feedback else {"shadow_rate": 0.0} if poison else {})  # J_z is not what a poisoned run shows
+        judge_error = 0.5 if poison == "random-judge" else None
+        cfg_path.write_text(yaml.safe_dump(monitor_config(state, name, min_batch, judge_error, **overrides)))
+        # the operator's command, against this cluster
+        started = subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "start", "--config", str(cfg_path),
+                                  "--address", ctx.address_info["gcs_address"]], capture_output=True, text=True, timeout=600)
+        if started.returncode != 0:
+            raise RuntimeError(f"proxray monitor start failed:\n{started.stdout}\n{started.stderr}")
+        monitor = get_monitor(name)
+        inliers = [full.prompts[i] for i in rng.choice(train, n_inliers, replace=False)]
+        live = [full.prompts[i] for i in t_live]
 
-    def send(prompts):
-        for p in prompts:
-            client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": p}])
+        def send(prompts):
+            for p in prompts:
+                client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": p}])
 
-    def status():
-        return ray.get(monitor.status.remote(), timeout=60)
+        def status():
+            return ray.get(monitor.status.remote(), timeout=60)
 
-    log(f"sending {len(inliers)} inlier queries, then {len(live)} {task} queries")
-    send(inliers)
-    for _ in range(60):  # reports are fire-and-forget: wait until the monitor has them all
-        st = status()
-        if st["reported"] >= len(inliers):
-            break
-        time.sleep(0.5)
-    inlier_flags = st["drifted"]
-    t_sent = time.time()
-    scored = feedback_rounds(client, port, [int(i) for i in t_live], full, acc, cost, min_batch, status, timeout_s,
-                             inverted=poison == "inverted-feedback", probes=inliers) if by_feedback else send(live)
-    deadline = t_sent + timeout_s
-    killed, killed_at = False, None
-    final = None
-    st = {}
-    while time.time() < deadline:
-        try:
+        log(f"sending {len(inliers)} inlier queries, then {len(live)} {task} queries")
+        send(inliers)
+        for _ in range(60):  # reports are fire-and-forget: wait until the monitor has them all
             st = status()
-        except Exception as e:  # noqa: BLE001 - restarting after the kill
-            log(f"monitor not answering yet ({type(e).__name__})")
+            if st["reported"] >= len(inliers):
+                break
+            time.sleep(0.5)
+        inlier_flags = st["drifted"]
+        t_sent = time.time()
+        scored = feedback_rounds(client, port, [int(i) for i in t_live], full, acc, cost, min_batch, status, timeout_s,
+                                 inverted=poison == "inverted-feedback", probes=inliers) if by_feedback else send(live)
+        deadline = t_sent + timeout_s
+        killed, killed_at = False, None
+        final = None
+        st = {}
+        while time.time() < deadline:
+            try:
+                st = status()
+            except Exception as e:  # noqa: BLE001 - restarting after the kill
+                log(f"monitor not answering yet ({type(e).__name__})")
+                time.sleep(1)
+                continue
+            running = [j for j in st["jobs"] if j["kind"] == "drift" and j["status"] == "RUNNING"]
+            if kill_mid_evaluation and not killed and running:
+                log(f"killing the monitor actor while {running[0]['id']} runs")
+                ray.kill(monitor, no_restart=False)  # Ray restarts it (max_restarts=-1)
+                killed, killed_at = True, time.time()
+                time.sleep(1)
+                continue
+            if sum(st["gate"]["decisions"].values()) and _settled(st):  # the gate decided and nothing more is under way
+                final = st["router_path"] if st["served_version"] else None
+                log(f"gate: {st['gate']['last_decision']['decision']} version {st['gate']['last_decision']['version']}: "
+                    f"{st['gate']['last_decision']['why']}")
+                break
+            log(f"monitor: {st['drifted']} drifted of {st['reported']}, queue {st['drift_queue']}, "
+                f"shadow {st['shadow_labelled']}, jobs {[(j['kind'], j['status']) for j in st['jobs']]}, "
+                f"candidate {(st['gate']['candidate'] or {}).get('version')}")
+            send(inliers[:2])  # traffic goes on: a candidate's shadow window routes it beside the served router
             time.sleep(1)
-            continue
-        running = [j for j in st["jobs"] if j["kind"] == "drift" and j["status"] == "RUNNING"]
-        if kill_mid_evaluation and not killed and running:
-            log(f"killing the monitor actor while {running[0]['id']} runs")
-            ray.kill(monitor, no_restart=False)  # Ray restarts it (max_restarts=-1)
-            killed, killed_at = True, time.time()
+        absorbed_s = time.time() - t_sent
+        served = None
+        for _ in range(30):  # the served router switches without a restart
+            served = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": live[0]}])
+            if not final or served.model_extra["proxray"]["router_path"] == final:
+                break  # (nothing new served: the one request shows what serves)
             time.sleep(1)
-            continue
-        if sum(st["gate"]["decisions"].values()) and _settled(st):  # the gate decided and nothing more is under way
-            final = st["router_path"] if st["served_version"] else None
-            log(f"gate: {st['gate']['last_decision']['decision']} version {st['gate']['last_decision']['version']}: "
-                f"{st['gate']['last_decision']['why']}")
-            break
-        log(f"monitor: {st['drifted']} drifted of {st['reported']}, queue {st['drift_queue']}, "
-            f"shadow {st['shadow_labelled']}, jobs {[(j['kind'], j['status']) for j in st['jobs']]}, "
-            f"candidate {(st['gate']['candidate'] or {}).get('version')}")
-        send(inliers[:2])  # traffic goes on: a candidate's shadow window routes it beside the served router
-        time.sleep(1)
-    absorbed_s = time.time() - t_sent
-    served = None
-    for _ in range(30):  # the served router switches without a restart
-        served = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": live[0]}])
-        if not final or served.model_extra["proxray"]["router_path"] == final:
-            break  # (nothing new served: the one request shows what serves)
-        time.sleep(1)
-    # shadow J_z of each kind of traffic: let the shadow queue drain (a few more seconds) first
-    for _ in range(90):
-        st = status()
-        if st["shadow_queue"] == 0 and not any(j["kind"] == "shadow" and j["status"] in ("SUBMITTING", "RUNNING")
-                                               for j in st["jobs"]):
-            break
-        time.sleep(1)
-    cli_status = subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "status", "--name", name,
-                                 "--address", ctx.address_info["gcs_address"]], capture_output=True, text=True, timeout=120)
-    st = json.loads(cli_status.stdout)  # the operator's view
-    over_in = ray.get(monitor.overlap_of.remote(inliers))
-    over_new = ray.get(monitor.overlap_of.remote(live))
-    drift_jobs = _drift_jobs(jobs_address, f"{name}-drift-")
-    after = auc_on(load_router(final), X[t_test], acc[t_test], cost[t_test]) if final else before
-    first = next((e for e in st["events"] if e["event"] == "first_drift"), None)
-    result = {"task": task, "before": round(before, 2), "after": round(after, 2), "evaluations": st["evaluations"],
-              "drifted": st["drifted"], "reported": st["reported"], "outlier_threshold": round(st["outlier_threshold"], 4),
-              "inliers_flagged": inlier_flags, "new_task_sent": len(live),
-              "detected_after_new_task_queries": (first["reported"] - len(inliers)) if first else None,
-              "absorbed_after_s": round(absorbed_s, 1) if final else None,
-              "served_router_switched": bool(final and served.model_extra["proxray"]["router_path"] == final),
-              "judge": st["judge"], "overlap_threshold": round(st["overlap_threshold"], 4),
-              "overlap_inlier": over_in["j"], "overlap_inlier_n": over_in["n"],
-              "overlap_new_task": over_new["j"], "overlap_new_task_n": over_new["n"],
-              "spent_usd": st["spent_usd"], "drift_jobs": drift_jobs, "killed_mid_evaluation": killed,
-              "served_before_monitor": bool(early.choices[0].message.content), "driver": "monitor",
-              "labels": labels, "feedback_scored": scored or 0, "feedback": st["feedback"], "poison": poison,
-              "served_version": st["served_version"], "gate": st["gate"], "label_sources": st["label_sources"],
-              "versions": timeline(ray.get(monitor.versions.remote(), timeout=60), t_sent, load_router,
-                                   X[t_test], acc[t_test], cost[t_test]),
-              "killed_at_s": round(killed_at - t_sent, 1) if killed else None,
-              "first_drift_at_s": round(first["time"] - t_sent, 1) if first and "time" in first else None,
-              "evaluation_kinds": [j["kind"] for j in st["jobs"]]}  # nothing here called report/tick/evaluate
-    subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "stop", "--name", name,
-                    "--address", ctx.address_info["gcs_address"]], capture_output=True, timeout=120)
-    serve.shutdown()
-    ray.shutdown()
+        # shadow J_z of each kind of traffic: let the shadow queue drain (a few more seconds) first
+        for _ in range(90):
+            st = status()
+            if st["shadow_queue"] == 0 and not any(j["kind"] == "shadow" and j["status"] in ("SUBMITTING", "RUNNING")
+                                                   for j in st["jobs"]):
+                break
+            time.sleep(1)
+        cli_status = subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "status", "--name", name,
+                                     "--address", ctx.address_info["gcs_address"]], capture_output=True, text=True, timeout=120)
+        st = json.loads(cli_status.stdout)  # the operator's view
+        over_in = ray.get(monitor.overlap_of.remote(inliers))
+        over_new = ray.get(monitor.overlap_of.remote(live))
+        drift_jobs = _drift_jobs(jobs_address, f"{name}-drift-")
+        after = auc_on(load_router(final), X[t_test], acc[t_test], cost[t_test]) if final else before
+        first = next((e for e in st["events"] if e["event"] == "first_drift"), None)
+        result = {"task": task, "before": round(before, 2), "after": round(after, 2), "evaluations": st["evaluations"],
+                  "drifted": st["drifted"], "reported": st["reported"], "outlier_threshold": round(st["outlier_threshold"], 4),
+                  "inliers_flagged": inlier_flags, "new_task_sent": len(live),
+                  "detected_after_new_task_queries": (first["reported"] - len(inliers)) if first else None,
+                  "absorbed_after_s": round(absorbed_s, 1) if final else None,
+                  "served_router_switched": bool(final and served.model_extra["proxray"]["router_path"] == final),
+                  "judge": st["judge"], "overlap_threshold": round(st["overlap_threshold"], 4),
+                  "overlap_inlier": over_in["j"], "overlap_inlier_n": over_in["n"],
+                  "overlap_new_task": over_new["j"], "overlap_new_task_n": over_new["n"],
+                  "spent_usd": st["spent_usd"], "drift_jobs": drift_jobs, "killed_mid_evaluation": killed,
+                  "served_before_monitor": bool(early.choices[0].message.content), "driver": "monitor",
+                  "labels": labels, "feedback_scored": scored or 0, "feedback": st["feedback"], "poison": poison,
+                  "served_version": st["served_version"], "gate": st["gate"], "label_sources": st["label_sources"],
+                  "versions": timeline(ray.get(monitor.versions.remote(), timeout=60), t_sent, load_router,
+                                       X[t_test], acc[t_test], cost[t_test]),
+                  "killed_at_s": round(killed_at - t_sent, 1) if killed else None,
+                  "first_drift_at_s": round(first["time"] - t_sent, 1) if first and "time" in first else None,
+                  "evaluation_kinds": [j["kind"] for j in st["jobs"]]}  # nothing here called report/tick/evaluate
+    finally:  # a run that failed leaves no monitor, Serve or Ray behind either
+        subprocess.run([sys.executable, "-m", "proxray.cli", "monitor", "stop", "--name", name,
+                        "--address", ctx.address_info["gcs_address"]], capture_output=True, timeout=120)
+        serve.shutdown()
+        ray.shutdown()
     return result
 
 
