@@ -84,3 +84,60 @@ def test_every_model_replica_killed_under_load_fails_no_request(demo):
           f"{longest:.1f} s; new replicas within {replaced_s:.1f} s")
     assert len(set(_model_replicas()) - before) == len(models)
     assert counts[200] == len(after), [r["body"] for r in after if r["status"] != 200][:5]
+
+
+def test_a_replica_whose_constructor_runs_is_coming_and_one_with_no_room_is_not(demo):
+    """Serve learns a replica's node only once its constructor is done — a vLLM engine loads for a minute or more on
+    a CPU — and a cluster that the replica fills has no room for another: the liveness check still counts it as
+    coming (its actor has a worker process of its own on a live node, in the GCS's actor table), so a request naming
+    its model waits for it instead of a 503; a replica that waits for resources no node has is not coming."""
+    import ray
+    from ray import serve
+
+    from proxray.serve.deployments.liveness import replica_coming
+
+    cpus = ray.available_resources().get("CPU", 0.0)
+    assert cpus >= 0.5
+
+    @serve.deployment(ray_actor_options={"num_cpus": cpus})  # every free CPU: no room for one more once placed
+    class Loading:
+        def __init__(self):
+            time.sleep(60)
+
+        def __call__(self, request):
+            return "loaded"
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0, "resources": {"no_such_node": 1}})
+    class Roomless:
+        def __call__(self, request):
+            return "never"
+
+    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+    class Front:
+        def __init__(self, a, b):
+            self.a, self.b = a, b
+
+    from ray.serve.api import _run  # serve.run waits for the app to run: deployed, not waited for
+
+    _run(Front.bind(Loading.bind(), Roomless.bind()), name="starting", route_prefix="/starting", _blocking=False)
+    try:
+        def states():
+            deps = serve.status().applications.get("starting")
+            return {} if deps is None else {n: d.replica_states for n, d in deps.deployments.items()}
+
+        deadline = time.monotonic() + 120
+        seen = {}
+        while time.monotonic() < deadline:
+            seen = states()
+            constructing = [a for a in ray.util.list_named_actors(all_namespaces=True)
+                            if a["name"].startswith("SERVE_REPLICA::starting#Loading#")]
+            if seen.get("Loading", {}).get("STARTING") and seen.get("Roomless", {}).get("STARTING") and constructing \
+                    and ray.available_resources().get("CPU", 0.0) < cpus:  # placed: its CPUs taken
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"the replicas did not start: {seen}")
+        assert replica_coming("starting", "Loading") is True
+        assert replica_coming("starting", "Roomless") is False
+    finally:
+        serve.delete("starting", _blocking=False)

@@ -191,8 +191,9 @@ class Liveness:
 def replica_coming(app: str, deployment: str) -> bool:
     """Whether Serve's controller knows a replica of ``deployment`` (of app ``app``) placed on a node that is alive —
     the GCS says so and its raylet takes a connection within ``PROBE_S``: one that is running (however busy),
-    starting, or lost on a live node and about to be replaced. A replica waiting for room (not placed) or on a node
-    that is gone does not count. Blocking: called in a thread."""
+    starting (its constructor running in a worker process: ``constructed_on``), or lost on a live node and about to
+    be replaced. A replica waiting for room (not placed) or on a node that is gone does not count. Blocking: called
+    in a thread."""
     import socket
 
     import ray
@@ -202,8 +203,11 @@ def replica_coming(app: str, deployment: str) -> bool:
     found = (((details.get("applications") or {}).get(app) or {}).get("deployments") or {}).get(deployment) or {}
     replicas = [r for r in found.get("replicas") or [] if r.get("state") not in ("STOPPING", "STOPPED")]
     placed = {r.get("node_id") for r in replicas if r.get("node_id")}
-    if any(not r.get("node_id") for r in replicas) and has_room(found):
-        return True  # a replica starting where the cluster has room for it: its worker process is on its way
+    if any(not r.get("node_id") for r in replicas):  # Serve learns a replica's node only once its constructor is done
+        constructing = constructed_on(app, deployment)
+        if not constructing and has_room(found):
+            return True  # a replica starting where the cluster has room for it: its worker process is on its way
+        placed |= constructing
     if not placed:
         return False
     for node in ray.nodes():
@@ -215,6 +219,21 @@ def replica_coming(app: str, deployment: str) -> bool:
         except OSError:  # refused (its raylet gone) or no answer (the machine gone)
             continue
     return False
+
+
+def constructed_on(app: str, deployment: str) -> set:
+    """The nodes where a worker process runs the constructor of a replica of ``deployment`` (a vLLM engine loading
+    for minutes): its actor pending creation with a process of its own — one that waits for room has none. From the
+    GCS's actor table; empty where it cannot be read."""
+    try:
+        from ray._private.state import state
+
+        table = state.actor_table(None, job_id=None, actor_state_name="PENDING_CREATION")
+    except Exception:  # noqa: BLE001 - the GCS too slow or this process not connected: nothing learnt
+        return set()
+    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
+    return {(a.get("Address") or {}).get("NodeID") for a in table.values()
+            if str(a.get("Name") or "").startswith(prefix) and a.get("Pid") and (a.get("Address") or {}).get("NodeID")}
 
 
 def has_room(deployment: dict) -> bool:
