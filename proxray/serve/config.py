@@ -174,7 +174,8 @@ class AppArgs(StrictModel):
         "matches (the narrower glob first); so Claude Code or any client with its own model ids needs only the base "
         "URL"))
     conversations: ConversationSpec = Field(default_factory=ConversationSpec, description=(
-        "requests naming a conversation keep its model across turns unless another is better by a margin "
+        "requests naming a conversation keep its model across turns unless another's gain beats the prompt cache "
+        "the switch gives up (rule cache_aware, the default) or a fixed margin (rule margin) "
         "(proxray.serve.tenancy.conversations)"))
     feedback: FeedbackSpec = Field(default_factory=FeedbackSpec, description=(
         "answers remembered so that POST /v1/feedback can score them; the monitor learns from the scores "

@@ -39,8 +39,9 @@ class RoutingOptions(StrictModel):
                           "and objective, the winner's margin, the outlier score against the router's threshold); "
                           "also the header x-proxray-explain: 1")
     conversation: str | None = Field(None, min_length=1, max_length=256, description="a conversation id: its turns "
-                                     "keep the model that answered the last one unless another is better by more "
-                                     "than the app's conversations margins; also the header x-proxray-conversation")
+                                     "keep the model that answered the last one unless another's gain beats the "
+                                     "prompt cache a switch gives up (the app's conversations rule); also the header "
+                                     "x-proxray-conversation")
 
 
 class TextPart(BaseModel):

@@ -38,7 +38,8 @@ REPORT_FIELDS: dict[str, tuple[str, str]] = {
     "evidence": ("`proxray.explain` or `x-proxray-explain: 1`", "the neighbours or clusters with the most weight, "
                  "every model's estimate and objective, the winner's margin, the outlier score against the router's "
                  "threshold, `explain_ms`"),
-    "budget": ("a served budget (`budget:`), the app's single key", "the budget controller's state: λ, spend, target"),
+    "budget": ("a served budget (`budget:`), the app's single key", "the budget's state: `cost_per_query` (its target), `basis`, "
+               "`recent_mean_cost`, `requests` (and `unmetered` on a realised basis); λ is `lam`, beside it"),
     "route_ms": ("routed", "ms to route: encode, estimate, plan"),
     "latency_s": ("always", "seconds from the request's arrival to its answer (a stream's first content)"),
     "timings": ("always", "`{read_ms, parse_ms, embed_ms, embedding_cache, encode_ms, encoder_batch, "
