@@ -155,7 +155,7 @@ def blobs(rng, n_per=60, centers=4, dim=16, spread=0.05, models=3):
     return X, acc, cost, labels
 
 
-# How the suite runs in two workers (README's test command: ``-n 2``). A module is one unit of work (its module-scoped
+# How the suite runs in two workers (``-n 2``, not CI's default: README). A module is one unit of work (its module-scoped
 # app, cluster or engine starts once, on one worker), except the modules that keep a core busy for most of their time
 # (vLLM engines, Ray Data jobs, installs, lock resolutions: ONE_LANE), which are one unit together: they run one after
 # another on one worker, never two at once, while the other worker takes the rest a module at a time, longest first
