@@ -20,6 +20,7 @@ def fenced_commands():
             text = re.sub(r"\\\n\s*", " ", block)  # continuation lines
             for line in text.splitlines():
                 line = line.split(" #")[0].strip()
+                line = re.sub(r"""^ray exec \S+ (['"])(.*)\1$""", r"\2", line)  # what `ray exec` runs on the head
                 for part in re.split(r"&&|;|\|\|", line):
                     part = part.strip()
                     if part.startswith(("proxray ", ".venv/bin/proxray ")):
