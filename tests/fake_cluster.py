@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from proxray.cli.serving import SUPERVISED, _end, marked
+from proxray.serve.front import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTANCE = {"m6i.2xlarge": {"CPU": 2}, "p5.48xlarge": {"CPU": 16, "GPU": 8}, "p4de.24xlarge": {"CPU": 16, "GPU": 8},
@@ -68,7 +69,8 @@ class ClusterYamlAutoscaler:
                "RAY_FAKE_CLUSTER": "1", SUPERVISED: self.marker}
         subprocess.run([f"{self.bin}/ray", "start", "--head", f"--autoscaling-config={path}", f"--port={self.port}",
                         f"--num-cpus={head['CPU']}", "--dashboard-host=127.0.0.1",
-                        f"--dashboard-port={self.dashboard_port}", "--disable-usage-stats"],
+                        f"--dashboard-port={self.dashboard_port}", "--disable-usage-stats",
+                        f"--dashboard-agent-listen-port={free_port()}"],  # not 52365, which another Ray may hold
                        env=env, check=True, capture_output=True, text=True)
 
     def stop(self) -> None:

@@ -88,8 +88,10 @@ def main() -> None:
 
     dash, http_port = free_port(), free_port()
     caches = {name: work / f"cache-{name}" for name in ("head", "worker")}
+    # the head's job agent on a port of its own: Ray's default (52365) may be held by another Ray on the machine, and
+    # then no job can be submitted ("No available agent"); Cluster gives only the other nodes free ones
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 3, "include_dashboard": True, "dashboard_port": dash,
+        "num_cpus": 3, "include_dashboard": True, "dashboard_port": dash, "dashboard_agent_listen_port": free_port(),
         "env_vars": {"PROXRAY_CACHE": str(caches["head"])}})
     worker = cluster.add_node(num_cpus=3, env_vars=node_front({"PROXRAY_CACHE": str(caches["worker"])}))
     cluster.wait_for_nodes()

@@ -285,7 +285,8 @@ def test_a_head_on_a_new_instance_restores_nothing_and_gcs_clean_removes_the_old
         try:
             subprocess.run([str(Path(sys.executable).with_name("ray")), "start", "--head", f"--port={gcs_port}",
                             "--num-cpus=1", "--include-dashboard=false", f"--redis-password={password}",
-                            "--disable-usage-stats"], env=start, check=True, capture_output=True, timeout=120)
+                            "--disable-usage-stats", f"--dashboard-agent-listen-port={free_port()}"],
+                           env=start, check=True, capture_output=True, timeout=120)
             r = subprocess.run([sys.executable, "-c", KEEPER, f"127.0.0.1:{gcs_port}", step], env=env,
                                capture_output=True, text=True, timeout=240)
             assert r.returncode == 0, r.stderr[-3000:]
