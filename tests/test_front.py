@@ -60,8 +60,13 @@ def test_a_local_cluster_takes_ingress_ports_no_other_serve_on_the_machine_liste
 
     from proxray.serve.front import INGRESS_BLOCK, INGRESS_RANGES, ingress_ports
 
+    from proxray.serve.front import _bindable
+
     (lo, hi), (glo, _) = INGRESS_RANGES["HTTP"], INGRESS_RANGES["GRPC"]
-    free_block = random.Random(3).randrange(0, hi - lo, INGRESS_BLOCK)
+    free = [o for o in range(0, hi - lo, INGRESS_BLOCK)  # what nothing on this machine listens on now
+            if all(_bindable("0.0.0.0", p) for first in (lo + o, glo + o) for p in range(first, first + INGRESS_BLOCK))]
+    assert free, "every block of Serve's ingress ranges is in use on this machine"
+    free_block = random.Random(3).choice(free)
     held = []
     try:
         for offset in range(0, hi - lo, INGRESS_BLOCK):
