@@ -171,6 +171,7 @@ def _unit(nodeid: str) -> str:
     return "one lane" if module in ONE_LANE else module
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without xdist has no such hook
 def pytest_xdist_make_scheduler(config, log):
     """The controller's scheduler: xdist's by scope (a unit goes to a worker whole, a worker takes the next unit
     when its own is almost done), with the scope above."""
