@@ -22,6 +22,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxray.common.gcs_storage import env_file_values
 from proxray.common.secrets import secret_problems
 
 KINDS = ("serve", "job", "monitor")
@@ -266,19 +267,6 @@ HEAD_LOSS = ("a head loss takes the whole cluster: without the GCS the workers' 
              "key-value store, which without Redis dies with the head")
 
 
-def _env_file_sets(path: Path, name: str) -> bool:
-    """Whether the shell environment file ``path`` (``NAME=value`` lines, ``export`` allowed) gives ``name`` a value."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return False
-    for line in lines:
-        line = line.strip().removeprefix("export ").strip()
-        if line.startswith(f"{name}=") and line.split("=", 1)[1].strip().strip("'\""):
-            return True
-    return False
-
-
 def gcs_redis_source(raw: dict) -> str | None:
     """Where a launcher config's head learns of an external Redis for its GCS — its own commands, or the
     ``~/.proxray/env`` they load, read from the local folder ``file_mounts`` copies to the nodes — or None."""
@@ -291,7 +279,7 @@ def gcs_redis_source(raw: dict) -> str | None:
         for remote, local in (raw.get("file_mounts") or {}).items():
             if str(remote).rstrip("/").endswith("/.proxray"):
                 env = Path(os.path.expanduser(str(local))) / "env"
-                if _env_file_sets(env, "RAY_REDIS_ADDRESS"):
+                if env_file_values(env).get("RAY_REDIS_ADDRESS"):
                     return f"RAY_REDIS_ADDRESS in {local.rstrip('/')}/env"
     return None
 

@@ -287,10 +287,5 @@ class RouterIngress:
                 "budget_requests": budget.n if budget is not None else 0, "budget_lam": budget.lam if budget else None}
 
     async def health(self):
-        """For probes and load balancers, without a key: 200 once every model the app serves has had a running
-        replica; before that 503 with how many are still starting (``readiness.py``; not which: no key is asked)."""
-        starting = await self.readiness.starting()
-        if starting:
-            return JSONResponse({"status": "starting", "models_starting": len(starting)}, status_code=503,
-                                headers={"Retry-After": "1"})
-        return {"status": "ok"}
+        """For probes and load balancers, without a key (``Readiness.health``)."""
+        return await self.readiness.health()

@@ -197,10 +197,10 @@ def replica_coming(app: str, deployment: str) -> bool:
     import socket
 
     import ray
-    from ray.serve.context import _get_global_client
 
-    details = _get_global_client().get_serve_details()
-    found = (((details.get("applications") or {}).get(app) or {}).get("deployments") or {}).get(deployment) or {}
+    from proxray.serve.deployments.readiness import app_deployments
+
+    found = app_deployments(app).get(deployment) or {}
     replicas = [r for r in found.get("replicas") or [] if r.get("state") not in ("STOPPING", "STOPPED")]
     placed = {r.get("node_id") for r in replicas if r.get("node_id")}
     if any(not r.get("node_id") for r in replicas):  # Serve learns a replica's node only once its constructor is done

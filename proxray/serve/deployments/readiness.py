@@ -40,11 +40,27 @@ class Readiness:
             self.left = [m for m in self.left if running.get(self.deployments[m], 0) == 0]
         return list(self.left)
 
+    async def health(self):
+        """``GET /health``'s answer: 200 once every model the app serves has had a running replica; before that 503
+        with how many are still starting (not which: /health asks for no key) and a Retry-After."""
+        starting = await self.starting()
+        if starting:
+            from fastapi.responses import JSONResponse
 
-def running_replicas(app: str) -> dict:
-    """{deployment name: its replicas in state RUNNING} of Serve app ``app``, as the controller knows them. Blocking."""
+            return JSONResponse({"status": "starting", "models_starting": len(starting)}, status_code=503,
+                                headers={"Retry-After": "1"})
+        return {"status": "ok"}
+
+
+def app_deployments(app: str) -> dict:
+    """{deployment name: Serve's details of it} of Serve app ``app``, as the controller knows them. Blocking."""
     from ray.serve.context import _get_global_client
 
     details = _get_global_client().get_serve_details()
-    deployments = ((details.get("applications") or {}).get(app) or {}).get("deployments") or {}
-    return {name: sum(r.get("state") == "RUNNING" for r in d.get("replicas") or []) for name, d in deployments.items()}
+    return ((details.get("applications") or {}).get(app) or {}).get("deployments") or {}
+
+
+def running_replicas(app: str) -> dict:
+    """{deployment name: its replicas in state RUNNING} of Serve app ``app``, as the controller knows them. Blocking."""
+    return {name: sum(r.get("state") == "RUNNING" for r in d.get("replicas") or [])
+            for name, d in app_deployments(app).items()}
