@@ -32,6 +32,8 @@ import asyncio
 import logging
 import time
 
+from proxray.serve.deployments.readiness import app_deployments
+
 BEAT = {"object": "proxray.heartbeat"}  # what a deployment yields while it works on a request and its engine is quiet
 HEARTBEAT_S = 0.25  # how often a quiet deployment says it is still working on a request
 PROBE_S = 0.5  # how long a replica may take to answer a liveness probe
@@ -197,8 +199,6 @@ def replica_coming(app: str, deployment: str) -> bool:
     import socket
 
     import ray
-
-    from proxray.serve.deployments.readiness import app_deployments
 
     found = app_deployments(app).get(deployment) or {}
     replicas = [r for r in found.get("replicas") or [] if r.get("state") not in ("STOPPING", "STOPPED")]
