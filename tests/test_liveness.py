@@ -136,6 +136,23 @@ def test_a_model_that_does_not_take_a_request_is_passed_over_unless_it_is_the_la
     assert "m" in live.down
 
 
+def test_a_replica_ray_says_died_is_probed_but_leaves_its_model_first():
+    """Ray says the replica that had the request died: Serve's router has dropped it and the model's other replicas
+    take its requests, so the model keeps its place (a conversation keeps its model); the probe says if any is left."""
+    from ray.exceptions import ActorDiedError
+
+    async def go(alive):
+        live = Probed(alive=alive)
+        with pytest.raises(ActorDiedError):
+            await WatchedStream(FakeGen([(0, ActorDiedError())]), "m", live, patient=False).__anext__()
+        await asyncio.sleep(0.05)  # the probe it started
+        return live
+    live = asyncio.run(go(True))
+    assert live.probes == 1 and live.slow == {} and live.order(["m", "n"]) == ["m", "n"]
+    live = asyncio.run(go(False))  # none left: down, and tried last
+    assert live.probes == 1 and "m" in live.down and live.order(["m", "n"]) == ["n", "m"]
+
+
 def test_a_probe_finding_a_live_replica_brings_a_model_back(monkeypatch):
     monkeypatch.setattr(liveness, "PROBE_S", 0.0)  # no probe reuse between the two asks
 
@@ -197,9 +214,10 @@ def test_candidates_that_lost_their_replica_are_asked_again_until_one_is_back():
                 return Scripted({model: ActorDiedError()}).stream(model, endpoint, body, patient)
             return super().stream(model, endpoint, body, patient)
 
-    client = Restarting({"a": [answer("a")], "b": [answer("b")]}, dead_for=5)  # two passes and a half
+    # each model asked twice a pass (its other replicas first): a pass and a quarter
+    client = Restarting({"a": [answer("a")], "b": [answer("b")]}, dead_for=5)
     (model, head, _), p, failed = run(client, ["a", "b"])
-    assert model == "b" and len(failed) == 5 and [m for m, _ in client.asked] == ["a", "b", "a", "b", "a", "b"]
+    assert model == "a" and len(failed) == 5 and [m for m, _ in client.asked] == ["a", "a", "b", "b", "a", "a"]
     assert p.report["fallback_from"] == ["a", "b"]  # each model once, however often it was asked
     with pytest.raises(RequestError) as e:  # a model with no replica to come is not waited for
         run(Scripted({"a": ModelUnavailable("a", "none answered for 2.0 s")}), ["a"])

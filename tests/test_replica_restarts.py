@@ -139,5 +139,13 @@ def test_a_replica_whose_constructor_runs_is_coming_and_one_with_no_room_is_not(
             raise AssertionError(f"the replicas did not start: {seen}")
         assert replica_coming("starting", "Loading") is True
         assert replica_coming("starting", "Roomless") is False
+        # Serve's replica actor is alive within a second and runs the constructor after: still coming then
+        from ray._private.state import state
+
+        while time.monotonic() < deadline and not [
+                a for a in state.actor_table(None, job_id=None, actor_state_name="ALIVE").values()
+                if str(a.get("Name")).startswith("SERVE_REPLICA::starting#Loading#")]:
+            time.sleep(0.2)
+        assert states()["Loading"].get("STARTING") and replica_coming("starting", "Loading") is True
     finally:
         serve.delete("starting", _blocking=False)

@@ -70,6 +70,14 @@ def test_a_budget_sets_lambda_counts_estimates_or_realised_cost(router):
     assert real.n == 1 and real.recent == pytest.approx((100 * 20.0 + 50 * 40.0) / 1e6)
 
 
+class Each(list):
+    """A model's plans, one per time it is asked."""
+
+
+class ActorDiedError(Exception):
+    """As Ray names the error of a call whose actor died (the fallback reads the name, not Ray's class)."""
+
+
 class Scripted:
     """A model client whose models answer as told: a list of objects, an exception, or a delay first."""
 
@@ -80,6 +88,8 @@ class Scripted:
         self.asked.append((model, body["model"]))
         self.patient.append(patient)
         plan, client = self.script[model], self
+        if isinstance(plan, Each):  # one plan per call, the last kept
+            plan = plan[min(len(plan) - 1, sum(m == model for m, _ in self.asked) - 1)]
 
         class Gen:
             def __init__(self):
@@ -123,6 +133,21 @@ def test_fallback_goes_down_the_candidates_and_reports_what_failed():
     assert [b for _, b in client.asked] == ["a", "b", "c"]  # each model gets the request with its own name
     assert p.report["fallback_from"] == ["a", "b"] and [m for m, _ in failed] == ["a", "b"]
     assert "RuntimeError: replica died" in failed[1][1] and client.cancelled == ["a", "b"]
+
+
+def test_a_model_whose_replica_died_with_the_request_is_asked_again_before_the_next_model():
+    """The replica that had the turn died (Ray says so): the model's other replicas take it — its conversation keeps
+    its model — and a model whose second try fails too gives the turn to the next candidate, asked once more only."""
+    client = Scripted({"a": Each([ActorDiedError("died"), [answer("a")]]), "b": [answer("b")]})
+    (model, head, _), p, failed = run(client, ["a", "b"])
+    assert model == "a" and [m for m, _ in client.asked] == ["a", "a"] and [m for m, _ in failed] == ["a"]
+    assert client.patient == [False, False]  # not the last candidate: a retry with no replica to take it moves on
+    client = Scripted({"a": ActorDiedError("died"), "b": [answer("b")]})
+    (model, _, _), p, failed = run(client, ["a", "b"])
+    assert model == "b" and [m for m, _ in client.asked] == ["a", "a", "b"] and p.report["fallback_from"] == ["a"]
+    client = Scripted({"a": RuntimeError("overloaded"), "b": [answer("b")]})  # not a lost replica: not asked again
+    (model, _, _), _, _ = run(client, ["a", "b"])
+    assert model == "b" and [m for m, _ in client.asked] == ["a", "b"]
 
 
 def test_a_models_4xx_goes_back_to_the_client_and_every_failure_is_a_503():

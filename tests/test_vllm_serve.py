@@ -248,8 +248,9 @@ def test_a_conversations_turns_stay_on_one_of_two_vllm_replicas_and_its_prefix_c
 def test_a_conversations_replica_killed_under_conversations_load_fails_no_turn(client, app):
     """Four conversations take turns at once on the two vLLM replicas (each on its own, by the consistent hash);
     the replica that holds the first is killed without drain (Serve's controller starts another): no turn fails —
-    the turns it had in hand are retried — and the conversation's next turns go to the replica left, moving at most
-    once more, when the replacement joins the ring. Last in the module: the replacement engine may still be starting
+    the turns it had in hand are retried on the model's other replica, the conversation keeping its model — and
+    the conversation's next turns go to the replica left, moving at most once more, when the replacement joins the
+    ring. Last in the module: the replacement engine may still be starting
     when the module ends."""
     import threading
     import time
@@ -266,7 +267,7 @@ def test_a_conversations_replica_killed_under_conversations_load_fails_no_turn(c
             try:
                 resp = client.chat.completions.create(model="proxray", messages=messages, max_tokens=4, temperature=0.0,
                                                       extra_body={"proxray": {"conversation": f"k{c}"}})
-                results.append((c, time.time(), 200, resp.model_extra["proxray"]["model_replica"]))
+                results.append((c, time.time(), 200, resp.model_extra["proxray"]["model_replica"], resp.model))
                 if c == 0:
                     first.set()
             except Exception as e:  # noqa: BLE001 - a failed turn, counted
@@ -291,6 +292,7 @@ def test_a_conversations_replica_killed_under_conversations_load_fails_no_turn(c
         t.join()
     after = [r for r in results if r[1] > killed_at]
     assert [r for r in after if r[2] != 200] == []
+    assert {r[4] for r in after if r[0] == 0} == {VLLM_MODEL}  # the turn in hand retried on the model's other replica
     moved = [r[3] for r in after if r[0] == 0][1:]  # the first may be the killed replica's answer, sent before it
     # on the replica left, and at most one move more: the ring takes the replacement in when it starts (Ray's
     # consistent hash moves about half of two replicas' conversations to a third)

@@ -117,12 +117,15 @@ class Liveness:
             return ModelUnavailable(model, f"none answered for {time.monotonic() - self.down[model]:.1f} s")
         return None
 
-    def suspect(self, model: str, why: str) -> None:
-        """A request found ``model`` slow to take it or silent: try it last, and probe it now."""
+    def suspect(self, model: str, why: str, slow: bool = True) -> None:
+        """A request found ``model`` slow to take it or silent: try it last (``slow``), and probe it now. A replica
+        Ray says died is not a slow model: Serve's router has dropped it and the model's other replicas take its
+        requests; the probe alone says whether any is left."""
         if not self.watched(model):
             return
         logger.warning("proxray: model %s %s; probing its replicas", model, why)
-        self.slow[model] = time.monotonic() + SLOW_S
+        if slow:
+            self.slow[model] = time.monotonic() + SLOW_S
         asyncio.get_running_loop().create_task(self.live(model))
         self._watch()
 
@@ -222,13 +225,15 @@ def replica_coming(app: str, deployment: str) -> bool:
 
 
 def constructed_on(app: str, deployment: str) -> set:
-    """The nodes where a worker process runs the constructor of a replica of ``deployment`` (a vLLM engine loading
-    for minutes): its actor pending creation with a process of its own — one that waits for room has none. From the
-    GCS's actor table; empty where it cannot be read."""
+    """The nodes where a worker process hosts a replica of ``deployment`` whose node Serve does not know yet: its
+    constructor running (a vLLM engine loading for minutes). Serve's replica actor is created at once (pending
+    creation with a process of its own, then alive within a second) and runs the deployment's constructor after;
+    one that waits for room has no process. From the GCS's actor table; empty where it cannot be read."""
     try:
         from ray._private.state import state
 
-        table = state.actor_table(None, job_id=None, actor_state_name="PENDING_CREATION")
+        table = {**state.actor_table(None, job_id=None, actor_state_name="PENDING_CREATION"),
+                 **state.actor_table(None, job_id=None, actor_state_name="ALIVE")}
     except Exception:  # noqa: BLE001 - the GCS too slow or this process not connected: nothing learnt
         return set()
     prefix = f"SERVE_REPLICA::{app}#{deployment}#"
@@ -284,7 +289,7 @@ class WatchedStream:
             try:
                 obj = task.result()
             except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
-                self.liveness.suspect(self.model, f"lost a replica ({type(e).__name__})")
+                self.liveness.suspect(self.model, f"lost a replica ({type(e).__name__})", slow=False)
                 raise
             self.taken = True  # its first object, answer or beat: a replica has the request
             if is_beat(obj):

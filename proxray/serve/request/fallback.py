@@ -49,6 +49,7 @@ class _Pass:
     def __init__(self):
         self.last = self.unavailable = None
         self.lost = True
+        self.again = False  # the model just asked lost the replica that had the request
 
 
 def _lost(e: BaseException) -> bool:
@@ -61,7 +62,7 @@ def _lost(e: BaseException) -> bool:
 async def _one_pass(client, p: Plan, body, upstream, stream, deadline, on_failure, has_content, seen: _Pass):
     """One try of every candidate in order: (model, head, gen), or None (what failed told in ``seen``)."""
     seen.lost = True
-    for model in p.candidates:
+    for model in _with_retries(p.candidates, seen):
         gen = client.stream(model, upstream, {**body, "model": model}, model == p.candidates[-1])
         head = []
         try:
@@ -88,6 +89,7 @@ async def _one_pass(client, p: Plan, body, upstream, stream, deadline, on_failur
             gen.cancel()
             seen.unavailable = e if isinstance(e, (ModelUnavailable, ReplicaLost)) else None
             seen.lost = seen.lost and _lost(e)
+            seen.again = _lost(e)  # the replica that had it died: the model's other replicas are asked first
             _failed(p, model, failure_reason(e), on_failure)
             if time.monotonic() >= deadline:
                 seen.lost = False
@@ -105,6 +107,19 @@ async def _one_pass(client, p: Plan, body, upstream, stream, deadline, on_failur
             p.report["estimated_cost"] = p.report["estimates"][model]["cost"]
         return model, head, gen
     return None
+
+
+def _with_retries(candidates: list, seen: _Pass):
+    """The candidates in order, a model whose replica died with the request (``seen.again``, set by the caller)
+    asked once more right away: Serve's router has dropped the dead replica, so the turn goes to one of the model's
+    others (a conversation's, the next on its ring, whose cache it loses but not its model); with none left, the
+    call is not taken within ``failover_s`` and the next candidate is asked."""
+    for model in candidates:
+        seen.again = False
+        yield model
+        if seen.again:
+            seen.again = False
+            yield model
 
 
 def _refusal(p: Plan, seen: _Pass, deadline: float, timeout_s: float) -> RequestError:
