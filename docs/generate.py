@@ -195,11 +195,36 @@ def router_params_section() -> str:
 
 
 # ---- Python API ------------------------------------------------------------------------------------
+# From a routing table to a routed decision, offline (tests/test_docs.py runs it as the page shows it)
+API_SNIPPET = """\
+from proxray import KNNRouter, SentenceEncoder
+from proxray.pool.simulated import make_table
+
+table = make_table(50)                  # the embedded synthetic table: 10 tasks × 50 queries, 14 models
+enc = SentenceEncoder()                 # all-MiniLM-L6-v2, shipped with the package: no download
+X = enc.encode(table.prompts)           # (500, 384): one embedding per query
+acc, cost = table.matrices()            # (500, 14) each: graded accuracy and USD per query
+r = KNNRouter(k=20).fit(X, acc, cost, models=table.models, encoder_id=enc.id)
+
+Xq = enc.encode(["Natalia sold 48 clips in April and half as many in May. How many clips did she sell in all?"])
+acc_hat, cost_hat = r.estimate(Xq)      # (1, 14) each: the router's estimates for every model
+for lam in (0.0, 1e3, 1e4):             # λ: accuracy given up per USD saved
+    print(lam, table.models[r.route(Xq, lam=lam)[0]])
+r.save("my-router")                     # a versioned, checksummed artifact: a folder or an s3:// URI
+r = KNNRouter.load("my-router", encoder_id=enc.id)
+"""
+
+
 def api_page() -> str:
     import proxray
 
     out = [HEADER, "# Python API\n\n", "What `import proxray` exports (imported lazily: nothing heavy loads until "
-           "used). Each entry: its signature and the first paragraph of its docstring.\n"]
+           "used). Each entry: its signature, the first paragraph of its docstring, and every public method, "
+           "its own or inherited from the project's own bases.\n\n"
+           "## From a table to a routed decision\n\n"
+           "Runs offline as it is (a few seconds on a CPU); it prints the model chosen at each λ — the most "
+           "accurate at 0, cheaper ones as λ grows:\n\n"
+           f"```python\n{API_SNIPPET}```\n"]
     for name in proxray.__all__:
         if name.startswith("__"):
             continue
@@ -213,13 +238,37 @@ def api_page() -> str:
         out.append(f"\n## `proxray.{name}`\n\n`{obj.__module__}`\n\n```python\n{name}{sig}\n```\n\n"
                    f"{' '.join(doc.split())}\n")
         if inspect.isclass(obj):
-            for meth, fn in inspect.getmembers(obj, inspect.isfunction):
-                if meth.startswith("_") or fn.__qualname__.split(".")[0] != obj.__name__ or not fn.__doc__:
-                    continue
-                first = " ".join(inspect.cleandoc(fn.__doc__).split("\n\n")[0].split())
-                msig = re.sub(r" at 0x[0-9a-f]+", "", str(inspect.signature(fn)))
-                out.append(f"\n- `{meth}{msig}`: {first}\n")
+            out += class_members(obj)
     return "".join(out)
+
+
+def class_members(cls) -> list:
+    """Every public method, class method and property of ``cls``, its own and those it inherits from the project's
+    own bases (not scikit-learn's or Python's), each once where it is defined last."""
+    out, done = [], set()
+    for base in cls.__mro__:
+        if not base.__module__.startswith("proxray"):
+            continue
+        for name, member in vars(base).items():
+            if name.startswith("_") or name in done:
+                continue
+            done.add(name)
+            kind = ("classmethod " if isinstance(member, classmethod) else "staticmethod " if
+                    isinstance(member, staticmethod) else "")
+            fn = member.__func__ if kind else member
+            if isinstance(member, property):
+                doc, text = member.__doc__, f"`{name}` (property)"
+            elif inspect.isfunction(fn):
+                sig = inspect.signature(fn)
+                if not kind or kind.startswith("class"):  # self / cls: not the caller's to pass
+                    sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+                doc, text = fn.__doc__, f"{kind}`{name}{re.sub(r' at 0x[0-9a-f]+', '', str(sig))}`"
+            else:
+                continue
+            first = " ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split())
+            inherited = f" (from `{base.__name__}`)" if base is not cls else ""
+            out.append(f"\n- {text}{inherited}{': ' + first if first else ''}\n")
+    return out
 
 
 # ---- HTTP ------------------------------------------------------------------------------------------

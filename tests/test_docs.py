@@ -2,6 +2,7 @@
 in the README and docs/ parsing with today's grammar (no deprecated spelling), every YAML model list valid, the
 README a front page, and the docs speaking of the product only."""
 import contextlib
+import json
 import io
 import re
 import runpy
@@ -132,3 +133,81 @@ def test_every_environment_variable_the_code_reads_is_documented():
     page = (ROOT / "docs" / "reference" / "environment.md").read_text()
     assert len(read) >= 15
     assert sorted(v for v in read if f"`{v}`" not in page) == []
+
+
+def test_the_python_api_pages_snippet_runs_and_every_method_the_guides_call_is_listed(tmp_path):
+    """The Python API page's snippet, as the page shows it, from a table to a routed decision (the most accurate model
+    at λ = 0, a cheaper one as λ grows); and every ``r.<method>(`` / ``RoutingTable.<method>(`` a guide's Python
+    calls on a router or a table is on the page."""
+    import os
+    import subprocess
+    import sys
+
+    page = (ROOT / "docs" / "reference" / "python-api.md").read_text()
+    snippet = _blocks(page, ("python",))[0]
+    out = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TQDM_DISABLE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    chosen = [line.split(" ", 1)[1] for line in out.stdout.splitlines()]
+    assert len(chosen) == 3 and chosen[0] != chosen[-1], out.stdout  # λ moves the decision to a cheaper model
+    assert (tmp_path / "my-router").is_dir()
+    called = set()
+    for guide in PAGES:
+        for block in _blocks(guide.read_text(), ("python",)):
+            called |= set(re.findall(r"\b(?:r|r2|router|RoutingTable|table|KNNRouter|KMeansRouter)\.([a-z_]+)\(", block))
+    missing = sorted(m for m in called if f"`{m}(" not in page and f"classmethod `{m}(" not in page)
+    assert called and not missing, missing
+
+
+def test_the_shipped_alerts_and_scrape_configuration_name_only_series_the_gateway_exports():
+    """deploy/prometheus/alerts.yaml: every rule whole (alert, expr, severity, summary), every series it queries one
+    the metrics reference lists; the PodMonitor selects the port KubeRay names ``metrics``; every node of the
+    launcher's cluster exports on the port the operator's page scrapes."""
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yaml").read_text())
+    reference = (ROOT / "docs" / "reference" / "metrics.md").read_text()
+    listed = set(re.findall(r"`(ray_proxray_[a-z_]+?)(?:_bucket)?`", reference))
+    names = []
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            assert rule["alert"].startswith("Proxray") and rule["labels"]["severity"] and rule["annotations"]["summary"]
+            names.append(rule["alert"])
+            series = set(re.findall(r"\b(ray_proxray_[a-z_]+)", rule["expr"]))
+            unknown = {s for s in series if s not in listed and s.removesuffix("_bucket") not in listed}
+            assert series and not unknown, (rule["alert"], unknown)
+    page = (ROOT / "docs" / "operations" / "operate.md").read_text()
+    assert [n for n in names if f"`{n}`" not in page] == []  # every alert explained on the operator's page
+    monitor = yaml.safe_load((ROOT / "deploy" / "kuberay" / "podmonitor.yaml").read_text())
+    assert monitor["kind"] == "PodMonitor" and monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["selector"]["matchLabels"] == {"ray.io/is-ray-node": "yes"}
+    cluster = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    for commands in (cluster["head_start_ray_commands"], cluster["worker_start_ray_commands"]):
+        assert "--metrics-export-port=8080" in next(c for c in commands if "ray start" in c)
+
+
+def test_no_page_gets_wordier_and_a_new_page_averages_25_words_a_sentence_at_most():
+    """docs/readability.py's report: each written page's average sentence length at or under its recorded ceiling
+    (docs/readability.json: lowered with ``--write`` as pages are rewritten), a page with none at or under 25."""
+    gen = runpy.run_path(str(ROOT / "docs" / "readability.py"))
+    ceilings = json.loads((ROOT / "docs" / "readability.json").read_text())
+    got = gen["report"]()
+    assert len(got) >= 20 and all(avg > 0 for avg in got.values()), got
+    wordier = {p: (avg, ceilings.get(p, gen["TARGET"])) for p, avg in got.items()
+               if avg > ceilings.get(p, gen["TARGET"]) + 0.5}
+    assert not wordier, f"average words a sentence over the page's ceiling: {wordier} (python docs/readability.py)"
+
+
+RUNNABLE = [("docs/guides/fit-and-evaluate.md", "## Routers in Python")]  # guides' Python that says it runs as it is
+
+
+@pytest.mark.parametrize("page,heading", RUNNABLE)
+def test_a_guides_python_that_says_it_runs_runs_as_written(tmp_path, page, heading):
+    import os
+    import subprocess
+    import sys
+
+    text = (ROOT / page).read_text()
+    section = text[text.index(heading):]
+    snippet = _blocks(section, ("python",))[0]
+    out = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TQDM_DISABLE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
