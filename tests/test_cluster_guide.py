@@ -78,3 +78,93 @@ def test_the_monitor_commands_work_as_written():
     assert "ray exec cluster.yaml 'proxray monitor status'" in GUIDE
     setup = yaml.safe_load((ROOT / "cluster.yaml").read_text())["setup_commands"]
     assert any("export RAY_AUTH_MODE=token" in c and "~/.bashrc" in c for c in setup)
+
+
+# what the AWS CLI adds to an operation beyond its API's parameters (awscli's customizations), for those the guides use
+AWS_CUSTOM = {("ec2", "authorize-security-group-ingress"): {"protocol", "port", "cidr", "source-group", "group-owner"},
+              ("ecr", "get-login-password"): set(), ("s3", "mb"): set(), ("eks", "update-kubeconfig"): {
+                  "name", "kubeconfig", "role-arn", "alias", "user-alias", "dry-run", "verbose"}}
+AWS_GLOBAL = {"region", "query", "output", "profile", "endpoint-url", "no-cli-pager", "debug", "no-paginate",
+              "cli-input-json", "generate-cli-skeleton", "max-items", "starting-token", "page-size"}
+
+
+def aws_commands(text: str) -> list:
+    """(service, operation or ``wait WAITER``, its --flags) of every `aws` command in a Markdown page's shell blocks and
+    inline code; a command inside ``$(…)`` is its own, not its host's."""
+    blocks = [b for lang, b in re.findall(r"```([a-z]*)\n(.*?)```", text, re.S) if lang in ("bash", "sh", "")]
+    src = "\n".join(blocks + re.findall(r"`(aws [^`]+)`", text)).replace("\\\n", " ")
+    out = []
+    for line in src.splitlines():
+        line = line.split(" #")[0]
+        for m in re.finditer(r"(?<![\w/-])aws\s+([a-z0-9-]+)\s+([a-z0-9-]+)(?:\s+([a-z0-9-]+))?", line):
+            rest, depth, i, quote = line[m.end(2):], 0, 0, None
+            while i < len(rest):  # up to the end of this command: a pipe, ;, &&, or the ) closing its $(
+                ch = rest[i]
+                if quote:
+                    quote = None if ch == quote else quote
+                elif ch in "'\"":
+                    quote = ch
+                elif rest.startswith("$(", i):
+                    depth, i = depth + 1, i + 1
+                elif ch == ")":
+                    if depth == 0:
+                        break
+                    depth -= 1
+                elif depth == 0 and (ch in "|;`" or rest.startswith("&&", i)):
+                    break
+                i += 1
+            own = re.sub(r"'[^']*'|\"[^\"]*\"", " ", re.sub(r"\$\((?:[^()]|\([^()]*\))*\)", " ", rest[:i]))
+            op = f"wait {m.group(3)}" if m.group(2) == "wait" else m.group(2)
+            out.append((m.group(1), op, re.findall(r"(?<!\S)--([a-z0-9-]+)", own)))
+    return out
+
+
+def aws_flags(session, service: str, op: str):
+    """The flags the AWS CLI takes for ``aws SERVICE OP`` (from botocore's models, which the CLI is generated from),
+    or None where it has no such operation or waiter."""
+    from botocore import xform_name
+
+    custom = AWS_CUSTOM.get((service, op))
+    model = session.get_service_model(service)
+    if op.startswith("wait "):
+        waiters = session.get_waiter_model(service)
+        names = {xform_name(n, "-"): n for n in waiters.waiter_names}
+        if op[5:] not in names:
+            return None
+        op_name = waiters.get_waiter(names[op[5:]]).operation
+    else:
+        names = {xform_name(n, "-"): n for n in model.operation_names}
+        if op not in names:
+            return None if custom is None else custom | AWS_GLOBAL  # a command only the CLI has
+        op_name = names[op]
+    shape = model.operation_model(op_name).input_shape
+    flags = AWS_GLOBAL | (custom or set())
+    for name, member in (shape.members.items() if shape else ()):
+        flags.add(xform_name(name, "-"))
+        if member.type_name == "boolean":
+            flags.add("no-" + xform_name(name, "-"))
+    return flags
+
+
+def test_every_aws_command_in_the_guides_is_one_the_aws_cli_takes():
+    """Each `aws` command of the cluster guide and the operations pages names an operation (or waiter) the AWS CLI has
+    and only flags it takes — read from botocore's service models, what the CLI is generated from."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    pages = [ROOT / "docs" / "guides" / "deploy-on-a-cluster.md", *sorted((ROOT / "docs" / "operations").glob("*.md"))]
+    found, bad = 0, []
+    for page in pages:
+        for service, op, flags in aws_commands(page.read_text()):
+            found += 1
+            allowed = aws_flags(session, service, op)
+            if allowed is None:
+                bad.append(f"{page.name}: aws {service} {op}: no such operation")
+            elif set(flags) - allowed:
+                bad.append(f"{page.name}: aws {service} {op}: no flag {sorted(set(flags) - allowed)}")
+    assert found >= 20 and bad == [], bad
+    # the check itself refuses what the CLI refuses
+    assert aws_flags(session, "efs", "create-file-system") >= {"encrypted", "no-encrypted", "throughput-mode"}
+    assert "node-taints" not in (aws_flags(session, "eks", "create-nodegroup") or set())
+    assert aws_flags(session, "eks", "wait addon-active") >= {"cluster-name", "addon-name"}
+    assert aws_flags(session, "eks", "create-node-group") is None
