@@ -54,17 +54,18 @@ def test_a_local_cluster_takes_ingress_ports_no_other_serve_on_the_machine_liste
     SO_REUSEPORT: two Serves on one machine on the same range would share ports and answer each other's requests. A
     cluster proxray starts here takes a block of the range on which nothing listens — here every block but one is
     held (one port in each, with SO_REUSEPORT as a replica holds it) — the same block of the gRPC range, and the
-    ranges the caller's environment names where it names them."""
+    ranges the caller's environment names where it names them. A port an outgoing connection holds is not one a
+    Serve listens on."""
     import random
     import socket
 
-    from proxray.serve.front import INGRESS_BLOCK, INGRESS_RANGES, ingress_ports
-
-    from proxray.serve.front import _bindable
+    from proxray.serve.front import INGRESS_BLOCK, INGRESS_RANGES, ingress_ports, listening_ports
 
     (lo, hi), (glo, _) = INGRESS_RANGES["HTTP"], INGRESS_RANGES["GRPC"]
+    listening = listening_ports()
+    assert listening is not None  # Linux: the kernel's socket tables
     free = [o for o in range(0, hi - lo, INGRESS_BLOCK)  # what nothing on this machine listens on now
-            if all(_bindable("0.0.0.0", p) for first in (lo + o, glo + o) for p in range(first, first + INGRESS_BLOCK))]
+            if not listening & {p for first in (lo + o, glo + o) for p in range(first, first + INGRESS_BLOCK)}]
     assert free, "every block of Serve's ingress ranges is in use on this machine"
     free_block = random.Random(3).choice(free)
     held = []
@@ -72,14 +73,23 @@ def test_a_local_cluster_takes_ingress_ports_no_other_serve_on_the_machine_liste
         for offset in range(0, hi - lo, INGRESS_BLOCK):
             if offset == free_block:
                 continue
-            s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            try:
-                s.bind(("127.0.0.1", lo + offset + random.Random(offset).randrange(INGRESS_BLOCK)))
-                s.listen()
-                held.append(s)
-            except OSError:  # something here holds it already: as good
-                s.close()
+            for port in random.Random(offset).sample(range(lo + offset, lo + offset + INGRESS_BLOCK), INGRESS_BLOCK):
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                    s.listen()
+                    held.append(s)
+                    break
+                except OSError:  # something holds this one already (listening or not): the next
+                    s.close()
+        # an outgoing connection whose local port is in the free block's gRPC range (that range lies in the system's
+        # ephemeral range: Ray's own connections land there) holds the port but listens on nothing: still free
+        server = socket.create_server(("127.0.0.1", 0))
+        client = socket.socket()
+        client.bind(("127.0.0.1", glo + free_block + 7))
+        client.connect(server.getsockname())
+        held += [server, client]
         for seed in range(5):
             got = ingress_ports({}, rng=random.Random(seed))
             assert got == {"RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(lo + free_block),

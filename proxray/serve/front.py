@@ -82,6 +82,26 @@ def front_env(environ=None, local: bool = False) -> dict:
     return {**env, **haproxy_ports(environ), **ingress_ports(environ)} if local else env
 
 
+LISTENING_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+
+
+def listening_ports() -> set[int] | None:
+    """The TCP ports something listens on in this machine's network namespace (the kernel's socket tables), or None
+    where the tables cannot be read (not Linux). A port an outgoing connection holds, or one left in TIME_WAIT, is not
+    listening: the gRPC range (40000–41000) lies inside the system's ephemeral range, so such ports come and go."""
+    ports = set()
+    try:
+        for table in LISTENING_TABLES:
+            if table.exists():
+                for line in table.read_text().splitlines()[1:]:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    except (OSError, ValueError):
+        return None
+    return ports
+
+
 def ingress_ports(environ=None, rng=None) -> dict:
     """The ingress replicas' port ranges for a Ray cluster on this machine (:data:`INGRESS_PORTS`): those ``environ``
     names, else a block of :data:`INGRESS_BLOCK` ports at the same offset in Ray's HTTP and gRPC ranges on which
@@ -90,11 +110,13 @@ def ingress_ports(environ=None, rng=None) -> dict:
     if any(environ.get(name) for name in INGRESS_PORTS):
         return {name: environ[name] for name in INGRESS_PORTS if environ.get(name)}
     (http_lo, http_hi), (grpc_lo, _) = INGRESS_RANGES["HTTP"], INGRESS_RANGES["GRPC"]
+    listening = listening_ports()
+    free = (lambda port: port not in listening) if listening is not None else (lambda port: _bindable("0.0.0.0", port))
     blocks = list(range(0, http_hi - http_lo, INGRESS_BLOCK))
     (rng or random.Random()).shuffle(blocks)
     for offset in blocks:
         firsts = {"HTTP": http_lo + offset, "GRPC": grpc_lo + offset}
-        if all(_bindable("0.0.0.0", port) for first in firsts.values() for port in range(first, first + INGRESS_BLOCK)):
+        if all(free(port) for first in firsts.values() for port in range(first, first + INGRESS_BLOCK)):
             return {f"RAY_SERVE_DIRECT_INGRESS_{end}_{proto}_PORT": str(first + (INGRESS_BLOCK - 1) * (end == "MAX"))
                     for proto, first in firsts.items() for end in ("MIN", "MAX")}
     return {}
