@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,13 +27,10 @@ BASE = "http://127.0.0.1:8000"
 
 
 def port_free(port: int = 8000) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
+    """Whether nothing listens on ``port`` (no HAProxy or proxy left), as a local cluster's ports are judged."""
+    from proxray.serve.front import nothing_listens
+
+    return nothing_listens()(port)
 
 
 def one_start(config: str, model: str, stop: str, ready_s: float) -> dict:

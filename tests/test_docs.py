@@ -139,15 +139,8 @@ def test_the_python_api_pages_snippet_runs_and_every_method_the_guides_call_is_l
     """The Python API page's snippet, as the page shows it, from a table to a routed decision (the most accurate model
     at λ = 0, a cheaper one as λ grows); and every ``r.<method>(`` / ``RoutingTable.<method>(`` a guide's Python
     calls on a router or a table is on the page."""
-    import os
-    import subprocess
-    import sys
-
     page = (ROOT / "docs" / "reference" / "python-api.md").read_text()
-    snippet = _blocks(page, ("python",))[0]
-    out = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "TQDM_DISABLE": "1"})
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _run_python(_blocks(page, ("python",))[0], tmp_path)
     chosen = [line.split(" ", 1)[1] for line in out.stdout.splitlines()]
     assert len(chosen) == 3 and chosen[0] != chosen[-1], out.stdout  # λ moves the decision to a cheaper model
     assert (tmp_path / "my-router").is_dir()
@@ -201,13 +194,17 @@ RUNNABLE = [("docs/guides/fit-and-evaluate.md", "## Routers in Python")]  # guid
 
 @pytest.mark.parametrize("page,heading", RUNNABLE)
 def test_a_guides_python_that_says_it_runs_runs_as_written(tmp_path, page, heading):
+    text = (ROOT / page).read_text()
+    _run_python(_blocks(text[text.index(heading):], ("python",))[0], tmp_path)
+
+
+def _run_python(snippet: str, cwd):
+    """A page's Python run as written, in a process of its own in ``cwd``: its completed process (exit 0 asserted)."""
     import os
     import subprocess
     import sys
 
-    text = (ROOT / page).read_text()
-    section = text[text.index(heading):]
-    snippet = _blocks(section, ("python",))[0]
-    out = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    out = subprocess.run([sys.executable, "-c", snippet], cwd=cwd, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TQDM_DISABLE": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
+    return out

@@ -102,6 +102,13 @@ def listening_ports() -> set[int] | None:
     return ports
 
 
+def nothing_listens():
+    """A test of whether nothing listens on a port of this machine: the kernel's socket tables, read once now
+    (:func:`listening_ports`); where they cannot be read, a bind on all addresses."""
+    listening = listening_ports()
+    return (lambda port: port not in listening) if listening is not None else (lambda port: _bindable("0.0.0.0", port))
+
+
 def ingress_ports(environ=None, rng=None) -> dict:
     """The ingress replicas' port ranges for a Ray cluster on this machine (:data:`INGRESS_PORTS`): those ``environ``
     names, else a block of :data:`INGRESS_BLOCK` ports at the same offset in Ray's HTTP and gRPC ranges on which
@@ -110,8 +117,7 @@ def ingress_ports(environ=None, rng=None) -> dict:
     if any(environ.get(name) for name in INGRESS_PORTS):
         return {name: environ[name] for name in INGRESS_PORTS if environ.get(name)}
     (http_lo, http_hi), (grpc_lo, _) = INGRESS_RANGES["HTTP"], INGRESS_RANGES["GRPC"]
-    listening = listening_ports()
-    free = (lambda port: port not in listening) if listening is not None else (lambda port: _bindable("0.0.0.0", port))
+    free = nothing_listens()
     blocks = list(range(0, http_hi - http_lo, INGRESS_BLOCK))
     (rng or random.Random()).shuffle(blocks)
     for offset in blocks:

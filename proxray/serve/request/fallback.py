@@ -88,8 +88,8 @@ async def _one_pass(client, p: Plan, body, upstream, stream, deadline, on_failur
         except Exception as e:  # noqa: BLE001 - replica died, overloaded, timed out: try the next
             gen.cancel()
             seen.unavailable = e if isinstance(e, (ModelUnavailable, ReplicaLost)) else None
-            seen.lost = seen.lost and _lost(e)
             seen.again = _lost(e)  # the replica that had it died: the model's other replicas are asked first
+            seen.lost = seen.lost and seen.again
             _failed(p, model, failure_reason(e), on_failure)
             if time.monotonic() >= deadline:
                 seen.lost = False
