@@ -4,6 +4,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import background
+
 # Offline and local-only, for every test and every process the tests start.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -207,9 +209,16 @@ def pytest_runtest_logreport(report):
     _spent[unit] = _spent.get(unit, 0.0) + report.duration
 
 
+def pytest_collection_finish(session):
+    """The work the selected tests need that mostly waits on the network, started now (tests/background.py)."""
+    background.start_needed(session.items)
+
+
 def pytest_sessionfinish(session):
-    """``PROXRAY_TIMINGS_OUT=path``: each module's seconds (setup, calls and teardown) written there as JSON, the
-    source of tests/timings.json (the controller sees every worker's reports)."""
+    """The background work stopped and its folders removed (tests/background.py). ``PROXRAY_TIMINGS_OUT=path``: each
+    module's seconds (setup, calls and teardown) written there as JSON, the source of tests/timings.json (the
+    controller sees every worker's reports)."""
+    background.finish()
     out = os.environ.get("PROXRAY_TIMINGS_OUT")
     if out and not os.environ.get("PYTEST_XDIST_WORKER") and _spent:
         import json

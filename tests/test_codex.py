@@ -12,10 +12,12 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 
 import pytest
 
+import background
 from agent_standin import AgentStandIn
 from openai_standin import key_file
 
@@ -34,16 +36,23 @@ MINIMAL = ["-c", 'web_search="disabled"', "--disable", "multi_agent", "--disable
            "--disable", "apps", "--disable", "image_generation"]
 
 
+# the installs wait on npm and the package index: started in the background once the session knows it runs this module
+background.declare("codex", ["tests/test_codex.py::test_codex"], lambda folder: (
+    [["npm", "install", "--prefix", folder, "--no-audit", "--no-fund", CODEX]], None, folder))
+background.declare("agents-sdk", ["tests/test_codex.py::test_the_agents_sdk"], lambda folder: (
+    [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", folder, *AGENTS_SDK]], None, folder))
+background.declare("guidellm", ["tests/test_codex.py::test_guidellm"], lambda folder: (
+    [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", folder, *GUIDELLM]], None, folder))
+
+
 @pytest.fixture(scope="module")
-def codex(tmp_path_factory):
+def codex():
     """The Codex CLI as npm installs it (its binary ships in the package)."""
     if shutil.which("npm") is None:
         pytest.fail("npm is needed to install the Codex CLI (apt-get install npm)")
-    prefix = tmp_path_factory.mktemp("codex")
-    done = subprocess.run(["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", CODEX],
-                          capture_output=True, text=True, timeout=600)
+    done = background.result("codex", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    return prefix / "node_modules" / ".bin" / "codex"
+    return done.folder / "node_modules" / ".bin" / "codex"
 
 
 @pytest.fixture(scope="module")
@@ -172,14 +181,11 @@ asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] == "streamed"))
 
 
 @pytest.fixture(scope="module")
-def agents_sdk(tmp_path_factory):
+def agents_sdk():
     """The OpenAI Agents SDK as pip installs it from the package index, in a folder of its own."""
-    import sys
-
-    target = tmp_path_factory.mktemp("agents-sdk")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                           *AGENTS_SDK], capture_output=True, text=True, timeout=600)
+    done = background.result("agents-sdk", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    target = done.folder
     (target / "agent_task.py").write_text(AGENT)
     return target
 
@@ -190,8 +196,6 @@ def agents_sdk(tmp_path_factory):
 def test_the_agents_sdk_runs_a_tool_through_the_gateway(agents_sdk, app, wire, model, mode):
     """An Agents SDK agent with one function tool, on its Responses or its chat completions model class: the model's
     call of the tool, the tool's output sent back, the final answer; whole and streamed."""
-    import sys
-
     url, standin = app
     before = len(standin.requests)
     env = {**os.environ, "PYTHONPATH": str(agents_sdk), "GATEWAY": url}
@@ -210,14 +214,11 @@ def test_the_agents_sdk_runs_a_tool_through_the_gateway(agents_sdk, app, wire, m
 
 
 @pytest.fixture(scope="module")
-def guidellm(tmp_path_factory):
+def guidellm():
     """guidellm as pip installs it from the package index, in a folder of its own."""
-    import sys
-
-    target = tmp_path_factory.mktemp("guidellm")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                           *GUIDELLM], capture_output=True, text=True, timeout=600)
+    done = background.result("guidellm", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    target = done.folder
     return target
 
 
@@ -225,8 +226,6 @@ def guidellm(tmp_path_factory):
 def test_guidellm_loads_the_routed_model(guidellm, app, tmp_path, request_format):
     """``guidellm run`` as its README writes it — the openai_http backend at the gateway, model ``proxray``, four
     concurrent streams over a prompts file — completes every request and reads every answer's streamed tokens."""
-    import sys
-
     url, standin = app
     data = tmp_path / "prompts.json"
     data.write_text(json.dumps([{"prompt": f"What is {i} plus {i + 1}?"} for i in range(20)]))

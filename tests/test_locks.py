@@ -2,6 +2,7 @@
 agree with each other, and the environment these tests run in is the dev lock, so the versions a user gets are the
 ones this suite ran against."""
 import importlib.metadata as md
+import os
 import re
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
+import background
 from conftest import ROOT
 
 if sys.version_info >= (3, 11):
@@ -133,8 +135,26 @@ def test_install_sh_says_where_the_cpu_build_of_torch_is_before_downloading(tmp_
             f"{platform}") in r.stderr
 
 
+def _gpu_resolution(folder):
+    """pip, with no configuration but the package index (so no local wheel — this machine's CPU build of torch —
+    stands in), in a fresh virtual environment of this Python, resolving ``-e .[gpu]`` held to constraints/gpu.txt as
+    a dry run with a report."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_DEFAULT_TIMEOUT="180")
+    if os.environ.get("PIP_CERT"):
+        env["PIP_CERT"] = os.environ["PIP_CERT"]
+    venv = folder / "venv"
+    return ([[sys.executable, "-m", "venv", venv],
+             [venv / "bin" / "python", "-m", "pip", "install", "--dry-run", "--ignore-installed", "--report",
+              folder / "report.json", "-c", ROOT / "constraints" / "gpu.txt", f"{ROOT}[gpu]"]], env, folder)
+
+
+# it waits on the package index for ~100 s: started in the background once the session knows it runs the test
+background.declare("gpu-lock", ["tests/test_locks.py::test_the_gpu_lock"], _gpu_resolution)
+
+
 @pytest.mark.slow
-def test_the_gpu_lock_resolves_whole_from_the_package_index_in_a_fresh_environment(tmp_path, request):
+def test_the_gpu_lock_resolves_whole_from_the_package_index_in_a_fresh_environment():
     """What the image's `bash install.sh gpu` does, without the CUDA machine: in a fresh virtual environment of this
     Python (the lock's CPython 3.11, linux x86_64), pip — with no configuration but the package index, so no local
     wheel (this machine's CPU build of torch) stands in — resolves `-e .[gpu]` held to constraints/gpu.txt, as a dry
@@ -142,21 +162,10 @@ def test_the_gpu_lock_resolves_whole_from_the_package_index_in_a_fresh_environme
     and that together they satisfy every requirement, exactly the lock and nothing else (no conflict, no pin missing or
     unused). It cannot prove the CUDA wheels load or run (no GPU here), nor what the base image's own libraries do."""
     import json
-    import os
-    import subprocess
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_DEFAULT_TIMEOUT="180")
-    if os.environ.get("PIP_CERT"):
-        env["PIP_CERT"] = os.environ["PIP_CERT"]
-    venv, work = tmp_path / "venv", tmp_path
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--dry-run", "--ignore-installed",
-                           "--report", str(work / "report.json"), "-c", str(ROOT / "constraints" / "gpu.txt"),
-                           f"{ROOT}[gpu]"], env=env, cwd=work, capture_output=True, text=True,
-                          timeout=1200)  # a bound on a hang, not a timing
+    done = background.result("gpu-lock")  # a bound on a hang, not a timing
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
-    report = work / "report.json"
+    report = done.folder / "report.json"
     got = {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
     got.pop("proxray")
     pins = lock("gpu")
