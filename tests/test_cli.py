@@ -218,3 +218,21 @@ def test_monitor_versions_and_rollback_ask_the_running_monitor(monkeypatch, caps
     assert json.loads(capsys.readouterr().out) == {"from": 1, "to": 0} and asked[-1] == ("rollback", (0,))
     with pytest.raises(SystemExit, match="monitor 'proxray-monitor': --to 7: not a version"):
         main(["monitor", "rollback", "--to", "7"])
+
+
+def test_demo_serve_names_a_missing_config_and_prints_the_routers_reasons(tmp_path, monkeypatch, capsys):
+    """`proxray demo serve` stops before anything starts on a config that is not there, naming it; what it prints of
+    an answer names the model that answered and marks it among the router's estimates (the whole run: the README's
+    first command, tests/test_user_paths.py)."""
+    from proxray.demos.serve import base_url, describe
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "serve", "--config", "nope.yaml"])
+    assert "--config nope.yaml: no such file" in str(e.value)
+    assert base_url({"http_options": {"host": "0.0.0.0", "port": 8123}}) == "http://127.0.0.1:8123"
+    report = {"lam": 0.0, "outlier_score": 0.25, "estimates": {"big": {"accuracy": 0.9, "cost": 3e-5},
+                                                               "small": {"accuracy": 0.2, "cost": 2e-6}}}
+    text = describe({"question": "2 + 2?", "model": "big", "answer": " Four. ", "report": report})
+    assert text.splitlines()[1:3] == ["answered by: big", "answer:      Four."]
+    assert [ln.split()[:2] for ln in text.splitlines()[4:]] == [["→", "big"], ["small", "0.200"]]

@@ -78,11 +78,23 @@ def installed(clone, name):
 
 
 def test_the_readme_main_job_on_a_plain_install(clone, user_env):
-    """README's first command, as written: ``bash install.sh && .venv/bin/proxray eval``."""
+    """README's first command, as written: ``bash install.sh && .venv/bin/proxray eval && .venv/bin/proxray demo
+    serve`` — the main job's table, then a routed answer: the demo's router fitted, the CPU demo served, asked, its
+    answer and the router's reasons printed, and stopped with its port free."""
     first = blocks((ROOT / "README.md").read_text(), "bash")[0].strip()
-    assert first.startswith("bash install.sh && ") and "dev" not in first
+    assert first.startswith("bash install.sh && ") and first.endswith(" && .venv/bin/proxray demo serve")
+    assert "dev" not in first
     out = run(first, clone, user_env)
     assert re.search(r"^\| overall \| [0-9.]+ ± [0-9.]+ \| [0-9.]+ ± ", out, flags=re.M), out[-2000:]
+    answered = re.search(r"^answered by: (\S+)\nanswer: +\[(\S+), simulated, (?:correct|wrong)\]", out, flags=re.M)
+    assert answered and answered[1] == answered[2], out[-2000:]  # the routed model answered, as the sim says
+    chosen = re.findall(r"^  → (\S+) +([0-9.]+) +([0-9.e+-]+)$", out, flags=re.M)
+    assert [m for m, _, _ in chosen] == [answered[1]], out[-2000:]  # the router's choice is the model that answered
+    assert len(re.findall(r"^   {2}\S+ +[0-9.]+ +[0-9.e+-]+$", out, flags=re.M)) == 3  # and the other three candidates
+    assert (clone / "out" / "demo" / "router").is_dir()
+    from proxray.serve.front import nothing_listens
+
+    assert nothing_listens()(PORT)  # the demo stopped what it started
     # the plain install took the locked versions, the ones this suite runs on
     for name in ("numpy", "torch", "ray", "pandas", "scikit-learn", "faiss-cpu"):
         assert installed(clone, name) == lock("cpu")[name] == lock("dev")[name], name

@@ -21,7 +21,7 @@ endpoint that routes every query to the right model.
   serve the endpoint  proxray serve --config SERVE.yaml [--simulate]
   API keys, policies  proxray keys new --file KEYS.yaml --name N [--lam λ] [--models …] [--rpm R] [--budget-usd U] [--feedback train|record|off]
   watch for drift     proxray monitor start|status|metrics|stop [--config MONITOR.yaml]
-  demos and tools     proxray demo drift · proxray make-tiny-model --out DIR · proxray gcs-clean"""
+  demos and tools     proxray demo serve · proxray demo drift · proxray make-tiny-model --out DIR · proxray gcs-clean"""
 EPILOG = """\
 What a command reads is --table or --config, what it writes is --out; a table, router or output can be a
 local path or a URI (s3://, gs://, file://). `proxray COMMAND --help` lists a command's options."""

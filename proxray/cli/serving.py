@@ -74,8 +74,11 @@ def _cmd_check(a):
 def _cmd_serve(a):
     """``proxray check``'s checks first (a problem stops it before anything starts), then ``serve run``; with
     ``--simulate`` the config's rehearsal, written beside the run's other files."""
-    import os
-    import subprocess
+    raise SystemExit(run_supervised(*_serve_run(a.config, a.simulate)))
+
+
+def _serve_run(config: str, simulate: bool = False) -> tuple:
+    """The ``serve run`` command of ``config`` and its environment, once ``proxray check`` passed it."""
     import tempfile
 
     import yaml
@@ -83,8 +86,7 @@ def _cmd_serve(a):
     from proxray.check import check, simulated_serve_config
     from proxray.serve.front import front_env
 
-    config = a.config
-    if a.simulate:
+    if simulate:
         raw = yaml.safe_load(open(config))
         config = os.path.join(tempfile.mkdtemp(prefix="proxray-rehearsal-"), os.path.basename(config))
         with open(config, "w") as f:
@@ -97,7 +99,7 @@ def _cmd_serve(a):
     # Ray's token auth stays as configured (on by default in Ray 2.60: the local cluster makes a token); a local
     # cluster it starts puts Serve's HAProxy ingress in front, on ports no other Serve here holds
     # (proxray.serve.front); a running one keeps its own
-    raise SystemExit(run_supervised([serve_bin, "run", config], {**os.environ, **front_env(local=True)}))
+    return [serve_bin, "run", config], {**os.environ, **front_env(local=True)}
 
 
 STOP_GRACE_S = 30.0  # how long ``serve run`` may take to stop Serve and its local Ray before what is left is killed
@@ -107,11 +109,18 @@ SUPERVISED = "PROXRAY_SUPERVISED"  # in a supervised process's environment, and 
 def run_supervised(cmd: list, env: dict | None = None) -> int:
     """``cmd`` in a child process under ``supervise``, marked: its environment names it (``SUPERVISED``), as does the
     environment of every process started under it — Ray's, its workers', Serve's HAProxy — wherever it is re-parented."""
+    return supervise(*start_marked(cmd, env))
+
+
+def start_marked(cmd: list, env: dict | None = None, out=None) -> tuple:
+    """``cmd`` started in a child process marked as ``run_supervised`` marks it (``out``: its output, default ours);
+    returns the child and its mark."""
     import subprocess
 
     marker = f"{os.getpid()}-{os.urandom(6).hex()}"
-    child = subprocess.Popen(cmd, env={**(os.environ if env is None else env), SUPERVISED: marker})
-    return supervise(child, marker)
+    child = subprocess.Popen(cmd, env={**(os.environ if env is None else env), SUPERVISED: marker}, stdout=out,
+                             stderr=subprocess.STDOUT if out is not None else None)
+    return child, marker
 
 
 def marked(marker: str) -> dict:
@@ -157,19 +166,27 @@ def supervise(child, marker: str) -> int:
             time.sleep(0.2)
         if not asked:
             return child.returncode
-        print("proxray serve: stopping Serve and its local Ray", file=sys.stderr)
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(STOP_GRACE_S)
-        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: it did not stop in time
-            child.kill()
-            child.wait()
-        _end(marked(marker))
-        _end(marked(marker))  # one started while the others stopped
+        stop_marked(child, marker)
         return 0
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+def stop_marked(child, marker: str) -> None:
+    """``serve run`` (or a demo) told to stop (SIGTERM), killed if it does not within ``STOP_GRACE_S``, then every
+    process still carrying its mark ended."""
+    import signal
+
+    print("proxray serve: stopping Serve and its local Ray", file=sys.stderr)
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(STOP_GRACE_S)
+    except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: it did not stop in time
+        child.kill()
+        child.wait()
+    _end(marked(marker))
+    _end(marked(marker))  # one started while the others stopped
 
 
 def _end(procs: dict, grace_s: float = 5.0) -> None:
@@ -204,16 +221,70 @@ def _end(procs: dict, grace_s: float = 5.0) -> None:
 
 
 def _cmd_demo(a):
-    """The demo in a child process under ``supervise``: the demo starts a local Ray and Serve (with Serve's HAProxy) in
-    its own process, which a SIGTERM ends without its cleanup; stopped by SIGTERM or Ctrl-C, every process below it is
-    ended too, so no HAProxy outlives it and its ports are free for the next run."""
-    import subprocess
-
+    """The drift demo in a child process under ``supervise``: the demo starts a local Ray and Serve (with Serve's
+    HAProxy) in its own process, which a SIGTERM ends without its cleanup; stopped by SIGTERM or Ctrl-C, every process
+    below it is ended too, so no HAProxy outlives it and its ports are free for the next run. The serve demo:
+    ``_demo_serve``."""
+    if a.name == "serve":
+        raise SystemExit(_demo_serve(a.rest))
     if any(x in ("-h", "--help") for x in a.rest):
         from proxray.demos.drift import main as drift_main
 
         raise SystemExit(drift_main(a.rest))
     raise SystemExit(run_supervised([sys.executable, "-m", "proxray.demos.drift", *a.rest]))
+
+
+def _demo_serve(argv: list) -> int:
+    """``proxray demo serve``: the config's router fitted where it is missing, ``proxray serve`` of the config
+    (checked, supervised, its output in a log), ``/health`` waited for, one question asked and its answer and routing
+    report printed; then stopped, or kept serving until SIGTERM or Ctrl-C (``--keep``)."""
+    import time
+
+    import yaml
+
+    from proxray.demos.serve import ask, base_url, describe, ensure_router, healthy
+
+    p = argparse.ArgumentParser(prog="proxray demo serve", description="A routed answer in one command: fit the "
+                                "router where it is missing, serve the config, ask it, print who answered and why.")
+    p.add_argument("--config", default="serve_configs/cpu_demo.yaml", help="Serve YAML (default: the CPU demo's)")
+    p.add_argument("--question", default=None, help="what to ask (default: a small sum)")
+    p.add_argument("--keep", action="store_true", help="keep serving after the answer, until SIGTERM or Ctrl-C")
+    p.add_argument("--log", default="out/demo/serve.log", help="where Serve's own output goes")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for /health to say 200")
+    a = p.parse_args(argv)
+    if not os.path.isfile(a.config):
+        raise SystemExit(f"proxray demo serve: --config {a.config}: no such file (run it from the repository's folder, "
+                         "or name a Serve YAML)")
+    config = yaml.safe_load(open(a.config))
+    print(ensure_router(config), file=sys.stderr)
+    url = base_url(config)
+    cmd, env = _serve_run(a.config)
+    os.makedirs(os.path.dirname(a.log) or ".", exist_ok=True)
+    log = open(a.log, "w")
+    print(f"starting {a.config} at {url} (Serve's output: {a.log})", file=sys.stderr)
+    child, marker = start_marked(cmd, env, out=log)
+    try:
+        end = time.monotonic() + a.timeout
+        while True:
+            if child.poll() is not None:
+                raise SystemExit(f"proxray demo serve: serve run exited with {child.returncode} before it answered "
+                                 f"(see {a.log})")
+            if healthy(url):
+                break
+            if time.monotonic() > end:
+                raise SystemExit(f"proxray demo serve: {url}/health not 200 after {a.timeout:.0f} s (see {a.log})")
+            time.sleep(1.0)
+        print(describe(ask(url, *([a.question] if a.question else []))))
+        if a.keep:
+            print(f"serving at {url}/v1 (any OpenAI client; `proxray serve --config {a.config}` does the same); "
+                  "Ctrl-C stops it", file=sys.stderr)
+            return supervise(child, marker)
+        print(f"to keep it serving: proxray demo serve --keep, or proxray serve --config {a.config}", file=sys.stderr)
+    finally:
+        if child.poll() is None:
+            stop_marked(child, marker)
+        log.close()
+    return 0
 
 
 def _cmd_monitor(a):
@@ -338,8 +409,11 @@ def add_serving(sub) -> None:
     gcs.set_defaults(func=_cmd_gcs_clean)
 
     demo = sub.add_parser("demo", help="end-to-end demos")
-    demo.add_argument("name", choices=["drift"], help="drift: the drift monitor's whole loop on a CPU")
-    demo.add_argument("rest", nargs=argparse.REMAINDER, help="the demo's own options (proxray demo drift --help)")
+    demo.add_argument("name", choices=["serve", "drift"], help="serve: a routed answer from the CPU demo (fits its "
+                      "router where missing, serves, asks, prints who answered and why); drift: the drift monitor's "
+                      "whole loop on a CPU")
+    demo.add_argument("rest", nargs=argparse.REMAINDER, help="the demo's own options (proxray demo serve --help, "
+                      "proxray demo drift --help)")
     demo.set_defaults(func=_cmd_demo)
     mon = sub.add_parser("monitor", help="drift monitor: start (a detached actor that runs itself), status, "
                          "metrics (Prometheus text), versions (every router version it grew: served, candidate, rejected, "
