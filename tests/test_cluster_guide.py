@@ -49,7 +49,7 @@ def test_the_guide_says_what_each_journey_costs_and_takes_on_its_first_screen():
     k8s = GUIDE[GUIDE.index("## On Kubernetes (KubeRay)"):]
     k8s = k8s[:k8s.index("**Prerequisites**")]
     for first in (aws, k8s):
-        assert "**What it costs and how long it takes**" in first and "per hour" in first and "takes" in first
+        assert "**What it costs and how long it takes.**" in first and "per hour" in first and "takes" in first
         assert "p5.48xlarge" in first and "2026-12-01" in first  # list prices, dated
 
 
