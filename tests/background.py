@@ -1,10 +1,12 @@
 """Work a test needs that mostly waits on the network — a resolution from the package index, the installs of pinned
-tools from npm and the package index — started in the background as soon as the session knows it will run a test that
-needs it, so that it overlaps the tests before that one. The test waits for it and asserts on its result exactly as it
-would on a run of its own; what runs is the same command. A module declares its work at import (``declare``); the
-session starts what its selected tests need once they are collected (``start_needed``); a fixture waits
-(``result``), starting the work then if nothing started it (under pytest-xdist a worker does not know which modules it
-will get, so each starts its own on first use)."""
+tools from npm and the package index — started in the background about its own duration before the test that needs it,
+so that it overlaps the tests before that one (not the session's start, where every such work at once slowed the first
+modules by as much as it saved). The test waits for it and asserts on its result exactly as it would on a run of its
+own; what runs is the same command. A module declares its work at import (``declare``, with how long it takes); once
+the tests are collected, ``plan`` picks the module each work starts with from each module's seconds in a full run
+(tests/timings.json); ``module_starts`` starts it there; a fixture waits (``result``), starting the work then if
+nothing started it (under pytest-xdist a worker does not know which modules it will get, so each starts its own on
+first use)."""
 import os
 import shlex
 import shutil
@@ -27,6 +29,7 @@ class Done:
 class _Work:
     needed_by: tuple  # node id prefixes of the tests that use it
     make: object  # folder -> (commands (run one after another, the next only if the last succeeded), env, cwd)
+    seconds: float  # about how long it takes
     proc: subprocess.Popen | None = None
     folder: Path | None = None
 
@@ -34,9 +37,13 @@ class _Work:
 _works: dict = {}
 
 
-def declare(name, needed_by, make):
-    """``make(folder)`` -> ``(commands, env, cwd)``: each command a list of arguments; ``env`` None for this one's."""
-    _works.setdefault(name, _Work(tuple(needed_by), make))
+_plan: dict = {}  # module -> the works to start when its first test starts
+
+
+def declare(name, needed_by, make, seconds):
+    """``make(folder)`` -> ``(commands, env, cwd)``: each command a list of arguments; ``env`` None for this one's.
+    ``seconds``: about how long it takes, which is how far ahead of its first test it starts."""
+    _works.setdefault(name, _Work(tuple(needed_by), make, float(seconds)))
 
 
 def _start(name):
@@ -52,14 +59,33 @@ def _start(name):
     return work
 
 
-def start_needed(items):
-    """Start, in the background, the work of every declared name that one of ``items`` (the selected tests) needs."""
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def plan(items, seconds: dict):
+    """For each declared work one of ``items`` (the selected tests, in their order) needs: the module it starts with,
+    the latest whose start is at least the work's duration before the first test that needs it (``seconds``: each
+    module's seconds in a full run; a module not listed counts 1 s)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    ids = [item.nodeid for item in items]
+    modules = list(dict.fromkeys(_module(i.nodeid) for i in items))
+    starts, t = {}, 0.0
+    for m in modules:
+        starts[m] = t
+        t += seconds.get(m, 1.0)
     for name, work in _works.items():
-        if any(i.startswith(p) for i in ids for p in work.needed_by):
-            _start(name)
+        first = next((i for i in items if i.nodeid.startswith(work.needed_by)), None)
+        if first is not None:
+            due = starts[_module(first.nodeid)] - work.seconds
+            at = [m for m in modules if starts[m] <= max(due, 0.0)][-1]
+            _plan.setdefault(at, []).append(name)
+
+
+def module_starts(nodeid: str):
+    """A test is about to run: the works planned for its module, started (once)."""
+    for name in _plan.pop(_module(nodeid), []):
+        _start(name)
 
 
 def result(name, timeout=1200) -> Done:

@@ -210,8 +210,14 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_collection_finish(session):
-    """The work the selected tests need that mostly waits on the network, started now (tests/background.py)."""
-    background.start_needed(session.items)
+    """When to start the work the selected tests need that mostly waits on the network (tests/background.py)."""
+    import json
+
+    background.plan(session.items, json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {})
+
+
+def pytest_runtest_setup(item):
+    background.module_starts(item.nodeid)
 
 
 def pytest_sessionfinish(session):

@@ -36,13 +36,16 @@ MINIMAL = ["-c", 'web_search="disabled"', "--disable", "multi_agent", "--disable
            "--disable", "apps", "--disable", "image_generation"]
 
 
-# the installs wait on npm and the package index: started in the background once the session knows it runs this module
+# the installs wait on npm and the package index: all three start in the background with the module's first test, so
+# the pip installs run while the Codex tests do
 background.declare("codex", ["tests/test_codex.py::test_codex"], lambda folder: (
-    [["npm", "install", "--prefix", folder, "--no-audit", "--no-fund", CODEX]], None, folder))
+    [["npm", "install", "--prefix", folder, "--no-audit", "--no-fund", CODEX]], None, folder), seconds=0)
 background.declare("agents-sdk", ["tests/test_codex.py::test_the_agents_sdk"], lambda folder: (
-    [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", folder, *AGENTS_SDK]], None, folder))
+    [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", folder, *AGENTS_SDK]], None, folder),
+    seconds=0)
 background.declare("guidellm", ["tests/test_codex.py::test_guidellm"], lambda folder: (
-    [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", folder, *GUIDELLM]], None, folder))
+    [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", folder, *GUIDELLM]], None, folder),
+    seconds=0)
 
 
 @pytest.fixture(scope="module")

@@ -194,8 +194,8 @@ def _gpu_resolution(folder):
               folder / "report.json", "-c", ROOT / "constraints" / "gpu.txt", f"{ROOT}[gpu]"]], env, folder)
 
 
-# it waits on the package index for ~100 s: started in the background once the session knows it runs the test
-background.declare("gpu-lock", ["tests/test_locks.py::test_the_gpu_lock"], _gpu_resolution)
+# it waits on the package index for ~100 s: started in the background about that long before the test
+background.declare("gpu-lock", ["tests/test_locks.py::test_the_gpu_lock"], _gpu_resolution, seconds=100)
 
 
 @pytest.mark.slow

@@ -1,0 +1,36 @@
+"""The suite's background work (tests/background.py) starts about its own duration before the first test that needs
+it — not at the session's start, where it slowed the first modules as much as it saved — and its result is what the
+same command gives when run in the foreground."""
+from types import SimpleNamespace
+
+import background
+
+
+def test_work_starts_its_own_duration_before_the_test_that_needs_it(monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setattr(background, "_works", {})
+    monkeypatch.setattr(background, "_plan", {})
+    started = []
+    monkeypatch.setattr(background, "_start", started.append)
+    items = [SimpleNamespace(nodeid=f"tests/test_{m}.py::test_{i}") for m in "abcde" for i in range(2)]
+    seconds = {"tests/test_a.py": 50, "tests/test_b.py": 100, "tests/test_c.py": 90, "tests/test_d.py": 5}
+    background.declare("long", ["tests/test_e.py::test_1"], None, seconds=90)  # e starts at 245, c at 150, d at 240
+    background.declare("now", ["tests/test_b.py::test_"], None, seconds=0)
+    background.declare("first", ["tests/test_b.py::test_0"], None, seconds=500)  # more than the time before it
+    background.declare("unused", ["tests/test_z.py"], None, seconds=10)
+    background.plan(items, seconds)
+    assert background._plan == {"tests/test_c.py": ["long"], "tests/test_b.py": ["now"], "tests/test_a.py": ["first"]}
+    for item in items:
+        background.module_starts(item.nodeid)
+    assert started == ["first", "now", "long"]  # each once, in the order the modules run
+
+
+def test_a_result_is_the_commands_own_and_its_folder_is_removed_at_the_end(monkeypatch):
+    monkeypatch.setattr(background, "_works", {})
+    background.declare("echo", ["tests/x.py"], lambda folder: ([["bash", "-c", "echo made > made; echo out; echo err >&2"],
+                                                              ["bash", "-c", "exit 3"]], None, folder), seconds=0)
+    done = background.result("echo")  # never planned: started on first use
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+    assert (done.folder / "made").read_text() == "made\n"
+    background.finish()
+    assert not done.folder.exists()
