@@ -66,8 +66,7 @@ def ask(url: str, question: str = QUESTION) -> dict:
                     timeout=120)
     r = client.chat.completions.create(model="proxray", messages=[{"role": "user", "content": question}])
     report = (r.model_extra or {}).get("proxray") or {}
-    return {"question": question, "model": r.model, "answer": r.choices[0].message.content or "",
-            "tokens": r.usage.completion_tokens if r.usage else None, "report": report}
+    return {"question": question, "model": r.model, "answer": r.choices[0].message.content or "", "report": report}
 
 
 def describe(result: dict) -> str:
