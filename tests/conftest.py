@@ -11,6 +11,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The stand-in provider key the test apps read from their environment (``api_key_env``), set once for the session: a
+# Ray that started before a module set it would not pass it to that module's app (tests/serve_helpers.py shares one)
+os.environ.setdefault("PROXRAY_TEST_KEY", "sk-test-not-a-real-key-123")
+os.environ.setdefault("PROXRAY_RESP_KEY", "sk-test-not-a-real-key-123")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of LiteLLM's price list at its import
 # NumPy 2.4 refuses float()/int() of an array with ndim > 0, which NumPy 2.3 only warns about: an error in every
 # process the tests start too (Ray workers, Serve replicas, the CLI), as it is for users on NumPy 2.4
 NDIM_SCALAR = "error:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
@@ -68,6 +73,16 @@ def _front_ports_per_module():
 def _front_ports_per_test():
     _fresh_front_ports()
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _serve_left_running(request):
+    """The Ray and Serve that ``start_app`` leaves running after a module (tests/serve_helpers.py) reach the next module
+    only where that one starts its apps the same way; any other starts with none running."""
+    if "start_app(" not in Path(request.module.__file__).read_text():
+        import serve_helpers
+
+        serve_helpers.release()
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
@@ -93,6 +108,9 @@ def encoder():
 def _start_local_ray():
     import ray
 
+    import serve_helpers
+
+    serve_helpers.release()
     _fresh_front_ports()
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
 
@@ -186,9 +204,36 @@ def pytest_xdist_make_scheduler(config, log):
     return Lanes(config, log)
 
 
+# Modules whose apps start a Ray of their own settings (a metrics port, a proxy timeout, tracing on, object-store
+# credentials, a path for the replicas): in one process they run after the modules that share one (below)
+SERVE_OF_THEIR_OWN = ("tests/test_gateway.py", "tests/test_reference.py", "tests/test_reliability.py",
+                      "tests/test_tenancy.py", "tests/test_tracing.py", "tests/test_uris.py",
+                      "tests/test_protocol_table.py", "tests/test_vllm_serve.py")
+
+
+def _starts_apps(module: str) -> bool:
+    return "start_app(" in (ROOT / module).read_text()
+
+
+def _modules_that_start_apps_together(items) -> None:
+    """One process: the modules that start their apps with ``start_app`` one after another, where the first of them
+    was, those that can share one Ray and Serve first (tests/serve_helpers.py), each group in file order; the other
+    modules in their own order around them."""
+    modules = list(dict.fromkeys(it.nodeid.split("::", 1)[0] for it in items))
+    apps = [m for m in modules if _starts_apps(m)]
+    if not apps:
+        return
+    apps = [m for m in apps if m not in SERVE_OF_THEIR_OWN] + [m for m in apps if m in SERVE_OF_THEIR_OWN]
+    first = modules.index(next(m for m in modules if m in apps))
+    rest = [m for m in modules if m not in apps]
+    order = {m: i for i, m in enumerate(rest[:first] + apps + rest[first:])}
+    items.sort(key=lambda it: order[it.nodeid.split("::", 1)[0]])  # stable: a module's own order kept
+
+
 def pytest_collection_modifyitems(config, items):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # one process: the modules in their own order
+        _modules_that_start_apps_together(items)
+        return
     import json
 
     seconds = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
@@ -225,6 +270,9 @@ def pytest_sessionfinish(session):
     module's seconds (setup, calls and teardown) written there as JSON, the source of tests/timings.json (the
     controller sees every worker's reports)."""
     background.finish()
+    import serve_helpers
+
+    serve_helpers.release()
     out = os.environ.get("PROXRAY_TIMINGS_OUT")
     if out and not os.environ.get("PYTEST_XDIST_WORKER") and _spent:
         import json

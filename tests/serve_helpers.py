@@ -5,7 +5,7 @@ import numpy as np
 
 from proxray import KNNRouter, RoutingTable
 from proxray.data.synthetic import generate_queries
-from proxray.serve.front import free_port, haproxy_ports
+from proxray.serve.front import HAPROXY_PORTS, free_port, haproxy_ports
 
 WEAK, STRONG = "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"
 SLOW, BROKEN = "google/gemma-7b-it", "microsoft/Phi-3-small-8k-instruct"
@@ -41,18 +41,47 @@ def fit_router(path, encoder, models, profile=None, table_path=None):
                         encoder_id=encoder.id, query_ids=list(q.query_id), tasks=list(q.task)).save(path)
 
 
-def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxray", profile=None, protocols=None,
+def start_app(tmp, fit_encoder, models, request_timeout_s=60, app_name="proxray", profile=None, protocols=None,
               metrics_port=None, env=None, **args):
-    """ray.init + serve.start on a free port + serve.run(build_app) with a router fitted on ``fit_encoder``'s
-    embeddings (``args``: the app's, ``encoder`` among them; ``protocols``: the app's protocol table, default the
-    shipped one; ``metrics_port``: Ray's Prometheus endpoint's, where a test scrapes it; ``env``: more environment
-    for every worker); returns the base URL."""
-    import ray
+    """serve.run(build_app) on a Ray and Serve of this test process (started here where none runs, or where the one that
+    runs was started for other settings), with a router fitted on ``fit_encoder``'s embeddings (``args``: the app's,
+    ``encoder`` among them; ``request_timeout_s``: Serve's proxy answers 408 past it; ``protocols``: the app's protocol
+    table, default the shipped one; ``metrics_port``: Ray's Prometheus endpoint's, where a test scrapes it; ``env``:
+    more environment for every worker); returns the base URL.
+    ``stop_app`` deletes the app and what it left in Ray; the next module's ``start_app`` reuses the same Ray and Serve
+    where its settings and the environment its workers inherit are the same (``_SHARED``)."""
     from ray import serve
 
     from proxray.serve.app import build
 
     fit_router(tmp / "router", fit_encoder, [m["id"] for m in models], profile)
+    port = _serve_for(request_timeout_s, metrics_port, env)
+    serve.run(build({"router": str(tmp / "router"), "models": models, **args}, protocols), name=app_name,
+              route_prefix="/")
+    return f"http://127.0.0.1:{port}"
+
+
+# The Ray and Serve that start_app started and stop_app left running: {"key": what they were started with, "port": Serve's
+# HTTP port}. Starting and stopping them costs ~11 s a module; deleting an app ~3 s.
+_SHARED: dict = {}
+# what changes from test to test without reaching a worker: HAProxy's ports are bound when Serve starts; LiteLLM's
+# import sets its tokenizers' folder (no worker imports it)
+_NOT_INHERITED = {"PYTEST_CURRENT_TEST", "TIKTOKEN_CACHE_DIR", *HAPROXY_PORTS}
+
+
+def _serve_for(request_timeout_s, metrics_port, env) -> int:
+    import os
+
+    import ray
+    from ray import serve
+
+    def key():  # Ray's start sets variables of its own in this process's environment: compared after it
+        return (request_timeout_s, metrics_port, tuple(sorted((env or {}).items())),
+                tuple(sorted((k, v) for k, v in os.environ.items() if k not in _NOT_INHERITED)))
+
+    if _SHARED.get("key") == key() and ray.is_initialized():
+        return _SHARED["port"]
+    release()
     port = free_port()
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
              runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", **(env or {})}})  # the API key comes from the environment, never the runtime env
@@ -60,9 +89,18 @@ def start_app(tmp, fit_encoder, models, request_timeout_s=None, app_name="proxra
     if request_timeout_s:
         http["request_timeout_s"] = request_timeout_s  # the proxy answers (408) instead of holding a request forever
     serve.start(http_options=http)
-    serve.run(build({"router": str(tmp / "router"), "models": models, **args}, protocols), name=app_name,
-              route_prefix="/")
-    return f"http://127.0.0.1:{port}"
+    _SHARED.update(key=key(), port=port)
+    return port
+
+
+def release():
+    """Serve and Ray stopped where start_app left them running (before a module that starts its own)."""
+    import ray
+    from ray import serve
+
+    if _SHARED.pop("key", None) is not None and ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
 
 
 def seen(model, app_name="proxray", asks=1):
@@ -89,11 +127,29 @@ def ends(model, app_name="proxray", asks=1):
 
 
 def stop_app():
+    """The test's apps deleted, with the named actors and checkpoints they left (proxray's namespace): the next
+    start_app finds Ray and Serve as a fresh start leaves them. Where start_app did not start them, both stopped."""
     import ray
     from ray import serve
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_list
 
-    serve.shutdown()
-    ray.shutdown()
+    from proxray.common.actors import NAMESPACE
+
+    if _SHARED.get("key") is None or not ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
+        return
+    try:
+        for name in list(serve.status().applications):
+            serve.delete(name)
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            if actor["namespace"] == NAMESPACE:
+                ray.kill(ray.get_actor(actor["name"], namespace=NAMESPACE), no_restart=True)
+        for k in _internal_kv_list(b"", namespace=NAMESPACE):
+            _internal_kv_del(k, namespace=NAMESPACE)
+    except Exception:  # anything left half-deleted: the next start_app starts afresh
+        release()
+        raise
 
 
 def ledger(name, app_name="proxray"):

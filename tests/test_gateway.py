@@ -46,7 +46,8 @@ def server(tmp_path_factory, encoder):
     FOLDERS["team-key"] = new_key_entry(tmp / "keys.yaml", "team")  # a key of the keys file: its metrics
     yield start_app(tmp, encoder, models, api_key_env="PROXRAY_TEST_KEY", timeout_s=60, max_body_bytes=64 * 1024,
                     default_max_tokens=16, app_name=APP, profile=PROFILE, router_num_cpus=0.2,
-                    keys_file=str(tmp / "keys.yaml"))
+                    keys_file=str(tmp / "keys.yaml"),
+                    metrics_port=serve_helpers.free_port())  # a Ray of its own: its metrics are this app's alone
     stop_app()
 
 

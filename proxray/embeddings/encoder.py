@@ -11,7 +11,7 @@ fitted with one backend serves with another.
 
 ``model="static"`` is a static encoder distilled from the shipped MiniLM (``static:<name or path>``: from
 another local sentence-transformers model), made offline on first use and kept in the cache; it encodes a text
-in 0.2–0.4 ms on one core (short to long prompts) with numpy and ``tokenizers`` alone, whatever the backend (see
+in 0.1–0.4 ms on one core (short to long prompts) with numpy and ``tokenizers`` alone, whatever the backend (see
 ``static_encoder``), so it reads and writes the on-disk cache for batches of ``STATIC_CACHE_MIN_BATCH`` texts or more
 only (a commit costs more than the encoding).
 

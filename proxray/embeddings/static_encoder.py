@@ -10,7 +10,7 @@ offline in ~15 s on two cores for MiniLM's 30,522 tokens; the folder (``vectors.
 renamed into place, so concurrent replicas race safely.
 
 ``StaticSession`` then needs only numpy and ``tokenizers``: a text's embedding is the unit-normed mean of its
-tokens' rows, 0.2–0.4 ms a text on one core (most of it tokenizing; short to long prompts) instead of ~7 ms for
+tokens' rows, 0.1–0.4 ms a text on one core (most of it tokenizing; short to long prompts) instead of ~7 ms for
 MiniLM on ONNX Runtime. Its routing quality
 against MiniLM is measured in ``research/static-encoder.md``.
 """

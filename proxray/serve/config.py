@@ -117,7 +117,7 @@ class AppArgs(StrictModel):
                         "proxray fit --out / KNNRouter.save); each replica caches its arrays by checksum")
     encoder: str | None = Field(None, description=(
         "sentence-transformers name or path, or static (a static encoder distilled from the shipped MiniLM, "
-        "0.2–0.4 ms a text; static:PATH from another local model); must be the encoder the router was fitted "
+        "0.1–0.4 ms a text; static:PATH from another local model); must be the encoder the router was fitted "
         "with; default: shipped MiniLM"))
     encoder_backend: Literal["torch", "onnx", "onnx-int8"] = Field("onnx", description=(
         "how the ingress runs the encoder: onnx = the same model exported to ONNX Runtime (equal output, "
