@@ -136,3 +136,34 @@ def test_the_detector_groups_by_nearest_cluster_and_flags_by_the_routers_own_thr
     assert d.drifted(0.995) and not d.drifted(0.5)
     router.outlier_threshold_ = 0.42  # the artifact's: the one explain shows
     assert DriftDetector(router, X, n_groups=2).threshold == 0.42
+
+
+def test_the_gate_decisions_reach_rays_metrics_as_a_counter_that_counts_each_decision_once(monkeypatch):
+    """The monitor application sets its series from the monitor's status on every health check: the gate's decisions
+    a counter, as the monitor's own text has them, counting on by what each status adds (and from where a monitor
+    that started again stands)."""
+    import proxray.common.metric_defs as defs
+    from proxray.monitor.views import GateGauges
+
+    calls = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def inc(self, value, tags=None):
+            assert value > 0  # what Ray's Counter takes
+            calls.append((self.name, value, tags))
+
+        def set(self, value, tags=None):
+            pass
+
+    assert defs.METRICS["proxray_monitor_gate_decisions"].kind == "counter"
+    monkeypatch.setattr(defs, "metric", Recorder)
+    gauges = GateGauges()
+    status = lambda **d: {"served_version": 0, "gate": {"decisions": d}, "label_sources": {}}  # noqa: E731
+    for seen in ({"promoted": 0, "rejected": 0}, {"promoted": 0, "rejected": 0}, {"promoted": 2, "rejected": 1},
+                 {"promoted": 2, "rejected": 1}, {"promoted": 1, "rejected": 1}, {"promoted": 2, "rejected": 1}):
+        gauges.set(status(**seen))
+    got = [(v, t["decision"]) for n, v, t in calls if n == "proxray_monitor_gate_decisions"]
+    assert got == [(2, "promoted"), (1, "rejected"), (1, "promoted")]

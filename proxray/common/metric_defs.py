@@ -83,7 +83,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "the monitor's Serve application"),
     Metric("proxray_monitor_candidate_version", "gauge", "the version in its shadow window; -1: none", (), "monitor",
            "the monitor's Serve application"),
-    Metric("proxray_monitor_gate_decisions", "gauge", "gate decisions so far, by decision (promoted, rejected)",
+    Metric("proxray_monitor_gate_decisions", "counter", "gate decisions, by decision (promoted, rejected)",
            ("decision",), "monitor", "a gate decision"),
     Metric("proxray_monitor_gate_last_decision", "gauge", "1 for the last decision (its version, decision and reason, "
            "cut to 160 characters), 0 for the one before", ("version", "decision", "why"), "monitor",

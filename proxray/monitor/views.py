@@ -70,8 +70,10 @@ def prometheus_text(s: dict) -> str:
 
 
 class GateGauges:
-    """The versions and gate of ``status_of`` as ``ray.util.metrics`` gauges (the monitor application's replica sets
-    them on every health check)."""
+    """The versions and gate of ``status_of`` as ``ray.util.metrics`` series (the monitor application's replica sets
+    them on every health check): gauges, and the gate's decisions a counter, as the monitor's own text has them (it
+    counts on by the decisions the status shows since the last check; a monitor that started again and shows fewer
+    counts on from there)."""
 
     def __init__(self):
         from proxray.common.metric_defs import metric
@@ -83,13 +85,16 @@ class GateGauges:
         self.agreement = metric("proxray_monitor_label_source_agreement")
         self.set_aside = metric("proxray_monitor_label_source_set_aside")
         self._last = None
+        self._decided: dict[str, int] = {}
 
     def set(self, s: dict) -> None:
         gate = s.get("gate") or {}
         self.served.set(s["served_version"])
         self.candidate.set((gate.get("candidate") or {}).get("version", -1))
         for decision, n in (gate.get("decisions") or {}).items():
-            self.decisions.set(n, {"decision": decision})
+            if n > self._decided.get(decision, 0):
+                self.decisions.inc(n - self._decided.get(decision, 0), {"decision": decision})
+            self._decided[decision] = n
         last = gate.get("last_decision")
         if last:
             tags = {"version": str(last["version"]), "decision": last["decision"], "why": str(last["why"])[:160]}
