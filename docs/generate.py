@@ -181,14 +181,16 @@ def config_page() -> str:
 
 def router_params_section() -> str:
     """The routers' hyperparameters, from their one spec (``proxray.routing.params``)."""
-    from proxray.routing.params import SPECS
+    from proxray.routing.registry import FAMILIES
 
-    out = ["\n## Router hyperparameters (`proxray fit`, `make_router`, `KNNRouter` / `KMeansRouter`)\n\n"
+    out = ["\n## Router hyperparameters (`proxray fit`, `make_router`, "
+           + " / ".join(f"`{c.__name__}`" for c in FAMILIES) + ")\n\n"
            "Validated once, when a router is fitted (`proxray fit` checks them against the table before encoding "
            "it); `get_params()` returns them as passed.\n"]
-    for kind, title in (("knn", "KNNRouter (`--router knn`)"), ("km", "KMeansRouter (`--router km`)")):
-        out.append(f"\n### {title}\n\n| parameter | default | allowed | option | what |\n|---|---|---|---|---|\n")
-        for p in SPECS[kind].values():
+    for c in FAMILIES:
+        out.append(f"\n### {c.__name__} (`--router {c.kind}`)\n\n| parameter | default | allowed | option | what |\n"
+                   "|---|---|---|---|---|\n")
+        for p in c.PARAMS.values():
             allowed = "a temperature spec" if p.name == "temperature" else p.allowed()
             out.append(f"| `{p.name}` | `{p.default!r}` | {allowed} | {f'`{p.cli}`' if p.cli else ''} | {p.help} |\n")
     return "".join(out)

@@ -89,7 +89,7 @@ def _serve_for(request_timeout_s, metrics_port, env) -> int:
     if request_timeout_s:
         http["request_timeout_s"] = request_timeout_s  # the proxy answers (408) instead of holding a request forever
     serve.start(http_options=http)
-    _SHARED.update(key=key(), port=port)
+    _SHARED.update(key=key(), port=port, cpus=ray.available_resources().get("CPU", 0.0))
     return port
 
 
@@ -127,8 +127,11 @@ def ends(model, app_name="proxray", asks=1):
 
 
 def stop_app():
-    """The test's apps deleted, with the named actors and checkpoints they left (proxray's namespace): the next
-    start_app finds Ray and Serve as a fresh start leaves them. Where start_app did not start them, both stopped."""
+    """The test's apps deleted, with the named actors and checkpoints they left (proxray's namespace), and every CPU
+    they held free again: the next start_app finds Ray and Serve as a fresh start leaves them (where they do not free
+    them within a minute, both stopped). Where start_app did not start them, both stopped."""
+    import time
+
     import ray
     from ray import serve
     from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_list
@@ -147,6 +150,11 @@ def stop_app():
                 ray.kill(ray.get_actor(actor["name"], namespace=NAMESPACE), no_restart=True)
         for k in _internal_kv_list(b"", namespace=NAMESPACE):
             _internal_kv_del(k, namespace=NAMESPACE)
+        deadline = time.monotonic() + 60  # replicas and actors stop after the calls above return
+        while ray.available_resources().get("CPU", 0.0) < _SHARED["cpus"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if ray.available_resources().get("CPU", 0.0) < _SHARED["cpus"]:
+            release()
     except Exception:  # anything left half-deleted: the next start_app starts afresh
         release()
         raise

@@ -9,7 +9,8 @@ import pytest
 from conftest import blobs
 from proxray import KMeansRouter, KNNRouter
 from proxray.cli import build_parser
-from proxray.routing.params import SPECS, check_fit
+from proxray.routing.params import check_fit
+from proxray.routing.registry import SPECS
 from proxray.routing.registry import ROUTERS, make_router
 from proxray.routing.temperature import Spread
 

@@ -3,15 +3,21 @@
 library takes. Nothing under ``proxray.routing`` reads a command line."""
 from __future__ import annotations
 
-from proxray.routing.params import SPECS
+from proxray.routing.registry import DEFAULT_ROUTER, ROUTERS, SPECS
 from proxray.routing.temperature import Temperature, from_options as temperature_from
 
-ROUTER_CHOICES = sorted(SPECS)  # the router families by the registry's short names (routing.registry.ROUTERS)
 
 
-def add_options(parser, names, kinds=tuple(SPECS)) -> None:
+def router_choices() -> list:
+    """The router families by the registry's short names, as they are when a parser is built."""
+    return sorted(ROUTERS)
+
+
+def add_options(parser, names, kinds=None) -> None:
     """The command line's options for the hyperparameters ``names`` (each has one: ``cli``), their defaults and help
-    from the spec; a parameter both families share is added once, one of a family says which."""
+    from the spec of each family ``kinds`` (default: every registered one); a parameter the families share is added
+    once, one of a family says which."""
+    kinds = tuple(SPECS) if kinds is None else kinds
     seen = set()
     for name in names:
         for kind in kinds:

@@ -110,7 +110,8 @@ def _embed_prompts(table, encoder_name):
 
 def _cmd_eval(a) -> None:
     from proxray.experiments.plots import plot_curves, plot_sweep
-    from proxray.experiments.protocols import DEFAULT_SYNTH_OUTLIERS, SPLITS, evaluate, protocol_split
+    from proxray.experiments.protocols import SPLITS, evaluate, protocol_split
+    from proxray.routing.registry import family
     from proxray.experiments.report import format_result, write_json
     from proxray.cli.options import temperature_option
     from proxray.routing.temperature import Fixed
@@ -120,10 +121,10 @@ def _cmd_eval(a) -> None:
     if a.outliers:
         outliers = a.outliers
     elif a.table is None:
-        outliers = DEFAULT_SYNTH_OUTLIERS[a.router]
+        outliers = list(family(a.router).default_outliers)
     else:
         raise ValueError(f"--outliers is required with --table (tasks: {', '.join(sorted(set(table.tasks)))})")
-    protocol = a.protocol or ("leave-task-out" if a.router == "km" else "few-shot-outlier")
+    protocol = a.protocol or family(a.router).protocol
     protocol_split(table.tasks, outliers, protocol, 0)  # fail on bad outliers before the slow encoding
     budgets = _parse_budgets(a.budgets, cost)
     temperature = temperature_option(a, a.router)  # before the slow encoding
@@ -181,14 +182,14 @@ def _check_sweep(sweep: str) -> None:
 
 
 def add_fit_explain(sub) -> None:
-    from proxray.cli.options import ROUTER_CHOICES, add_options, add_temperature_options  # numpy only
+    from proxray.cli.options import DEFAULT_ROUTER, add_options, router_choices, add_temperature_options
     from proxray.common.cliargs import comma_list
 
     fit = sub.add_parser("fit", help="fit a router on a table and save the artifact")
     fit.add_argument("--table", default=None, help="routing table (default: the embedded synthetic one)")
     fit.add_argument("--models", type=comma_list(), default=None, help="comma-separated subset of the table's models")
-    fit.add_argument("--router", choices=ROUTER_CHOICES, default="km", help="KMeans clusters (default, as in eval) "
-                     "or the k nearest training queries")
+    fit.add_argument("--router", choices=router_choices(), default=DEFAULT_ROUTER, help="KMeans clusters (default, as in "
+                     "eval) or the k nearest training queries")
     add_options(fit, ("weighting", "k", "n_clusters", "max_regret", "route_budget_ms", "decision_tolerance",
                       "recall_floor"))
     add_temperature_options(fit)
@@ -212,15 +213,17 @@ def add_fit_explain(sub) -> None:
 
 
 def add_eval(sub) -> None:
-    from proxray.cli.options import ROUTER_CHOICES, add_options, add_temperature_options
+    from proxray.cli.options import DEFAULT_ROUTER, add_options, router_choices, add_temperature_options
+    from proxray.routing.registry import FAMILIES
     from proxray.common.cliargs import comma_list
     from proxray.experiments.protocols import PROTOCOLS
 
     p = sub.add_parser("eval", help="run the paper's protocol on a routing table (default: the embedded synthetic one)")
     p.add_argument("--table", default=None, help="routing table; default: the embedded SYNTHETIC table")
-    p.add_argument("--router", choices=ROUTER_CHOICES, default="km", help="KMeans clusters or the k nearest queries")
-    p.add_argument("--protocol", choices=list(PROTOCOLS), default=None,
-                   help="default: leave-task-out for km, few-shot-outlier for knn (the paper's settings)")
+    p.add_argument("--router", choices=router_choices(), default=DEFAULT_ROUTER, help="KMeans clusters or the k nearest "
+                   "queries")
+    p.add_argument("--protocol", choices=list(PROTOCOLS), default=None, help="default: " + ", ".join(
+        f"{c.protocol} for {c.kind}" for c in FAMILIES) + " (the paper's settings)")
     p.add_argument("--outliers", type=comma_list(), default=None, help="comma-separated outlier tasks (required with "
                    "--table)")
     p.add_argument("--few-shot", type=int, default=25, help="few-shot-outlier: outlier queries in the training set")

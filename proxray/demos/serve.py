@@ -37,11 +37,12 @@ def ensure_router(config: dict) -> str:
         return f"router: {router} (already fitted)"
     from proxray.pool.simulated import make_table
     from proxray.routing.fitting import FitSettings, fit_table
+    from proxray.routing.knn import KNNRouter
 
     models = [m["id"] for m in args.get("models") or [] if isinstance(m, dict) and "id" in m]
     print(f"fitting a kNN router (k={FIT_K}) on the embedded SYNTHETIC routing table over {len(models)} models -> "
           f"{router}", file=sys.stderr)
-    r = fit_table(make_table(), FitSettings(router="knn", models=models or None, hyperparameters={"k": FIT_K}))
+    r = fit_table(make_table(), FitSettings(router=KNNRouter.kind, models=models or None, hyperparameters={"k": FIT_K}))
     r.save(path)
     return f"router: {router} (fitted now)"
 

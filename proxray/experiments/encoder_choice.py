@@ -17,12 +17,10 @@ import numpy as np
 from proxray.common.logs import log
 from proxray.embeddings.encoder import STATIC, SentenceEncoder, encoder_id
 from proxray.experiments.protocols import evaluate
-from proxray.routing.params import defaults
+from proxray.routing.registry import DEFAULT_ROUTER, family
 
 CANDIDATES = (STATIC, None)  # the cheap one first: it is kept when it is good enough
-PROTOCOL = {"km": "leave-task-out", "knn": "few-shot-outlier"}
 MIN_PER_TASK = 10  # a task with fewer queries is never held out
-KNN_K, KM_CLUSTERS = defaults("knn")["k"], defaults("km")["n_clusters"]  # the routers' own (routing.params)
 
 
 def check_choice_args(tolerance_pp: float, max_queries: int, held_out: int) -> None:
@@ -49,9 +47,9 @@ def sample_rows(tasks: np.ndarray, max_queries: int, seed: int = 0) -> np.ndarra
     return np.sort(np.concatenate(rows))
 
 
-def choose_encoder(prompts, acc, cost, tasks, router: str = "km", tolerance_pp: float = 0.5,
-                   max_queries: int = 3000, held_out: int = 8, seed: int = 42, k: int = KNN_K,
-                   n_clusters: int = KM_CLUSTERS) -> dict:
+def choose_encoder(prompts, acc, cost, tasks, router: str = DEFAULT_ROUTER, tolerance_pp: float = 0.5,
+                   max_queries: int = 3000, held_out: int = 8, seed: int = 42, k: int | None = None,
+                   n_clusters: int | None = None) -> dict:
     """{"chosen": the encoder setting (None: MiniLM), "chosen_id", "tolerance_pp", "scores": {encoder id: {"overall",
     "outlier"}}, "held_out_tasks", "protocol", "metric", "n_queries", "seconds", "reason"}."""
     check_choice_args(tolerance_pp, max_queries, held_out)
@@ -68,10 +66,12 @@ def choose_encoder(prompts, acc, cost, tasks, router: str = "km", tolerance_pp: 
     outliers = eligible[:held_out]
     if not outliers or len(set(ts)) < 2:
         raise ValueError(f"--encoder auto: no task has {MIN_PER_TASK} queries to hold out (tasks: {counts})")
-    protocol = PROTOCOL[router]
+    protocol = family(router).protocol
     few_shot = max(1, min(25, min(int((ts == t).sum()) for t in outliers) // 4))
     n_train = int(round(0.6 * min(len(rows) - (ts == t).sum() for t in outliers)))
-    k_eff = max(1, min(int(k), n_train))
+    spec = family(router).PARAMS  # its sizes (k, n_clusters: bounded by the training queries) fitted to the split
+    sizes = {name: max(1, min(int(spec[name].default if v is None else v), n_train))
+             for name, v in (("k", k), ("n_clusters", n_clusters)) if name in spec}
     a, c = acc[rows], None if cost is None else cost[rows]
     texts = [prompts[i] for i in rows]
     scores = {}
@@ -82,7 +82,7 @@ def choose_encoder(prompts, acc, cost, tasks, router: str = "km", tolerance_pp: 
         per_task = []
         for t in outliers:
             res = evaluate(X, a, c, ts, router=router, protocol=protocol, outliers=[t], seeds=(seed,),
-                           few_shot=few_shot, n_clusters=min(n_clusters, n_train), k=k_eff)
+                           few_shot=few_shot, **sizes)
             per_task.append((res["splits"]["overall"]["prox"], res["splits"]["outlier"]["prox"]))
         scores[enc.id] = {"overall": round(float(np.mean([p[0] for p in per_task])), 3),
                           "outlier": round(float(np.mean([p[1] for p in per_task])), 3),

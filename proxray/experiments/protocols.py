@@ -19,8 +19,7 @@ import numpy as np
 
 from proxray.common.logs import log
 from proxray.experiments.metrics import baseline_points, cost_range, ndch_auc, routing_score, sweep
-from proxray.routing.params import defaults
-from proxray.routing.registry import make_router
+from proxray.routing.registry import DEFAULT_ROUTER, make_router
 from proxray.routing.temperature import Temperature
 
 PROTOCOLS = ("leave-task-out", "few-shot-outlier")
@@ -28,7 +27,6 @@ SPLITS = ("outlier", "inlier", "overall")
 ROUTER_KEYS = ("base", "prox", "allsee")
 BASELINE_KEYS = ("random", "largest", "oracle")
 LABELS = {"base": "Base", "prox": "Prox", "allsee": "AllSee"}
-DEFAULT_SYNTH_OUTLIERS = {"km": ["hellaswag", "medqa"], "knn": ["gsm8k", "svamp"]}
 
 
 @dataclass
@@ -109,15 +107,16 @@ def budget_scores(fitted: dict, X_cal, Xt, at, ct, budgets, test_outlier) -> lis
 
 
 def run_once(X, acc, cost, tasks, router: str, protocol: str, outliers, seed: int, few_shot: int = 25,
-             n_clusters: int = defaults("km")["n_clusters"], k: int = defaults("knn")["k"], temperature="auto",
+             n_clusters: int | None = None, k: int | None = None, temperature="auto",
              keep_curves: bool = False, budgets=()) -> dict:
     """One seed of one protocol: {"scores": {split: {key: value}}, "temperature": Prox's, as its spec, "curves": …,
     "budgets": [per budget: per router λ, accuracy and cost reached on the test split]}.
     ``temperature``: anything the routers take ("auto": the router's shipped one), or a callable
     ``(X, acc, cost, tasks, router, hp, protocol=, few_shot=, seed=) -> Temperature`` that chooses it from the
-    training split alone (how research/tau plugs in the rules it studies)."""
+    training split alone (how research/tau plugs in the rules it studies). ``n_clusters`` / ``k``: the family's own
+    where None (``routing.registry``)."""
     sp = protocol_split(tasks, outliers, protocol, seed, few_shot)
-    hp = {"n_clusters": n_clusters, "k": k, "random_state": seed}
+    hp = {"random_state": seed, **{name: v for name, v in (("n_clusters", n_clusters), ("k", k)) if v is not None}}
     if callable(temperature) and not isinstance(temperature, Temperature):
         tr = sp.base_train
         temperature = temperature(X[tr], acc[tr], None if cost is None else cost[tr], tasks[tr], router, hp,
@@ -165,8 +164,8 @@ def _mean_budgets(runs) -> list:
     return out
 
 
-def evaluate(X, acc, cost, tasks, router="km", protocol="leave-task-out", outliers=(), seeds=(42, 7, 99),
-             few_shot=25, n_clusters=defaults("km")["n_clusters"], k=defaults("knn")["k"], temperature="auto",
+def evaluate(X, acc, cost, tasks, router=DEFAULT_ROUTER, protocol="leave-task-out", outliers=(), seeds=(42, 7, 99),
+             few_shot=25, n_clusters=None, k=None, temperature="auto",
              keep_curves=False, budgets=()) -> dict:
     """All seeds; the result has the JSON shape of ``proxray eval --json`` ("temperature": Prox's spec per seed)."""
     runs = []

@@ -302,7 +302,7 @@ def load_router(path, classes: dict, expected_class=None, encoder_id: str | None
         if hasattr(router, "_effective_temperature"):
             router.temperature_ = router._effective_temperature()
             if manifest.temperature and router.weighting == "prox":  # what "auto" meant when it was saved
-                router.temperature_ = parse_temperature(manifest.temperature, router.kind)
+                router.temperature_ = parse_temperature(manifest.temperature, type(router))
     except (TypeError, ValueError) as e:
         raise ArtifactError(f"{path}: hyperparameters do not fit {manifest.router_class}: {e}") from None
     router.models_ = list(manifest.models)

@@ -3,12 +3,12 @@ typed settings: a routing table's matrices checked against the hyperparameters, 
 from the registry and fitted (``fit_table``), and saved where asked (``fit_and_save``)."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from proxray.routing.params import SPECS, check_fit
-from proxray.routing.registry import make_router
+from proxray.routing.params import check_fit
+from proxray.routing.registry import DEFAULT_ROUTER, ROUTERS, make_router
 
 
 class FitSettings(BaseModel):
@@ -18,12 +18,19 @@ class FitSettings(BaseModel):
     default: the shipped MiniLM)."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-    router: Literal[tuple(SPECS)] = "km"
+    router: str = DEFAULT_ROUTER
     models: list[str] | None = None
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     weighting: str | None = None
     temperature: Any = None
     encoder: str | None = None
+
+    @field_validator("router")
+    @classmethod
+    def _a_family(cls, v: str) -> str:
+        if v not in ROUTERS:
+            raise ValueError(f"router={v!r}: allowed values are {', '.join(ROUTERS)}")
+        return v
 
 
 def fit_table(table, settings: FitSettings, spelled: dict | None = None, encoder_choice: dict | None = None):

@@ -4,11 +4,22 @@ from __future__ import annotations
 import numpy as np
 
 from proxray.routing.index import as_matrix, pairwise_distance, prepare
-from proxray.routing.params import SPECS
+from proxray.routing.params import METRIC, TEMPERATURE, WEIGHTING, Param as _p
 from proxray.routing.prox import ProxRouter, check_targets, cluster_sums
+from proxray.routing.temperature import PLUG_IN_C, PlugIn, Temperature
 from proxray.routing.weights import bias_variance_stats
 
-D = {name: p.default for name, p in SPECS["km"].items()}
+# KMeans' hyperparameters (``proxray.routing.params.Param``): the one spec its constructor, ``make_router``, the
+# command line, ``check_fit`` and the configuration reference read
+PARAMS = {p.name: p for p in (
+    _p("n_clusters", int, 32, "KMeans clusters", low=1, high="n", cli="--clusters"),
+    WEIGHTING, TEMPERATURE, METRIC,
+    _p("prior", str, "spread", "cluster prior: spread (n_i / s_i, the paper's), size (n_i) or uniform",
+       choices=("spread", "size", "uniform")),
+    _p("random_state", int, 42, "KMeans seed"),
+    _p("n_init", int, 3, "KMeans restarts (the best kept)", low=1))}
+
+D = {name: p.default for name, p in PARAMS.items()}
 SPREAD_RESOLUTION = 1e-2  # KMeansRouter.prior_: a spread this far below the median is rounding, not spread
 KMEANS_ALL_ROWS_MAX = 50_000  # KMeansRouter: scikit-learn's KMeans on every row up to this; faiss's on a sample above
 KMEANS_POINTS_PER_CLUSTER = 256  # the sample faiss's KMeans trains on, per cluster
@@ -50,7 +61,23 @@ class KMeansRouter(ProxRouter):
     training query, ``prior_`` (K,), ``models_``, ``temperature_``.
     """
 
-    kind = "km"
+    # the family, described (``ProxRouter``'s attributes; ``routing.registry`` lists the families)
+    kind, name, label = "km", "KMeans", "KM"
+    PARAMS = PARAMS
+    temperatures = ("fixed", "spread", "plug-in")
+    base_inv_tau = np.inf  # Base: the nearest cluster
+    protocol = "leave-task-out"
+    default_outliers = ("hellaswag", "medqa")
+
+    @classmethod
+    def auto_temperature(cls) -> Temperature:
+        """KMeans' shipped temperature: plug-in:0.125, per query the 1/tau minimizing the bias–variance bound."""
+        return PlugIn(PLUG_IN_C)
+
+    @classmethod
+    def for_training(cls, params: dict, n_train: int) -> dict:
+        """No more clusters than training queries."""
+        return {**params, "n_clusters": min(params["n_clusters"], n_train)}
 
     def __init__(self, n_clusters=D["n_clusters"], weighting=D["weighting"], temperature=D["temperature"],
                  metric=D["metric"], prior=D["prior"], random_state=D["random_state"], n_init=D["n_init"],

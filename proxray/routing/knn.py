@@ -3,11 +3,37 @@ from __future__ import annotations
 
 import numpy as np
 
-from proxray.routing.index import MAX_REGRET, ROUTE_BUDGET_MS, NeighborIndex, as_matrix, fit_index, prepare
-from proxray.routing.params import SPECS
+from proxray.routing.index import (INDEX_KINDS, MAX_REGRET, RECALL_FLOOR, ROUTE_BUDGET_MS, NeighborIndex, as_matrix,
+                                   fit_index, prepare)
+from proxray.routing.params import METRIC, TEMPERATURE, WEIGHTING, Param as _p
 from proxray.routing.prox import ProxRouter, check_targets
+from proxray.routing.temperature import SPREAD_C, Spread, Temperature
 
-D = {name: p.default for name, p in SPECS["knn"].items()}
+# kNN's hyperparameters (``proxray.routing.params.Param``): the one spec its constructor, ``make_router``, the
+# command line, ``check_fit`` and the configuration reference read
+PARAMS = {p.name: p for p in (
+    _p("k", int, 100, "neighbours per query", low=1, high="n", cli="--k"),
+    WEIGHTING, TEMPERATURE, METRIC,
+    _p("index", str, "auto", "nearest-neighbour search: auto (exact up to 8k references, HNSW above), flat "
+       "(exact), ivf or hnsw", choices=INDEX_KINDS),
+    _p("max_regret", float, MAX_REGRET, "utility (acc − λ·cost) an approximate index's decisions may lose a "
+       "decision against exact search, on held-out references over the λ range (0.005: half an accuracy point; "
+       "tables over 8k queries)", low=0.0, high=1.0, cli="--max-regret"),
+    _p("route_budget_ms", float, ROUTE_BUDGET_MS, "milliseconds one route (search, estimate, decision) may take on "
+       "one thread: auto's index is the fastest within it that meets max_regret, else the least regret within "
+       "it (with a warning)", low=0.0, cli="--route-budget-ms"),
+    _p("decision_tolerance", float, None, "the share of decisions an approximate index may also change against "
+       "exact search (None: regret alone decides)", low=0.0, high=1.0, none=True, cli="--decision-tolerance"),
+    _p("recall_floor", float, RECALL_FLOOR, "recall@k against exact search an approximate index must also reach "
+       "(0: its decisions alone decide)", low=0.0, high=1.0, cli="--recall-floor"),
+    _p("nprobe", int, None, "IVF lists searched; None: the fewest that meet max_regret and recall_floor",
+       low=1, none=True),
+    _p("nlist", int, None, "IVF lists; None: about 2 sqrt(n)", low=1, none=True),
+    _p("hnsw_m", int, 32, "HNSW graph degree", low=2),
+    _p("ef_search", int, None, "HNSW search breadth; None: the least that meets max_regret and "
+       "recall_floor", low=1, none=True))}
+
+D = {name: p.default for name, p in PARAMS.items()}
 
 
 class KNNRouter(ProxRouter):
@@ -39,7 +65,23 @@ class KNNRouter(ProxRouter):
     (n_train, d) prepared embeddings.
     """
 
-    kind = "knn"
+    # the family, described (``ProxRouter``'s attributes; ``routing.registry`` lists the families)
+    kind, name, label = "knn", "kNN", "kNN"
+    PARAMS = PARAMS
+    temperatures = ("fixed", "spread")
+    base_inv_tau = 0.0  # Base: uniform over the k
+    protocol = "few-shot-outlier"
+    default_outliers = ("gsm8k", "svamp")
+
+    @classmethod
+    def auto_temperature(cls) -> Temperature:
+        """kNN's shipped temperature: spread:0.2, 1/tau(x) = 0.2 / std of the query's k distances."""
+        return Spread(SPREAD_C)
+
+    @classmethod
+    def fit_bytes_per_query(cls, dim: int) -> int:
+        """An HNSW graph's vectors and links, per training query."""
+        return dim * 4 + PARAMS["hnsw_m"].default * 2 * 4 * 2
 
     def __init__(self, k=D["k"], weighting=D["weighting"], temperature=D["temperature"], metric=D["metric"],
                  index=D["index"], max_regret=D["max_regret"], route_budget_ms=D["route_budget_ms"],

@@ -29,7 +29,7 @@ from sklearn.utils.validation import check_is_fitted
 from proxray.routing import artifact
 from proxray.routing.index import as_matrix, prepare
 from proxray.routing.objective import choose, lambda_for_target, objective
-from proxray.routing.params import SPECS, WEIGHTINGS, check_params
+from proxray.routing.params import WEIGHTINGS, check_params
 from proxray.routing.provenance import TrainingProvenance
 from proxray.routing.temperature import Fixed, Temperature, legacy, parse_temperature
 
@@ -120,7 +120,30 @@ class ProxRouter(RouterMixin, BaseEstimator):
     """Shared machinery: hyperparameters stored as passed (``get_params`` returns them) and validated once in
     ``fit`` against the family's spec (``proxray.routing.params``), targets, estimate = weights @ values."""
 
-    kind = ""  # "km" / "knn": the family, what "auto" and a temperature's scope refer to
+    # What a family says of itself (each family's class sets them; ``routing.registry.FAMILIES`` lists the classes):
+    kind = ""  # its short name: the command line's --router, the registry's key, what "auto" resolves for
+    name = ""  # as prose names it
+    label = ""  # as the paper's tables and the reports' figures label it
+    PARAMS: dict = {}  # its hyperparameters by name (``routing.params.Param``)
+    temperatures: tuple = ("fixed",)  # the temperature kinds that apply to it (``routing.temperature.KINDS``)
+    base_inv_tau = 0.0  # Base's 1/tau: the formula's limit for the family
+    protocol = "leave-task-out"  # the evaluation protocol ``proxray eval`` runs it under by default
+    default_outliers: tuple = ()  # the embedded table's tasks ``proxray eval`` holds out by default
+
+    @classmethod
+    def auto_temperature(cls) -> Temperature:
+        """The temperature that ships for the family (``temperature="auto"``)."""
+        raise NotImplementedError
+
+    @classmethod
+    def fit_bytes_per_query(cls, dim: int) -> int:
+        """Memory a fit keeps per training query besides the embeddings and values (``params.check_fit``)."""
+        return 0
+
+    @classmethod
+    def for_training(cls, params: dict, n_train: int) -> dict:
+        """``params`` as they fit ``n_train`` training queries (``registry.make_router``)."""
+        return params
 
     def _store(self, given: dict) -> None:
         """``__init__``'s parameters as passed (the scikit-learn contract), the deprecated ``inv_tau`` / ``tau``
@@ -143,7 +166,7 @@ class ProxRouter(RouterMixin, BaseEstimator):
     def parsed_temperature(self) -> Temperature:
         """``temperature`` as the typed ``Temperature`` it means for this family (``"auto"`` resolved); an error
         names the value and the allowed forms."""
-        return parse_temperature(self.temperature, self.kind)
+        return parse_temperature(self.temperature, type(self))
 
     def _effective_temperature(self) -> Temperature:
         """The temperature the weights use: ``temperature`` for Prox; for Base the formula's limit (KMeans
@@ -152,13 +175,13 @@ class ProxRouter(RouterMixin, BaseEstimator):
             raise ValueError(f"weighting={self.weighting!r}: allowed values are {', '.join(WEIGHTINGS)}")
         temperature = self.parsed_temperature()  # checked for Base too: the spec holds for every setting
         if self.weighting == "base":
-            return Fixed(np.inf if self.kind == "km" else 0.0)
+            return Fixed(self.base_inv_tau)
         return temperature
 
     def _init_common(self, X, acc, cost, models, encoder_id):
         """``fit``'s first step: every hyperparameter against the spec (at once, with the training queries'
         number), then the targets."""
-        check_params(self.kind, {name: getattr(self, name) for name in SPECS[self.kind]}, n=len(X))
+        check_params(type(self), {name: getattr(self, name) for name in self.PARAMS}, n=len(X))
         temperature = self._effective_temperature()
         out = self._fit_inputs(X, acc, cost, models, encoder_id)
         self.temperature_ = temperature

@@ -33,7 +33,6 @@ class Temperature:
     """What every temperature has: ``kind``, a number (``value``), ``spec`` (its string) and ``weights``."""
 
     kind = ""
-    routers = ("km", "knn")  # the router kinds it applies to
 
     @property
     def value(self) -> float:
@@ -95,7 +94,6 @@ class PlugIn(Temperature):
 
     c: float = PLUG_IN_C
     kind = "plug-in"
-    routers = ("km",)
 
     def __post_init__(self):
         object.__setattr__(self, "c", _number(self.c, "plug-in", meaning="the bias term's weight c"))
@@ -112,19 +110,26 @@ KINDS = {t.kind: t for t in (Fixed, Spread, PlugIn)}
 FORMS = "a number >= 0 or inf (fixed 1/tau), fixed:N, spread:C, plug-in:C (KMeans), or auto"
 
 
-def auto(router: str) -> Temperature:
-    """The temperature that ships for a router kind ("km" or "knn"): kNN ``Spread(0.2)``, KMeans ``PlugIn(0.125)``."""
-    if router == "knn":
-        return Spread(SPREAD_C)
-    if router == "km":
-        return PlugIn(PLUG_IN_C)
-    raise ValueError(f"router={router!r}: allowed values are km, knn")
+def _family(router):
+    """The router family (a class, ``routing.registry``'s) a short name or class names."""
+    if isinstance(router, type):
+        return router
+    from proxray.routing.registry import family
+
+    return family(router)
 
 
-def parse_temperature(value, router: str | None = None) -> Temperature:
+def auto(router) -> Temperature:
+    """The temperature that ships for a router family (its short name or class; ``auto_temperature`` on the class):
+    kNN ``Spread(0.2)``, KMeans ``PlugIn(0.125)``."""
+    return _family(router).auto_temperature()
+
+
+def parse_temperature(value, router=None) -> Temperature:
     """A ``Temperature`` from what a user may write: a ``Temperature``, a number (fixed 1/τ), or a string
-    (``FORMS``). ``router`` ("km" / "knn") resolves ``"auto"`` and refuses a temperature that does not apply to it.
-    Errors name the value and the allowed forms."""
+    (``FORMS``). ``router`` (a family's short name or class) resolves ``"auto"`` and refuses a temperature that does
+    not apply to it (one of ``KINDS`` not among the family's ``temperatures``). Errors name the value and the allowed
+    forms."""
     if isinstance(value, Temperature):
         got = value
     elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
@@ -133,16 +138,21 @@ def parse_temperature(value, router: str | None = None) -> Temperature:
         got = _parse_string(value.strip(), router)
     else:
         raise ValueError(f"temperature={value!r}: expected {FORMS}")
-    if router is not None and router not in got.routers:
-        raise ValueError(f"temperature={got.spec!r} applies to {' and '.join(got.routers)} routers only, not "
-                         f"router={router!r}")
+    # one of proxray's kinds the family does not take (a temperature of another kind, plugged in by its user, is its
+    # own rule)
+    if router is not None and got.kind in KINDS and got.kind not in _family(router).temperatures:
+        from proxray.routing.registry import FAMILIES
+
+        takers = [c.kind for c in FAMILIES if got.kind in c.temperatures]
+        raise ValueError(f"temperature={got.spec!r} applies to {' and '.join(takers)} routers only, not "
+                         f"router={_family(router).kind!r}")
     return got
 
 
-def _parse_string(text: str, router: str | None) -> Temperature:
+def _parse_string(text: str, router) -> Temperature:
     if text == "auto":
         if router is None:
-            raise ValueError("temperature='auto' needs the router kind (km or knn) to resolve")
+            raise ValueError("temperature='auto' needs the router family to resolve")
         return auto(router)
     kind, sep, number = text.partition(":")
     if kind == "bv":  # the plug-in temperature's earlier name
@@ -208,7 +218,7 @@ def legacy(inv_tau=None, tau=None, temperature="fixed") -> Temperature | str:
 OLD_NAMES = ("fixed", "spread", "bv", "ess")  # the earlier --temperature values, read with --inv-tau
 
 
-def from_options(temperature, inv_tau=None, router: str | None = None) -> tuple[Temperature, str | None]:
+def from_options(temperature, inv_tau=None, router=None) -> tuple[Temperature, str | None]:
     """The temperature a command line asked for: ``--temperature SPEC``, or the deprecated ``--inv-tau N`` (with
     ``--temperature fixed|spread|bv`` naming how N was read). Returns (temperature, deprecation message or None);
     errors name the option and the allowed forms before any work starts."""
