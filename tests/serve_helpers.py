@@ -42,12 +42,13 @@ def fit_router(path, encoder, models, profile=None, table_path=None):
 
 
 def start_app(tmp, fit_encoder, models, request_timeout_s=60, app_name="proxray", profile=None, protocols=None,
-              metrics_port=None, env=None, **args):
+              metrics_port=None, env=None, families=(), **args):
     """serve.run(build_app) on a Ray and Serve of this test process (started here where none runs, or where the one that
     runs was started for other settings), with a router fitted on ``fit_encoder``'s embeddings (``args``: the app's,
     ``encoder`` among them; ``request_timeout_s``: Serve's proxy answers 408 past it; ``protocols``: the app's protocol
-    table, default the shipped one; ``metrics_port``: Ray's Prometheus endpoint's, where a test scrapes it; ``env``:
-    more environment for every worker); returns the base URL.
+    table, default the shipped one; ``families``: router families its replicas register; ``metrics_port``: Ray's
+    Prometheus endpoint's, where a test scrapes it; ``env``: more environment for every worker); returns the base
+    URL.
     ``stop_app`` deletes the app and what it left in Ray; the next module's ``start_app`` reuses the same Ray and Serve
     where its settings and the environment its workers inherit are the same (``_SHARED``)."""
     from ray import serve
@@ -56,7 +57,7 @@ def start_app(tmp, fit_encoder, models, request_timeout_s=60, app_name="proxray"
 
     fit_router(tmp / "router", fit_encoder, [m["id"] for m in models], profile)
     port = _serve_for(request_timeout_s, metrics_port, env)
-    serve.run(build({"router": str(tmp / "router"), "models": models, **args}, protocols), name=app_name,
+    serve.run(build({"router": str(tmp / "router"), "models": models, **args}, protocols, families), name=app_name,
               route_prefix="/")
     return f"http://127.0.0.1:{port}"
 

@@ -78,3 +78,32 @@ def test_the_shipped_families_are_named_only_in_their_own_modules():
     named = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "proxray").rglob("*.py"))
              if p not in own and re.search(r"""["'](km|knn)["']""", p.read_text())]
     assert named == []
+
+
+@pytest.mark.slow
+def test_a_registered_family_is_served_over_http(registered, tmp_path, encoder):
+    """Its artifact served: the app's replicas register the family (``build(args, families=…)``) and route with it."""
+    import httpx
+
+    from proxray.data.synthetic import generate_queries
+    from proxray.routing.registry import make_router
+    from serve_helpers import PROFILE, STRONG, WEAK, start_app, stop_app
+
+    q = generate_queries(8, seed=1)
+    rng = np.random.default_rng(0)
+    models = [WEAK, STRONG]
+    acc = np.stack([rng.uniform(size=len(q)) < PROFILE[m][0] for m in models], 1).astype(float)
+    cost = np.tile([PROFILE[m][1] for m in models], (len(q), 1))
+    make_router("few").fit(encoder.encode(list(q.prompt)), acc, cost, models=models,
+                           encoder_id=encoder.id).save(tmp_path / "few")
+    url = start_app(tmp_path, encoder, [{"id": m, "engine": "sim"} for m in models], router=str(tmp_path / "few"),
+                    families=(FewNeighboursRouter,), env={"PYTHONPATH": str(ROOT / "tests")})
+    try:
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": "proxray", "messages": [{"role": "user", "content": q.prompt.iloc[0]}]})
+        assert r.status_code == 200, r.text
+        report = r.json()["proxray"]
+        assert report["model"] in models and r.json()["model"] == report["model"]
+        assert set(report["estimates"]) == set(models)  # routed by the family's router
+    finally:
+        stop_app()

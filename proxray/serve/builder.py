@@ -100,11 +100,12 @@ def build_app(args: dict):
     return build(args)
 
 
-def build(args: dict, protocols: dict | None = None):
+def build(args: dict, protocols: dict | None = None, families: tuple = ()):
     """The Serve application: one deployment per model plus the router ingress (``simulate``: every model the
     simulated engine, ``proxray.pool.simulated.rehearsal``); ``protocols``: the client protocols it serves,
     ``{route: Protocol}`` (default: ``proxray.serve.protocols.PROTOCOLS``; a protocol added here is served on its
-    route with nothing else to change)."""
+    route with nothing else to change); ``families``: router families its replicas register
+    (``proxray.routing.registry.register``) before they load the router, beside the shipped ones."""
     a = app_args(args)
     sources, problems = app_problems(a)
     if len(problems) == 1:
@@ -131,4 +132,4 @@ def build(args: dict, protocols: dict | None = None):
     return RouterIngress.options(num_replicas=a.router_replicas, ray_actor_options=placed, **spread,
                                  max_ongoing_requests=a.router_max_ongoing_requests,
                                  max_queued_requests=a.router_max_queued_requests).bind(a.model_dump(), handles,
-                                                                                        protocols)
+                                                                                        protocols, tuple(families))

@@ -75,9 +75,11 @@ class RouterIngress:
     """Composes, per request: the HTTP boundary (bound, parse, key), the routing policy (route or pass through)
     over the encoder service's embedding, the model client with fallback, and the answer or its stream."""
 
-    def __init__(self, args: dict, handles: dict, protocols: dict | None = None):
-        from proxray.routing.registry import load_router
+    def __init__(self, args: dict, handles: dict, protocols: dict | None = None, families: tuple = ()):
+        from proxray.routing.registry import load_router, register
 
+        for family in families:  # router families beside the shipped ones (``build``'s)
+            register(family)
         self.args = a = AppArgs(**args)
         self.protocols = PROTOCOLS if protocols is None else protocols  # {route: Protocol}
         self.encoder = EncoderService(a.encoder, a.encoder_backend, a.encoder_threads, a.embedding_cache_entries,
