@@ -130,10 +130,11 @@ def test_serve_imports_down_its_floors_and_defers_little():
 
 
 def test_the_app_builder_a_serve_config_names_takes_its_args_alone():
-    """Serve calls the builder of ``import_path`` with one dictionary: another protocol table is ``build``'s."""
+    """Serve calls the builder of ``import_path`` with one dictionary: another protocol table, or router families, are
+    ``build``'s."""
     import inspect
 
     from proxray.serve.app import build, build_app
 
     assert list(inspect.signature(build_app).parameters) == ["args"]
-    assert list(inspect.signature(build).parameters) == ["args", "protocols"]
+    assert list(inspect.signature(build).parameters) == ["args", "protocols", "families"]
