@@ -94,7 +94,7 @@ def test_a_replica_whose_constructor_runs_is_coming_and_one_with_no_room_is_not(
     import ray
     from ray import serve
 
-    from proxray.serve.deployments.liveness import replica_coming
+    from proxray.serve.deployments.liveness import constructed_on, replica_coming
 
     cpus = ray.available_resources().get("CPU", 0.0)
     assert cpus >= 0.5
@@ -131,8 +131,9 @@ def test_a_replica_whose_constructor_runs_is_coming_and_one_with_no_room_is_not(
             seen = states()
             constructing = [a for a in ray.util.list_named_actors(all_namespaces=True)
                             if a["name"].startswith("SERVE_REPLICA::starting#Loading#")]
+            # placed: its actor has a worker process (not any CPU taken: the other app's replicas may still move)
             if seen.get("Loading", {}).get("STARTING") and seen.get("Roomless", {}).get("STARTING") and constructing \
-                    and ray.available_resources().get("CPU", 0.0) < cpus:  # placed: its CPUs taken
+                    and constructed_on("starting", "Loading"):
                 break
             time.sleep(0.5)
         else:
