@@ -79,10 +79,13 @@ def test_a_stream_ends_its_spans_with_its_usage_and_a_request_without_traceparen
     url, standin, receiver = app
     trace_id, _, header = traceparent()
     with httpx.stream("POST", f"{url}/v1/chat/completions", headers={"traceparent": header}, timeout=60,
-                      json={"model": WEAK, "stream": True, "messages": [{"role": "user", "content": "Say hi"}]}) as r:
+                      json={"model": WEAK, "stream": True, "max_completion_tokens": 8,
+                            "messages": [{"role": "user", "content": "Say hi"}]}) as r:
         assert r.status_code == 200 and "[DONE]" in "".join(r.iter_text())
     spans = receiver.trace(trace_id, 2)
     assert sorted(s["name"] for s in spans) == [f"chat {WEAK}", f"chat {WEAK}"]  # named: no route span
+    # the limit on the request's span whichever field sent it
+    assert next(s for s in spans if s["kind"] == SERVER)["attributes"]["gen_ai.request.max_tokens"] == 8
     assert all(s["attributes"]["gen_ai.usage.output_tokens"] > 0 for s in spans)
     before = {s["trace_id"] for s in receiver.spans}
     r = httpx.post(f"{url}/v1/completions", json={"model": STRONG, "prompt": "Once", "max_tokens": 4}, timeout=60)

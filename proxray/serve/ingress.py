@@ -45,7 +45,7 @@ from proxray.serve.metrics import GatewayMetrics
 from proxray.serve.monitor_client import MonitorClient
 from proxray.serve.protocols import PROTOCOLS
 from proxray.serve.protocols.base import Context
-from proxray.serve.protocols.core import as_sent
+from proxray.serve.protocols.core import as_sent, output_limit
 from proxray.serve.request import plan as planning
 from proxray.serve.request.encoder_service import EncoderService
 from proxray.serve.request.fallback import first_answer
@@ -186,7 +186,7 @@ class RouterIngress:
         trace = RequestTrace(request.headers, protocol.name, self.tracing)  # nothing where tracing is off
         try:
             key, req, rp = await self.open(request, protocol.request, timings)
-            trace.requested(req.model, getattr(req, "max_tokens", None))
+            trace.requested(req.model, output_limit(req))
             slot = self.gate.enter(key)  # one of the key's requests in flight on this replica, until the answer ends
             # admission before any work on the request (history, embedding, plan, the budget's λ, the monitor's
             # report): the key's rate, and a hold of its body as sent at the dearest model it may reach

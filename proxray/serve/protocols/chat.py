@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from proxray.serve.protocols.base import (INT64, MAX_CONTENT_CHARS, MAX_MESSAGES, MAX_PARTS, Protocol, RoutingOptions,
                                           TextPart, Turn, sse_data, text_of)
 from proxray.serve.protocols.chat_fields import HINTS
-from proxray.serve.protocols.core import one_limit
+from proxray.serve.protocols.core import MAX_LIMIT, one_limit
 from proxray.serve.wire import CHAT_PATH, COMPLETIONS_PATH
 
 LIMITS = ("max_tokens", "max_completion_tokens")  # either; never both (core.one_limit)
@@ -58,8 +58,8 @@ class _Common(BaseModel):
     model: str = Field(min_length=1, max_length=512)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_LIMIT)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_LIMIT)
     n: int | None = Field(None, ge=1, le=16)
     best_of: int | None = Field(None, ge=1, le=16)
     temperature: float | None = Field(None, ge=0, le=2)

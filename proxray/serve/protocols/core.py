@@ -44,6 +44,16 @@ def whole_numbers(body: dict) -> list:
     return sent
 
 
+def output_limit(req) -> int | None:
+    """The output limit a parsed request sends, whichever field its protocol names it by (``LIMIT_FIELDS``; its
+    schema lets at most one through)."""
+    for name in LIMIT_FIELDS:
+        v = getattr(req, name, None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
 def one_limit(body: dict, own: tuple, default: int | None = None) -> dict:
     """``body`` with at most one output limit, one of the protocol's ``own`` fields (the first is written, with
     ``default``, where it sends none): a body that sends more than one of the limit fields any protocol knows

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from proxray.serve.protocols.base import MAX_CONTENT_CHARS, MAX_MESSAGES, RoutingOptions
+from proxray.serve.protocols.core import MAX_LIMIT
 
 MAX_BLOCKS = 512  # content blocks per message (an agent's turn holds many tool results)
 MAX_TOOLS = 256
@@ -175,7 +176,7 @@ class MessagesRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1, max_length=512)
-    max_tokens: int = Field(ge=1, le=1_000_000)
+    max_tokens: int = Field(ge=1, le=MAX_LIMIT)
     messages: list[MessageParam] = Field(min_length=1, max_length=MAX_MESSAGES)
     system: str | list[TextBlock] | None = None
     stream: bool | None = False
@@ -220,7 +221,7 @@ class MessagesRequest(BaseModel):
 class CountTokensRequest(MessagesRequest):
     """``POST /v1/messages/count_tokens``: a Messages request without ``max_tokens``."""
 
-    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_LIMIT)
 
 
 def anthropic_shape(e) -> tuple[int, dict]:

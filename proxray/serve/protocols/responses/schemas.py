@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxray.serve.protocols.base import MAX_CONTENT_CHARS, MAX_MESSAGES, RoutingOptions
-from proxray.serve.protocols.core import one_limit
+from proxray.serve.protocols.core import MAX_LIMIT, one_limit
 
 
 class TextConfig(BaseModel):
@@ -49,7 +49,7 @@ class ResponsesRequest(BaseModel):
     model: str = Field(min_length=1, max_length=512)
     input: str | list[dict] = Field(description="a string (one user message) or a list of input items")
     instructions: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
-    max_output_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    max_output_tokens: int | None = Field(None, ge=1, le=MAX_LIMIT)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
     stream: bool | None = False
