@@ -65,7 +65,7 @@ TEMPERATURE = Param("temperature", object, "auto", "Prox's temperature (proxray.
                     "router's shipped one; a number, a fixed 1/tau; or a spec such as spread:0.2", cli="--temperature")
 
 
-def _family(kind):
+def family_of(kind):
     """The router family ``kind`` names (its short name, or the class itself): ``routing.registry``'s."""
     if isinstance(kind, type):
         return kind
@@ -76,13 +76,13 @@ def _family(kind):
 
 def defaults(kind) -> dict:
     """Every hyperparameter of router family ``kind`` (its short name or class) at its default."""
-    return {name: p.default for name, p in _family(kind).PARAMS.items()}
+    return {name: p.default for name, p in family_of(kind).PARAMS.items()}
 
 
 def problems(kind, params: dict, n: int | None = None, spelled: dict | None = None) -> list[str]:
     """Every problem of ``params`` against family ``kind``'s spec (temperature aside: ``parse_temperature`` checks it),
     at once; ``n``: the training queries' number; ``spelled``: how the caller spells a setting (``{"k": "--k "}``)."""
-    cls = _family(kind)
+    cls = family_of(kind)
     spec, spelled = cls.PARAMS, spelled or {}
     out = [f"{name}: not a parameter of {cls.kind} routers (allowed: {', '.join(spec)})" for name in params
            if name not in spec]
@@ -107,7 +107,7 @@ def check_fit(kind, params: dict, n_queries: int, n_models: int, dim: int = 384,
     memory available."""
     from proxray.common.memory import check_memory
 
-    cls = _family(kind)
+    cls = family_of(kind)
     check_params(cls, params, n_queries, spelled)
     need = n_queries * (3 * dim * 4 + 4 * n_models * 8 + cls.fit_bytes_per_query(dim))
     check_memory(need, f"fitting a {cls.kind} router on {n_queries} queries × {n_models} models", "fit on a part of "

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from proxray.routing.params import family_of
 from proxray.routing.weights import bias_variance_weights, proximity_weights, spread_scaled
 
 SPREAD_C = 0.2  # kNN's auto: 1/tau(x) = 0.2 / std of the query's k distances (research/tau: the spread temperature)
@@ -110,19 +111,10 @@ KINDS = {t.kind: t for t in (Fixed, Spread, PlugIn)}
 FORMS = "a number >= 0 or inf (fixed 1/tau), fixed:N, spread:C, plug-in:C (KMeans), or auto"
 
 
-def _family(router):
-    """The router family (a class, ``routing.registry``'s) a short name or class names."""
-    if isinstance(router, type):
-        return router
-    from proxray.routing.registry import family
-
-    return family(router)
-
-
 def auto(router) -> Temperature:
     """The temperature that ships for a router family (its short name or class; ``auto_temperature`` on the class):
     kNN ``Spread(0.2)``, KMeans ``PlugIn(0.125)``."""
-    return _family(router).auto_temperature()
+    return family_of(router).auto_temperature()
 
 
 def parse_temperature(value, router=None) -> Temperature:
@@ -140,12 +132,12 @@ def parse_temperature(value, router=None) -> Temperature:
         raise ValueError(f"temperature={value!r}: expected {FORMS}")
     # one of proxray's kinds the family does not take (a temperature of another kind, plugged in by its user, is its
     # own rule)
-    if router is not None and got.kind in KINDS and got.kind not in _family(router).temperatures:
+    if router is not None and got.kind in KINDS and got.kind not in family_of(router).temperatures:
         from proxray.routing.registry import FAMILIES
 
         takers = [c.kind for c in FAMILIES if got.kind in c.temperatures]
         raise ValueError(f"temperature={got.spec!r} applies to {' and '.join(takers)} routers only, not "
-                         f"router={_family(router).kind!r}")
+                         f"router={family_of(router).kind!r}")
     return got
 
 
