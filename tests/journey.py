@@ -11,6 +11,7 @@ share nothing on local disk: each has its own proxray cache folder. Prints one J
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,8 +55,9 @@ def submit_when_ready(jobs, **job) -> str:
 
 
 def cli(*args, timeout_s=600) -> str:
-    r = subprocess.run([sys.executable, "-m", "proxray", *args], capture_output=True, text=True, timeout=timeout_s,
-                       cwd=tempfile.mkdtemp())  # a working directory of its own: nothing read from the repo's
+    with tempfile.TemporaryDirectory() as cwd:  # a working directory of its own: nothing read from the repo's
+        r = subprocess.run([sys.executable, "-m", "proxray", *args], capture_output=True, text=True,
+                           timeout=timeout_s, cwd=cwd)
     if r.returncode:
         raise RuntimeError(f"proxray {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
     return r.stdout
@@ -219,6 +221,7 @@ def main() -> None:
         ray.shutdown()
         cluster.shutdown()
         moto.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the nodes' caches: a model and two router versions per run
 
 
 if __name__ == "__main__":
