@@ -94,6 +94,14 @@ def _serve_for(request_timeout_s, metrics_port, env) -> int:
     return port
 
 
+def ray_address() -> str:
+    """The GCS address of the Ray this process is connected to: what a CLI run from a test names with ``--address``
+    (``auto`` may find another Ray on the machine: one of another test worker)."""
+    import ray
+
+    return ray.get_runtime_context().gcs_address
+
+
 def release():
     """Serve and Ray stopped where start_app left them running (before a module that starts its own)."""
     import ray

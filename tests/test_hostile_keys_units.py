@@ -10,6 +10,7 @@ from proxray.serve.protocols.responses.turn import replayable, unstored
 from proxray.serve.tenancy.gate import Held, KeyGate
 from proxray.serve.tenancy.keys import HOLD_TTL_S, KeyLedger, KeySpec
 from proxray.serve.tenancy.rules import KeyRules
+from proxray.serve.wire import measure
 
 PRICE = PriceSpec(input_per_mtok=1.0, output_per_mtok=2.0)
 
@@ -24,13 +25,13 @@ def gate() -> KeyGate:
 def test_a_hold_counts_every_answer_and_the_whole_body():
     g = gate()
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
-    one = g.hold("m", body, None)
+    one = g.hold("m", measure(body), None)
     assert one == pytest.approx(PRICE_COST(len('{"messages":[{"role":"user","content":"hi"}],"max_tokens":100}') // 3, 100))
-    assert g.hold("m", {**body, "n": 8}, None) > 7 * one  # eight answers: eight times max_tokens
-    assert g.hold("m", {**body, "best_of": 4}, None) > 3 * one
+    assert g.hold("m", measure({**body, "n": 8}), None) > 7 * one  # eight answers: eight times max_tokens
+    assert g.hold("m", measure({**body, "best_of": 4}), None) > 3 * one
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "description": "x" * 30000}}}]
-    assert g.hold("m", {**body, "tools": tools}, None) > one + 10000 * 1.0 / 1e6  # a tool's schema is prompt too
-    assert g.hold("unpriced", body, 0.25) == 0.25  # no price, no bound: the router's estimate stands for it
+    assert g.hold("m", measure({**body, "tools": tools}), None) > one + 10000 * 1.0 / 1e6  # a tool's schema is prompt
+    assert g.hold("unpriced", measure(body), 0.25) == 0.25  # no price, no bound: the router's estimate stands for it
 
 
 def PRICE_COST(prompt, completion):
@@ -78,12 +79,12 @@ def test_a_hold_is_settled_exactly_once_on_every_path():
     assert g.ledger.settled == [("k", released.ticket, 0.0)]
     answered = Held(g, spec)
     answered.take()
-    charge = answered.charger("m", None, {"messages": [], "max_tokens": 10})
+    charge = answered.charger("m", None, measure({"messages": [], "max_tokens": 10}))
     answered.release()  # once the charger has it, nothing else settles it
     charge(None)  # the client left before the usage chunk: charged its hold, never 0
     charge({"prompt_tokens": 1, "completion_tokens": 1})
-    assert len(g.ledger.settled) == 2 and g.ledger.settled[1][2] == pytest.approx(g.hold("m", {"messages": [],
-                                                                                               "max_tokens": 10}, None))
+    assert len(g.ledger.settled) == 2 and g.ledger.settled[1][2] == pytest.approx(g.hold("m", measure({"messages": [],
+                                                                                                       "max_tokens": 10}), None))
     assert Held(g, None).take() is None  # no key: nothing held
 
 
@@ -95,7 +96,7 @@ def test_a_refused_request_is_released_and_one_past_its_deadline_charged_its_hol
     g = gate()
     g.ledger, g.spend = Ledger(), type("Counter", (), {"inc": lambda *a, **k: None})()
     spec = KeySpec(name="k", sha256="0" * 64, budget={"usd": 1.0})
-    body = {"messages": [], "max_tokens": 10}
+    body = measure({"messages": [], "max_tokens": 10})
     plan = SimpleNamespace(candidates=["m", "unpriced"], report={"failures": [{"model": "unpriced"}],
                                                                  "estimates": {"unpriced": {"cost": 0.04}}})
     for status, p, usd in ((400, None, 0.0), (503, plan, 0.0), (504, None, 0.0), (504, plan, 0.04)):

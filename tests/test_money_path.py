@@ -12,7 +12,7 @@ import pytest
 
 from anthropic_standin import MODEL, PRICES, AnthropicStandIn, bill
 from openai_standin import key_file
-from serve_helpers import STRONG, WEAK, ledger, start_app, stop_app
+from serve_helpers import STRONG, WEAK, ledger, ray_address, start_app, stop_app
 
 pytestmark = pytest.mark.slow
 
@@ -182,7 +182,8 @@ def test_cache_writes_reads_and_a_hosted_tools_calls_are_charged_as_billed(app):
     import subprocess
     import sys
 
-    shown = subprocess.run([sys.executable, "-m", "proxray", "keys", "report", "--app", "proxray"],
+    shown = subprocess.run([sys.executable, "-m", "proxray", "keys", "report", "--app", "proxray", "--address",
+                            ray_address()],  # this test's Ray, not another on the machine
                            capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert shown.returncode == 0, shown.stderr[-2000:]
     dev = json.loads(shown.stdout)["dev"]
@@ -217,9 +218,11 @@ def test_keys_over_their_rate_or_budget_cost_a_parse_and_nothing_else(app):
     """Admission comes first: a request its key may not send is refused before its history, its embedding, its plan,
     the served budget's λ or the monitor's report — on every protocol, streamed or not."""
     routed = {"model": "proxray", "messages": ASK, "max_tokens": 8}
+    start = counts()
     assert [post(app, "/v1/chat/completions", routed, key="limited").status_code for _ in range(2)] == [200, 200]
     before = counts()
     assert before["planned"] >= 2 and before["embedded"] >= 2 and before["monitor_reports"] >= 2
+    assert before["measured"] - start["measured"] == 2  # each answered request's body serialised once
     bodies = [("/v1/chat/completions", routed), ("/v1/chat/completions", {**routed, "stream": True}),
               ("/v1/responses", {"model": "proxray", "input": "What is the capital of France?",
                                  "max_output_tokens": 8}),
@@ -229,7 +232,25 @@ def test_keys_over_their_rate_or_budget_cost_a_parse_and_nothing_else(app):
     assert refused == [429] * len(refused)
     after = counts()
     print({"refused": len(refused), "before": before, "after": after})
+    # the key with a budget: each body measured once, for the hold its admission asks (the key over its rate: not even)
+    assert after.pop("measured") - before.pop("measured") == len(bodies) * 2
     assert after == before  # nothing embedded, planned, reported, nor counted toward the served budget
+
+
+def test_a_keyed_requests_body_is_serialised_once(app):
+    """A key with a budget: its request's body is measured once (its ``TokenBound``) for its admission's hold, the
+    hold moved to the chosen model, the charge of an answer without usage and a relayed endpoint's rate limit — routed
+    or named, co-hosted or relayed, whole or streamed, on every protocol."""
+    bodies = [("/v1/chat/completions", {"model": "proxray", "messages": ASK, "max_tokens": 8}),
+              ("/v1/chat/completions", {"model": "proxray", "messages": ASK, "max_tokens": 8, "stream": True}),
+              ("/v1/messages", {"model": CLAUDE, "max_tokens": 8, "messages": ASK}),
+              ("/v1/messages", {"model": CLAUDE, "max_tokens": 8, "messages": ASK, "stream": True}),
+              ("/v1/responses", {"model": "proxray", "input": "What is the capital of France?",
+                                 "max_output_tokens": 8}),
+              ("/v1/completions", {"model": WEAK, "prompt": "The capital of France is", "max_tokens": 8})]
+    before = counts()["measured"]
+    assert [post(app, path, body).status_code for path, body in bodies] == [200] * len(bodies)
+    assert counts()["measured"] - before == len(bodies)
 
 
 def test_a_key_is_not_shown_cache_reads_of_a_hosted_providers_shared_cache(app):

@@ -83,7 +83,8 @@ def test_no_request_stage_deployment_or_the_ingress_names_a_protocol():
     body's ``"messages"`` field, which the engines read, is not a protocol's name)."""
     names = re.compile(r"""["'](chat|completions|responses|count_tokens|anthropic)["']|(==|!=|in \(?)\s*["']messages"""
                        r"""["']|/v1/(chat|completions|responses|messages)""")
-    places = [ROOT / "proxray/serve/ingress.py", *(ROOT / "proxray/serve/request").glob("*.py"),
+    places = [ROOT / "proxray/serve/ingress.py", ROOT / "proxray/serve/gateway.py",
+              *(ROOT / "proxray/serve/stages").glob("*.py"), *(ROOT / "proxray/serve/request").glob("*.py"),
               *(ROOT / "proxray/serve/deployments").glob("*.py")]
     found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in places
              for i, line in enumerate(p.read_text().splitlines(), 1)
@@ -108,7 +109,7 @@ def _imports(path: Path):
 
 FLOORS = {"errors": 0, "config": 0, "wire": 0, "metrics": 0, "preflight": 0, "front": 0,
           "deployments": 1, "tenancy": 1, "request": 2, "protocols": 3,
-          "monitor_client": 4, "ingress": 4, "builder": 5, "app": 6}
+          "monitor_client": 4, "gateway": 4, "stages": 4, "ingress": 5, "builder": 6, "app": 7}
 
 
 def test_serve_imports_down_its_floors_and_defers_little():

@@ -24,9 +24,10 @@ def test_the_http_page_lists_the_routes_the_app_serves():
     async def handler():
         return {}
 
-    ingress = SimpleNamespace(endpoint=lambda protocol: handler, feedback=handler, health=handler, store=None,
-                              gate=None, metrics=None, listing=SimpleNamespace(list=handler, get=handler))
-    app = gateway_api(ingress, SimpleNamespace(docs=False, cors_origins=None), PROTOCOLS)
+    gateway = SimpleNamespace(args=SimpleNamespace(docs=False, cors_origins=None), protocols=PROTOCOLS,
+                              feedback=handler, health=handler, store=None, gate=None, metrics=None,
+                              listing=SimpleNamespace(list=handler, get=handler))
+    app = gateway_api(gateway, lambda protocol: handler)
     served = {(m, r.path) for r in app.routes for m in getattr(r, "methods", ()) if m != "HEAD"}
     listed = {(m, p) for m, p, *_ in generate.http_routes()}
     assert served == listed

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from openai_standin import MODEL, StandIn, key_file
-from serve_helpers import STRONG, WEAK, free_port, kill_under_load, start_app, stop_app
+from serve_helpers import STRONG, WEAK, free_port, kill_under_load, ray_address, start_app, stop_app
 
 pytestmark = pytest.mark.slow
 
@@ -348,7 +348,8 @@ def test_keys_report_reads_every_ledger_of_the_app(app):
              {"model": WEAK, "max_tokens": 4, "messages": [{"role": "user", "content": ASK}]}).raise_for_status()
     mine = {n: ledger_report(n) for n in ("free", "tenant-a", "tenant-b")}
     assert {ledger_of(n) for n in mine} == {f"proxray-keys-proxray-{s}of{SHARDS}" for s in range(SHARDS)}
-    shown = subprocess.run([sys.executable, "-m", "proxray", "keys", "report", "--app", "proxray"],
+    shown = subprocess.run([sys.executable, "-m", "proxray", "keys", "report", "--app", "proxray", "--address",
+                            ray_address()],  # this test's Ray, not another on the machine
                            capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert shown.returncode == 0, shown.stderr[-2000:]
     report = json.loads(shown.stdout)

@@ -22,16 +22,38 @@ def token_cost(input_tokens, output_tokens, input_per_mtok, output_per_mtok):
             + np.asarray(output_tokens, dtype=np.float64) * np.asarray(output_per_mtok, dtype=np.float64)) / 1e6
 
 
-def token_bound(body: dict) -> tuple[int, int]:
-    """(prompt, completion) tokens an OpenAI request ``body`` can cost at most — the one bound holds and rate limits
-    take: its whole body as prompt (messages, tools, schemas, instructions, a Responses conversation's history; a token
-    for every 3 characters, more than any tokenizer gives for text) and ``max_tokens`` (``max_completion_tokens``,
-    ``max_output_tokens``) for each of its ``n`` (``best_of``) answers."""
-    import json
+@dataclass(frozen=True)
+class TokenBound:
+    """The most a request can cost in tokens — the one bound holds, rate limits and an answer without usage are charged
+    by (``proxray.serve.wire.measure`` measures a body once): ``prompt``, its whole body (messages, tools, schemas,
+    instructions, a Responses conversation's history; a token for every 3 characters, more than any tokenizer gives for
+    text); ``output``, its output limit (``limit``) for each of its answers; whether it asks its provider to write its
+    prompt to a cache (``writes_cache``); its hosted tools (``hosted``: (index, type) of each) and the calls it bounds
+    them to (``tool_calls``); ``chars``, its JSON's length (what a conversation's expected prompt is counted from)."""
 
-    prompt = len(json.dumps(body, separators=(",", ":"))) // 3
-    limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens") or 0)
-    return prompt, limit * max(int(body.get("n") or 1), int(body.get("best_of") or 1))
+    prompt: int = 0
+    output: int = 0
+    writes_cache: bool = False
+    hosted: tuple = ()
+    tool_calls: int = 0
+    chars: int = 0
+    limit: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt + self.output
+
+
+# tools the provider runs and bills apart (Anthropic's and the Responses API's server-side tools), by their type's start
+HOSTED_TOOLS = ("web_search", "web_fetch", "code_execution", "code_interpreter", "file_search", "image_generation",
+                "mcp")
+
+
+def hosted_tools(body: dict) -> list:
+    """(index, type) of each tool of ``body`` the provider runs itself and bills per call (``HOSTED_TOOLS``)."""
+    tools = body.get("tools")
+    return [(i, t["type"]) for i, t in enumerate(tools if isinstance(tools, list) else [])
+            if isinstance(t, dict) and isinstance(t.get("type"), str) and t["type"].startswith(HOSTED_TOOLS)]
 
 
 def writes_cache(body: dict) -> bool:

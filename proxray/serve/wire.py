@@ -1,12 +1,40 @@
 """What travels between the gateway's rooms beside a body: the paths of the internal request (the forms every
 co-hosted engine answers: OpenAI chat completions and completions), and the headers a protocol asks the relay to send
-an endpoint that serves it itself (``UpstreamHeaders``), and the fields a body names its output limit in
-(``LIMIT_FIELDS``)."""
+an endpoint that serves it itself (``UpstreamHeaders``), the fields a body names its output limit in
+(``LIMIT_FIELDS``), and a body's token bound, measured once (``measure``) and carried to the relay's rate limiter
+(``BOUND``)."""
 from __future__ import annotations
+
+import contextvars
+import json
+
+from proxray.common.pricing import TokenBound, hosted_tools, writes_cache
 
 CHAT_PATH = "/chat/completions"  # the internal request: the chat form every model takes
 COMPLETIONS_PATH = "/completions"
 LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")  # a body's output limit, in any protocol
+COUNTS = ("n", "best_of")  # answers a request asks for: its bound is its limit times the larger
+MAX_TOOL_USES = 10_000  # a hosted tool's ``max_uses`` above this bounds nothing
+
+# the request's ``TokenBound`` where the gateway measured it: the relay's rate limiter books it (in the ingress's
+# process, as the trace headers are), instead of measuring the body again
+BOUND: contextvars.ContextVar = contextvars.ContextVar("proxray_bound", default=None)
+measured = 0  # bodies measured in this process (``Gateway.counts``)
+
+
+def measure(body: dict) -> TokenBound:
+    """``body``'s ``TokenBound``: its JSON serialised once (compact) for its prompt, its one output limit (whichever
+    of ``LIMIT_FIELDS`` it sends) times its answers (the larger of ``COUNTS``), its cache writes and hosted tools."""
+    global measured
+    measured += 1
+    chars = len(json.dumps(body, separators=(",", ":")))
+    limit = next((v for v in (body.get(f) for f in LIMIT_FIELDS) if isinstance(v, int) and not isinstance(v, bool)
+                  and v > 0), 0)
+    answers = max(int(body.get("n") or 1), int(body.get("best_of") or 1))
+    hosted = tuple(hosted_tools(body))
+    uses = [body["tools"][i].get("max_uses") for i, _ in hosted]  # where the request bounds them
+    calls = sum(u for u in uses if isinstance(u, int) and not isinstance(u, bool) and 0 < u <= MAX_TOOL_USES)
+    return TokenBound(chars // 3, limit * answers, writes_cache(body), hosted, calls, chars, limit)
 
 
 class UpstreamHeaders(dict):

@@ -39,7 +39,7 @@ import json
 import logging
 import time
 
-from proxray.common.pricing import Usage, token_bound
+from proxray.common.pricing import Usage
 from proxray.common.secrets import scrub
 from proxray.common.shared_actor import SharedActorClient, SharedStateDown
 from proxray.common.tracing import TRACE_HEADERS
@@ -47,7 +47,7 @@ from proxray.pool.upstream import ASK_LISTING, RETRY, TAKE_OUT, error_object, li
 from proxray.serve.config import ServedModel
 from proxray.serve.deployments.models import OpenAIModel
 from proxray.serve.errors import error, is_error
-from proxray.serve.wire import UpstreamHeaders
+from proxray.serve.wire import BOUND, UpstreamHeaders, measure
 
 COOLDOWN_S = 60.0  # a model whose endpoint refuses the gateway's key, or does not know it, is left out this long
 logger = logging.getLogger("ray.serve")
@@ -128,7 +128,8 @@ class EndpointRelay(OpenAIModel):
         deadline = time.monotonic() + self.spec.timeout_s
         sent = {**body, "model": self.spec.source or self.spec.id}
         given = sent.pop(UpstreamHeaders.FIELD, None)  # a protocol's headers; a client's own field is dropped
-        tokens = sum(token_bound(sent)) or 256  # what the rate limit books: the request's bound, as a budget's hold
+        bound = BOUND.get() or measure(sent)  # what the rate limit books: the request's bound, as a budget's hold
+        tokens = bound.tokens or 256
         if self.limiter is not None and self.limiter.tpm:
             tokens = min(tokens, int(self.limiter.tpm))  # as the limiter books it (RateLimiter.reserve)
         path, headers = endpoint, {}

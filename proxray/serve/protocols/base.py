@@ -141,13 +141,14 @@ class Turn:
     * ``previous``: the model that answered the conversation's last turn, where the request itself names it (a stored
       response's); ``previous_id``: the id that names that conversation; ``session``: a conversation id the client's
       own protocol carries; ``tool_loop``: the request returns tool results to the model that asked for them;
-    * ``hide_usage``: the client did not ask for a stream's usage (the gateway always asks the model);
+    * ``hide_usage``: the client did not ask for a stream's usage (the gateway always asks the model); ``grown``: its
+      body holds more than the request sent (a stored conversation's history), so its token bound is measured again;
     * ``text(policy)``: the routing text; ``usage(obj)``: an answer's or event's usage in chat's words, or None;
       ``answer_id(obj)``: the id the client is given; ``answer(obj, report)``: the whole answer as the client sees it;
       ``shown(head, rest, report)``: a stream's first objects and the rest as the client sees them."""
 
     previous = previous_id = session = None
-    tool_loop = hide_usage = False
+    tool_loop = hide_usage = grown = False
     param = "messages"
 
     def __init__(self, ctx: Context):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from proxray.common.pricing import Usage  # noqa: F401 - the usage record every protocol reads and writes
 from proxray.serve.errors import RequestError, error, is_error
 from proxray.serve.wire import CHAT_PATH as CHAT_UPSTREAM  # the internal request: the chat form every model takes
-from proxray.serve.wire import LIMIT_FIELDS
+from proxray.serve.wire import COUNTS, LIMIT_FIELDS
 
 
 def new_id(prefix: str) -> str:
@@ -24,7 +24,6 @@ def new_id(prefix: str) -> str:
 
 
 # ---- the one output limit ----------------------------------------------------------------------------------------
-COUNTS = ("n", "best_of")  # answers a request asks for: its hold is its limit times the larger
 MAX_LIMIT, MAX_COUNT = 1_000_000, 16
 
 

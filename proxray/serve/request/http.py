@@ -27,7 +27,7 @@ EXPOSED_HEADERS = ["x-request-id", "x-proxray-model", "x-proxray-routed", "x-pro
 @dataclass(frozen=True)
 class Route:
     """A route beside a protocol's main one (a protocol's ``count_tokens``, a stored response's; the gateway's own):
-    ``handler(ingress)`` is the FastAPI endpoint, composed from the ingress's parts; ``summary``: what it does, for the
+    ``handler(gateway)`` is the FastAPI endpoint, composed from the gateway's parts (``proxray.serve.gateway``); ``summary``: what it does, for the
     HTTP reference (``docs/reference/http.md``); ``request``: the pydantic model of its body, where it takes one."""
 
     method: str
@@ -39,14 +39,14 @@ class Route:
 
 # the gateway's own routes, after the protocols' (``gateway_api``)
 GATEWAY_ROUTES = (
-    Route("POST", "/v1/feedback", lambda ing: ing.feedback,
+    Route("POST", "/v1/feedback", lambda gw: gw.feedback,
           "a score in [0, 1] for an answer this endpoint gave (its id), counted per model and passed to the drift "
           "monitor as labels; needs `feedback` on in the app", FeedbackRequest),
-    Route("GET", "/v1/models", lambda ing: ing.listing.list,
+    Route("GET", "/v1/models", lambda gw: gw.listing.list,
           "the models a caller may name: `proxray` (the router) first, then every served model its key may use"),
-    Route("GET", "/v1/models/{model:path}", lambda ing: ing.listing.get,
+    Route("GET", "/v1/models/{model:path}", lambda gw: gw.listing.get,
           "one model of that list (ids hold `/`: the openai SDK sends it as `%2F`)"),
-    Route("GET", "/health", lambda ing: ing.health,
+    Route("GET", "/health", lambda gw: gw.health,
           "readiness for probes and load balancers, without a key: `{\"status\": \"ok\"}` once every served model "
           "has had a running replica, before that 503 `{\"status\": \"starting\", \"models_starting\": n}`"),
 )
@@ -146,11 +146,13 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
     return JSONResponse(e.body(), status_code=e.status, headers=exc.headers)
 
 
-def gateway_api(ingress, args, protocols: dict) -> FastAPI:
+def gateway_api(gateway, endpoint) -> FastAPI:
     """The ingress's HTTP surface, built in each replica from its app args (Ray Serve's late-bound
-    ``__serve_build_asgi_app__``): for each protocol of ``protocols`` (``{route: Protocol}``) its route, answered by
-    the ingress's one request path, and the routes it adds; then the gateway's own. ``/docs`` and ``/openapi.json``
-    exist with ``docs: true`` only, CORS headers with ``cors_origins`` only."""
+    ``__serve_build_asgi_app__``): for each protocol of the gateway's table (``{route: Protocol}``) its route, answered
+    by ``endpoint(protocol)`` (the one request path), and the routes it adds; then the gateway's own. A route's handler
+    is given the ``gateway`` (its parts), never the ingress. ``/docs`` and ``/openapi.json`` exist with ``docs: true``
+    only, CORS headers with ``cors_origins`` only."""
+    args = gateway.args
     on = args.docs
     app = FastAPI(title="proxray", description="OpenAI-compatible endpoint routed by ProxRouter", redoc_url=None,
                   docs_url="/docs" if on else None, openapi_url="/openapi.json" if on else None)
@@ -161,10 +163,10 @@ def gateway_api(ingress, args, protocols: dict) -> FastAPI:
         # the key travels in the Authorization header, not as a browser credential (cookies): no allow_credentials
         app.add_middleware(CORSMiddleware, allow_origins=args.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["*"], expose_headers=EXPOSED_HEADERS, max_age=600)
-    for route, protocol in protocols.items():
-        app.post(route)(ingress.endpoint(protocol))
+    for route, protocol in gateway.protocols.items():
+        app.post(route)(endpoint(protocol))
         for extra in protocol.routes:
-            app.add_api_route(extra.path, extra.handler(ingress), methods=[extra.method])
+            app.add_api_route(extra.path, extra.handler(gateway), methods=[extra.method])
     for extra in GATEWAY_ROUTES:
-        app.add_api_route(extra.path, extra.handler(ingress), methods=[extra.method])
+        app.add_api_route(extra.path, extra.handler(gateway), methods=[extra.method])
     return app

@@ -3,7 +3,7 @@ conversation has a turn behind it. No HTTP and no Ray.
 
 A coding agent sends its whole growing conversation every turn; what that is billed depends on whether the model's
 prompt cache still holds the prefix. For model m, with the turn's prompt counted once (``prompt_tokens``, a token per
-``CHARS_PER_TOKEN`` characters of the body every candidate is sent):
+``CHARS_PER_TOKEN`` characters of the body every candidate is sent, from its ``TokenBound``):
 
     cached_m   = the prompt of the conversation's last turn on m, where that turn is within m's cache lifetime
                  (``price.cache_ttl_s``, refreshed by each use) and at least its minimum cacheable prefix
@@ -22,21 +22,12 @@ conversation's mean output so far (capped at the request's limit). The router's 
 conversation's first turn and of any turn where a candidate has no price."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from proxray.common.pricing import writes_cache
-from proxray.serve.wire import LIMIT_FIELDS
+from proxray.common.pricing import TokenBound
 
 CHARS_PER_TOKEN = 4  # as count_tokens estimates a request for a model that does not count it itself
 DEFAULT_OUTPUT_TOKENS = 512  # a turn's expected output before the conversation has told one
-
-
-def count_tokens(body: dict) -> int:
-    """The prompt tokens of a request's ``body`` as the models are sent it (messages, system, tools, schemas), a token
-    per ``CHARS_PER_TOKEN`` characters of its JSON; counted once per request."""
-    prompt = {k: v for k, v in body.items() if k not in ("model", "stream", "stream_options") + LIMIT_FIELDS}
-    return len(json.dumps(prompt, separators=(",", ":"))) // CHARS_PER_TOKEN
 
 
 @dataclass(frozen=True)
@@ -57,21 +48,21 @@ class TurnCosts:
 
 @dataclass(frozen=True)
 class TurnFacts:
-    """What the ingress tells the decision of one request's turn: its prompt tokens (``count_tokens``, once), its output
-    limit, and which models' providers it asks to write their prompt cache (``writes``: model → bool)."""
+    """What the ingress tells the decision of one request's turn: its prompt tokens (from its body's length, measured
+    once), its output limit, and which models' providers it asks to write their prompt cache (``writes``: model →
+    bool)."""
 
     prompt_tokens: int
     limit: int | None = None
     writes: dict | None = None
 
 
-def turn_facts(body: dict, native: set, models) -> TurnFacts:
-    """The ``TurnFacts`` of a conversation's turn whose ``body`` every candidate is sent: its prompt tokens (counted
-    here, once), its output limit, and which of ``models`` it asks to write their provider's prompt cache (its
+def turn_facts(bound: TokenBound, native: set, models) -> TurnFacts:
+    """The ``TurnFacts`` of a conversation's turn from the ``TokenBound`` of the body every candidate is sent: its
+    prompt tokens, its output limit, and which of ``models`` it asks to write their provider's prompt cache (its
     ``cache_control`` marks reach only the models in ``native``, those that serve its protocol themselves)."""
-    writes = writes_cache(body)
-    return TurnFacts(count_tokens(body), next((body[f] for f in LIMIT_FIELDS if body.get(f)), None),
-                     {m: writes and m in native for m in models})
+    return TurnFacts(bound.chars // CHARS_PER_TOKEN, bound.limit or None,
+                     {m: bound.writes_cache and m in native for m in models})
 
 
 def expected_cached(prompt_tokens: int, last: tuple | None, price, now: float) -> int:

@@ -7,23 +7,11 @@ from __future__ import annotations
 
 import hmac
 
-from proxray.common.pricing import Usage, answer_cost
+from proxray.common.pricing import TokenBound, Usage, answer_cost
 from proxray.serve.errors import RequestError
 from proxray.serve.tenancy.keys import KeyRing, KeySpec
 from proxray.serve.tenancy.ledger import LedgerClient
 from proxray.serve.tenancy.rules import KeyRules
-
-
-# tools the provider runs and bills apart (Anthropic's and the Responses API's server-side tools), by their type's start
-HOSTED_TOOLS = ("web_search", "web_fetch", "code_execution", "code_interpreter", "file_search", "image_generation",
-                "mcp")
-
-
-def hosted_tools(body: dict) -> list:
-    """(index, type) of each tool of ``body`` the provider runs itself and bills per call (``HOSTED_TOOLS``)."""
-    tools = body.get("tools")
-    return [(i, t["type"]) for i, t in enumerate(tools if isinstance(tools, list) else [])
-            if isinstance(t, dict) and isinstance(t.get("type"), str) and t["type"].startswith(HOSTED_TOOLS)]
 
 
 class KeyGate:
@@ -108,27 +96,29 @@ class KeyGate:
         self.requests.inc(1, {"key": spec.name, "outcome": "cheapest" if over else "ok"})
         return {"name": spec.name, "spent_usd": round(verdict["spent_usd"], 10), "over_budget": over}
 
-    async def admit_request(self, spec: KeySpec | None, body_of, take, reach: list, routed: bool,
+    async def admit_request(self, spec: KeySpec | None, bound_of, take, reach: list, routed: bool,
                             served) -> tuple[dict | None, bool, float]:
         """The key's rate and budget before any work on the request — no history rebuilt, nothing embedded or planned,
         neither the served budget's λ nor the monitor told: a request past its key's rate or budget costs a parse. It
-        holds an upper bound of its cost, its body as sent (``body_of()``, read only for a key with a budget) at the
-        dearest priced model of ``reach`` (the models it may reach), until it is planned (``hold_plan``) and its answer
-        settles it (``Held``). Returns (the key's report or None, whether it is past a ``cheapest`` budget and routed:
-        cost decides its plan, the USD held). ``take()``: the hold's ticket, taken once the body is known good."""
+        holds an upper bound of its cost, its body as sent (``bound_of()``: its ``TokenBound``, asked only for a key
+        with a budget) at the dearest priced model of ``reach`` (the models it may reach), until it is planned
+        (``hold_plan``) and its answer settles it (``Held``). Returns (the key's report or None, whether it is past a
+        ``cheapest`` budget and routed: cost decides its plan, the USD held). ``take()``: the hold's ticket, taken once
+        the body is known good."""
         if spec is None:
             return None, False, 0.0
-        body = body_of() if spec.budget else {}
+        bound = bound_of() if spec.budget else TokenBound()
         ticket = take()
-        hold = max(self.holds(body, [m for m in reach if m in self.prices]).values(), default=0.0) \
+        hold = max(self.holds(bound, [m for m in reach if m in self.prices]).values(), default=0.0) \
             if spec.budget else 0.0
         report = await self.admit(spec, hold, ticket)
         past = report["over_budget"] and self.rules.past_budget(spec, routed, reach[0] if reach else "", served)
         return report, past, hold
 
-    async def hold_plan(self, spec: KeySpec | None, report: dict | None, plan, body: dict, ticket: str | None,
+    async def hold_plan(self, spec: KeySpec | None, report: dict | None, plan, bound_of, ticket: str | None,
                         held_usd: float, estimate_of, served, replan):
-        """Once planned, the hold moves to the chosen model's bound on the turn's whole body (``hold``): lowered
+        """Once planned, the hold moves to the chosen model's bound on the turn's whole body (``hold`` of its
+        ``TokenBound``, ``bound_of()``, asked only for a key with a budget): lowered
         without a wait, or — where the turn outgrew what was admitted (a stored conversation's history, an unpriced
         model's estimate) — raised and the budget asked again (over a ``reject`` budget: 429; over ``cheapest``: a
         routed request planned again, ``await replan()``). ``estimate_of(model)``: the router's estimate of a named
@@ -140,12 +130,13 @@ class KeyGate:
         if estimate is None and model not in self.prices:  # a named model with no price
             estimate = await estimate_of(model)
         price = self.prices.get(model)
-        for i, kind in hosted_tools(body):  # its calls are billed apart: without their price nothing bounds them
+        bound = bound_of()
+        for i, kind in bound.hosted:  # its calls are billed apart: without their price nothing bounds them
             if price is None or not price.tool_call_usd:
                 raise RequestError(400, f"tools[{i}]: {kind!r} is a hosted tool the provider bills per call, and model "
                                    f"{model!r} has no price for its calls (price.tool_call_usd in the app's config): a "
                                    f"key with a budget may not ask for it", f"tools[{i}]")
-        hold = self.hold(model, body, estimate)
+        hold = self.hold(model, bound, estimate)
         if hold <= held_usd:
             if hold < held_usd:
                 self.ledger.lower(spec, ticket, hold)
@@ -163,35 +154,28 @@ class KeyGate:
                 estimate = plan.report["estimates"][plan.candidates[0]]["cost"]
         return plan, estimate
 
-    def hold(self, model: str, body: dict, estimate: float | None) -> float:
-        """An upper bound of what ``model``'s answer to ``body`` costs: its prompt — the whole body, messages, tools,
-        schemas, instructions and a Responses request's rebuilt history, a token for every 3 characters — and its
-        whole ``max_tokens`` (``max_output_tokens``) for each of its ``n`` (``best_of``) answers, at its price (the
+    def hold(self, model: str, bound: TokenBound, estimate: float | None) -> float:
+        """An upper bound of what ``model``'s answer costs, from its request's ``bound`` (``TokenBound``): its prompt —
+        the whole body, messages, tools, schemas, instructions and a Responses request's rebuilt history, a token for
+        every 3 characters — and its whole output limit for each of its ``n`` (``best_of``) answers, at its price (the
         prompt at the cache-write price where the body asks for caching), and a hosted tool's ``max_uses`` calls at the
         dearest tool price. A model with no price has no upper bound: the router's estimate stands for it
         (docs/guides/budgets.md)."""
         if model not in self.prices:
             return float(estimate or 0.0)
-        return self.holds(body, [model])[model]
+        return self.holds(bound, [model])[model]
 
-    def holds(self, body: dict, models: list) -> dict:
-        """``hold`` of ``body`` at each priced model of ``models``: the body is measured once, then priced per model."""
-        from proxray.common.pricing import token_bound, writes_cache
-
-        if not models:
-            return {}
-        tokens, cache = token_bound(body), writes_cache(body)
-        uses = [body["tools"][i].get("max_uses") for i, _ in hosted_tools(body)]  # where the request bounds them
-        calls = sum(u for u in uses if isinstance(u, int) and not isinstance(u, bool) and 0 < u <= 10_000)
+    def holds(self, bound: TokenBound, models: list) -> dict:
+        """``hold`` of ``bound`` at each priced model of ``models``."""
         out = {}
         for m in models:
             price = self.prices[m]
-            tool_usd = calls * max(price.tool_call_usd.values(), default=0.0)
-            out[m] = float(price.bound(*tokens, writes_cache=cache)) + tool_usd
+            tool_usd = bound.tool_calls * max(price.tool_call_usd.values(), default=0.0)
+            out[m] = float(price.bound(bound.prompt, bound.output, writes_cache=bound.writes_cache)) + tool_usd
         return out
 
     def charger(self, spec: KeySpec | None, model: str, estimate: float | None, ticket: str | None = None,
-                body: dict | None = None):
+                bound: TokenBound | None = None):
         """A function of an answer's ``usage`` that settles the key's hold (``ticket``) to the answer's cost at the
         model's price. An answer that ends without usage — its client gone before the usage chunk, its model failed
         mid-stream, or no usage sent — is charged its hold (``hold``: what it was allowed to cost), never 0; the
@@ -199,10 +183,10 @@ class KeyGate:
         if spec is None:
             return None
         price = self.prices.get(model)
-        bound = self.hold(model, body or {}, estimate)
+        held = self.hold(model, bound or TokenBound(), estimate)
 
         def charge(usage):
-            usd = answer_cost(price, usage, bound)[0] or 0.0
+            usd = answer_cost(price, usage, held)[0] or 0.0
             u = Usage.of_chat(usage)
             tokens = (u.prompt, u.cache_read) if u is not None and u.prompt else None
             if usd > 0:
@@ -251,20 +235,20 @@ class Held:
             if self.spec.budget:
                 self.gate.ledger.settle(self.spec.name, self.ticket, 0.0)
 
-    def refused(self, status: int, plan, body: dict | None) -> None:
+    def refused(self, status: int, plan, bound: TokenBound | None) -> None:
         """The request ended in a refusal: nothing spent (the hold released) — but a 504 after a model had it past the
         deadline may have been billed, so it is charged its hold at the model asked last, never 0."""
         if status == 504 and plan is not None:
             last = (plan.report.get("failures") or [{}])[-1].get("model") or plan.candidates[0]
-            charge = self.charger(last, plan.report.get("estimates", {}).get(last, {}).get("cost"), body)
+            charge = self.charger(last, plan.report.get("estimates", {}).get(last, {}).get("cost"), bound)
             if charge is not None:
                 charge(None)
         else:
             self.release()
 
-    def charger(self, model: str, estimate: float | None, body: dict):
+    def charger(self, model: str, estimate: float | None, bound: TokenBound | None):
         """The answer's charger (``KeyGate.charger``), which settles the hold from now on — once, whatever calls it."""
-        charge = self.gate.charger(self.spec, model, estimate, self.ticket, body) if self.open else None
+        charge = self.gate.charger(self.spec, model, estimate, self.ticket, bound) if self.open else None
         self.open = False
         if charge is None:
             return None

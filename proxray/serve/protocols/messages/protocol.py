@@ -13,7 +13,7 @@ from proxray.serve.protocols.messages.turn import AnthropicEvents, MessagesTurn,
 from proxray.serve.request.http import error_response
 
 
-def count_route(ingress):
+def count_route(gateway):
     """``POST /v1/messages/count_tokens``: the tokens of a Messages request for the model it would reach — the routed
     model for ``model: "proxray"`` (or an alias that routes), planned as the request itself would be, or the named
     one. A model whose endpoint serves Messages counts them itself (sent without an output limit: the endpoint's rate
@@ -21,11 +21,11 @@ def count_route(ingress):
     marked ``proxray.estimated``. A count costs no budget; it counts toward the key's request rate."""
     async def count(request: Request):
         try:
-            key, req, rp = await ingress.open(request, CountTokensRequest)
-            await ingress.gate.admit(key, 0.0, None, budget=False)  # a count costs no budget but counts toward the rate
-            turn = MessagesTurn(req, ingress.context(MESSAGES, key, request.headers))
+            key, req, rp = await gateway.open(request, CountTokensRequest)
+            await gateway.gate.admit(key, 0.0, None, budget=False)  # a count costs no budget but counts toward the rate
+            turn = MessagesTurn(req, gateway.context(MESSAGES, key, request.headers))
             rp = replace(rp, conversation=rp.conversation or turn.session, explain=False)
-            plan = await ingress.plan(req, rp, turn, {}, turn.text(ingress.args.routing_text), key, again=True)
+            plan = await gateway.plan(req, rp, turn, {}, turn.text(gateway.args.routing_text), key, again=True)
             return await count_tokens(turn.client, plan.candidates[0], turn.body)
         except RequestError as e:
             return error_response(e, anthropic_shape)

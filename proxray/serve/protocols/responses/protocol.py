@@ -10,7 +10,7 @@ from proxray.serve.protocols.responses.turn import NamedEvents, begin, has_conte
 
 
 def _stored(route: str):
-    return lambda ingress: getattr(StoredResponses(ingress.store, ingress.gate, ingress.metrics), route)
+    return lambda gateway: getattr(StoredResponses(gateway.store, gateway.gate, gateway.metrics), route)
 
 
 RESPONSES = Protocol("responses", "/v1/responses", ResponsesRequest, begin, "/responses", NamedEvents, has_content,

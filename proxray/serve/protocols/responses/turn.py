@@ -77,6 +77,7 @@ class ResponsesTurn(Turn):
         self.session = key if isinstance(key, str) and 0 < len(key) <= 256 else None
         self.body = req.forward(ctx.args.default_max_tokens)
         self.body.update(input=history + self.items, store=False)
+        self.grown = bool(history)  # the stored conversation's items: more than the request's own body
         self.client = models(ctx.client, ctx.native, self.body, ctx.args.responses.hosted_tools)  # translated once
         self.turns = [(m["role"], m["content"] if isinstance(m["content"], str) else
                        "\n".join(p.get("text") or "" for p in m["content"] or [] if p.get("type") == "text"))

@@ -1,0 +1,53 @@
+"""The key's rate and budget (``KeyGate``): admitted before any work on the request, with a hold of its body as sent
+at the dearest model it may reach (``Hold``); once planned, the hold moved to the chosen model's bound on the whole
+turn (``Rehold``); settled exactly once — by the answer's usage, or released where no answer came. The body's token
+bound is measured once a request (``bound``), again only where its turn outgrew what it sent (``Turn.grown``)."""
+from proxray.serve.errors import RequestError
+from proxray.serve.protocols.core import as_sent
+from proxray.serve.stages.base import Stage
+from proxray.serve.tenancy.gate import Held
+from proxray.serve.wire import measure
+
+
+def bound(f, default_max_tokens):
+    """The request's ``TokenBound``: its turn's body once begun, else its body as sent; measured once."""
+    if f.bound is None:
+        f.bound = measure(f.turn.body if f.turn is not None else as_sent(f.req, default_max_tokens))
+    return f.bound
+
+
+class Hold(Stage):
+    async def before(self, f):
+        gw = self.gw
+        f.held = Held(gw.gate, f.key)
+        reach = gw.policy.reach(f.rp) if f.routed else [f.req.model]
+        f.key_report, past, f.first_hold = await gw.gate.admit_request(
+            f.key, lambda: bound(f, gw.args.default_max_tokens), f.held.take, reach, f.routed, gw.client.handles)
+        if past:  # over a ``cheapest`` budget: cost decides its plan
+            f.rp = f.rp.over_budget()
+
+    def failed(self, f, error):
+        if f.held is None:
+            return
+        if isinstance(error, RequestError):  # nothing spent, unless a model had it past the deadline (a 504)
+            keyed = f.plan is not None and f.key is not None
+            f.held.refused(error.status, f.plan, bound(f, self.gw.args.default_max_tokens) if keyed else None)
+        else:  # an unexpected failure, or the client gone before the answer: nothing spent
+            f.held.release()
+
+    def answered(self, f):
+        return f.held.charger(f.model, f.estimate, f.bound)
+
+
+class Rehold(Stage):
+    async def before(self, f):
+        gw = self.gw
+
+        async def replan():  # over a ``cheapest`` budget once the turn outgrew its admission: cost decides
+            return await gw.plan(f.req, f.rp.over_budget(), f.turn, f.timings, f.text, f.key, again=True)
+
+        f.plan, f.estimate = await gw.gate.hold_plan(
+            f.key, f.key_report, f.plan, lambda: bound(f, gw.args.default_max_tokens), f.held.ticket, f.first_hold,
+            lambda m: gw.estimate(f.text, m), gw.client.handles, replan=replan)
+        if f.key is not None:  # what its answer is charged at without usage, and what a relay's rate limit books
+            bound(f, gw.args.default_max_tokens)
