@@ -14,6 +14,7 @@ from http.server import ThreadingHTTPServer
 from standin_http import JSONHandler
 
 MODEL = "claude-standin-1"
+MAX_TOKENS = 64_000  # the most a request may ask of the model (a larger max_tokens is a 400)
 # USD per million tokens, and per search, as the stand-in's provider publishes them
 PRICES = {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.30, "web_search": 0.01}
 ANSWER = ["The", " answer", " is", " 42."]
@@ -66,6 +67,10 @@ class AnthropicStandIn:
                     return
                 if body.get("model") != MODEL:
                     self._send(404, {"type": "error", "error": {"type": "not_found_error", "message": f"model: {body.get('model')}"}})
+                    return
+                if int(body.get("max_tokens") or 0) > MAX_TOKENS:  # as Anthropic refuses a limit past the model's
+                    self._send(400, {"type": "error", "error": {"type": "invalid_request_error", "message":
+                                     f"max_tokens: {body['max_tokens']} > {MAX_TOKENS}, the maximum allowed"}})
                     return
                 if "[echo-404]" in prompt:
                     self._send(404, {"type": "error", "error": {"type": "not_found_error",

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 CLAUDE = "claude-standin"
 UNPRICED_TOOLS = "claude-standin-unpriced-tools"
+SHARED = "claude-standin-shared-limit"  # the same model behind a token limit of its own, which one test fills
 SIM_PRICES = {WEAK: {"input_per_mtok": 0.1, "output_per_mtok": 0.2}, STRONG: {"input_per_mtok": 3.0, "output_per_mtok": 15.0}}
 KEYS: dict = {}
 
@@ -48,9 +49,11 @@ def app(tmp_path_factory, encoder):
                              "tool_call_usd": {"web_search_requests": PRICES["web_search"]}}})
     models.append({**models[-1], "id": UNPRICED_TOOLS, "rate_limit": None,  # the same model, its tools unpriced
                    "price": {"input_per_mtok": PRICES["input"], "output_per_mtok": PRICES["output"]}})
+    models.append({**models[-2], "id": SHARED})
     url = start_app(tmp, encoder, models, keys_file=str(f), api_key_file=str(admin_file), timeout_s=30,
-                    budget={"cost_per_query": 1e-4}, profile={CLAUDE: (0.1, 1e-3), UNPRICED_TOOLS: (0.1, 1e-3)},
-                    monitor="proxray-monitor-money")  # reports counted even while no monitor runs
+                    budget={"cost_per_query": 1e-4},
+                    monitor="proxray-monitor-money",  # reports counted even while no monitor runs
+                    profile={CLAUDE: (0.1, 1e-3), UNPRICED_TOOLS: (0.1, 1e-3), SHARED: (0.1, 1e-3)})
     yield url, standin
     stop_app()
     standin.stop()
@@ -206,6 +209,20 @@ def test_an_upstream_refusal_a_client_provoked_takes_no_model_out(app, fault):
     assert bad.status_code in (403, 404), bad.text
     after = post(app, "/v1/messages", {"model": CLAUDE, "max_tokens": 8, "messages": ASK}, key="other")
     assert after.status_code == 200 and after.json()["model"] == CLAUDE and not after.json()["proxray"]["fallback_from"]
+
+
+def test_a_request_the_provider_refuses_keeps_none_of_its_limit_from_other_keys(app):
+    """An endpoint's token limit (20,000 a minute) is shared by every key. A request whose ``max_tokens: 1000000``
+    books the whole of it is refused by the provider (400): its booking is given back, so another key's requests right
+    after are answered, not kept waiting for the minute to pass (past their own 30-s deadline: a 504, or refused)."""
+    huge = {"model": SHARED, "max_tokens": 1_000_000, "messages": ASK}
+    for _ in range(3):
+        r = post(app, "/v1/messages", huge, key="admin")  # the app's own key: no budget or rate of its own
+        assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"], r.text
+    after = [post(app, "/v1/messages", {"model": SHARED, "max_tokens": 8, "messages": ASK}, key="other")
+             for _ in range(3)]
+    assert [a.status_code for a in after] == [200] * 3, [a.text for a in after]
+    assert all(a.json()["model"] == SHARED and not a.json()["proxray"]["fallback_from"] for a in after)
 
 
 def counts() -> dict:

@@ -2,7 +2,7 @@
 co-hosted engine answers: OpenAI chat completions and completions), and the headers a protocol asks the relay to send
 an endpoint that serves it itself (``UpstreamHeaders``), the fields a body names its output limit in
 (``LIMIT_FIELDS``), and a body's token bound, measured once (``measure``) and carried to the relay's rate limiter
-(``BOUND``)."""
+(``BOUND``) with the request's deadline (``DEADLINE``)."""
 from __future__ import annotations
 
 import contextvars
@@ -19,6 +19,8 @@ MAX_TOOL_USES = 10_000  # a hosted tool's ``max_uses`` above this bounds nothing
 # the request's ``TokenBound`` where the gateway measured it: the relay's rate limiter books it (in the ingress's
 # process, as the trace headers are), instead of measuring the body again
 BOUND: contextvars.ContextVar = contextvars.ContextVar("proxray_bound", default=None)
+# the request's own deadline (``time.monotonic()``) where the gateway has one: the relay's rate limiter waits no longer
+DEADLINE: contextvars.ContextVar = contextvars.ContextVar("proxray_deadline", default=None)
 measured = 0  # bodies measured in this process (``Gateway.counts``)
 
 

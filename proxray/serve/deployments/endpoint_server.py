@@ -47,7 +47,7 @@ from proxray.pool.upstream import ASK_LISTING, RETRY, TAKE_OUT, error_object, li
 from proxray.serve.config import ServedModel
 from proxray.serve.deployments.models import OpenAIModel
 from proxray.serve.errors import error, is_error
-from proxray.serve.wire import BOUND, UpstreamHeaders, measure
+from proxray.serve.wire import BOUND, DEADLINE, UpstreamHeaders, measure
 
 COOLDOWN_S = 60.0  # a model whose endpoint refuses the gateway's key, or does not know it, is left out this long
 logger = logging.getLogger("ray.serve")
@@ -138,13 +138,16 @@ class EndpointRelay(OpenAIModel):
             if given.key_header and self.key:
                 headers[given.key_header] = self.key
         headers.update(TRACE_HEADERS.get() or {})  # the request's model-call span, where tracing is on
+        # the limiter keeps a request waiting within the model's timeout and the request's own (the gateway's)
+        patience = min(deadline, DEADLINE.get() or deadline)
         for attempt in range(self.spec.max_retries + 1):
             if self.limiter is not None:
-                delay = await self.limiter.reserve(tokens, max(0.0, deadline - time.monotonic()))
+                delay = await self.limiter.reserve(tokens, max(0.0, patience - time.monotonic()))
                 if delay is None:  # refused, nothing booked: it falls back
                     self.limited.inc(1, tag)
                     yield error(429, f"model {self.spec.id!r}: its rate limit cannot take the request within its "
-                                     f"timeout_s={self.spec.timeout_s:g} s", kind="rate_limit_error")
+                                     f"timeout_s={self.spec.timeout_s:g} s or the request's own deadline",
+                                kind="rate_limit_error")
                     return
                 if delay > 0:
                     self.limited.inc(1, tag)
@@ -161,6 +164,8 @@ class EndpointRelay(OpenAIModel):
                 await tried.aclose()  # the connection goes back now, also when the caller went away
                 if self.limiter is not None and failure is None:  # the booking corrected to what was used, where told
                     self.limiter.correct(tokens, used.prompt + used.output if used is not None else None)
+                elif self.limiter is not None and not failure.accepted:  # refused or never reached: nothing generated,
+                    self.limiter.correct(tokens, 0)  # so nothing of the endpoint's limit is kept from other keys
             if failure is None:
                 return
             decision, wait = verdict(failure.status, failure.upstream, attempt, self.spec.max_retries,

@@ -3,7 +3,7 @@ import time
 
 from proxray.serve.request.fallback import first_answer
 from proxray.serve.stages.base import Stage
-from proxray.serve.wire import BOUND
+from proxray.serve.wire import BOUND, DEADLINE
 
 
 class Call(Stage):
@@ -12,6 +12,7 @@ class Call(Stage):
         t_model = time.perf_counter()
         f.trace.calling()  # its traceparent goes to an endpoint relayed from here
         BOUND.set(f.bound)  # what a relayed endpoint's rate limit books (measured there where the gateway has none)
+        DEADLINE.set(f.deadline)  # and how long its limiter may keep the request waiting
         f.model, f.head, f.gen = await first_answer(f.turn.client, p, f.turn.body, f.turn.upstream, f.req.stream,
                                                     f.deadline, gw.args.timeout_s, gw.failed, f.turn.has_content)
         f.timings["model_ms"] = 1e3 * (time.perf_counter() - t_model)  # the answer, or a stream's first content
