@@ -273,18 +273,20 @@ def test_a_keyed_requests_body_is_serialised_once(app):
 def test_a_key_is_not_shown_cache_reads_of_a_hosted_providers_shared_cache(app):
     """One key writes a prefix to the hosted provider's prompt cache; another key sending the same prefix is billed a
     cache read by the provider (the gateway has one account there) — it is charged what was billed, but its answer's
-    usage shows those tokens as plain input, whole and streamed, so no key learns what another sent."""
+    usage shows those tokens as plain input, whole and streamed, and the writer's shows its write as plain input too:
+    a hit and a miss look the same, so no key learns what another sent."""
     standin = app[1]
     system = [{"type": "text", "text": "A prefix only the key dev wrote to the cache. " * 20,
                "cache_control": {"type": "ephemeral"}}]
     body = {"model": CLAUDE, "max_tokens": 8, "system": system, "messages": ASK}
-    first = post(app, "/v1/messages", body, key="dev").json()["usage"]
-    assert first.get("cache_creation_input_tokens", 0) > 0
     n0 = len(standin.billed)
+    first = post(app, "/v1/messages", body, key="dev").json()["usage"]
+    assert standin.billed[n0].get("cache_creation_input_tokens", 0) > 0  # the provider wrote it for dev
     other = post(app, "/v1/messages", body, key="other").json()["usage"]
-    assert standin.billed[n0].get("cache_read_input_tokens", 0) > 0  # the provider read dev's prefix for other
-    assert "cache_read_input_tokens" not in other and other["input_tokens"] >= standin.billed[n0]["cache_read_input_tokens"]
+    assert standin.billed[n0 + 1].get("cache_read_input_tokens", 0) > 0  # and read dev's prefix for other
+    assert not {"cache_read_input_tokens", "cache_creation_input_tokens", "cache_creation"} & (first.keys() | other.keys())
+    assert other == first and other["input_tokens"] >= standin.billed[n0 + 1]["cache_read_input_tokens"]
     with httpx.stream("POST", f"{app[0]}/v1/messages", json={**body, "stream": True}, timeout=60,
                       headers={"Authorization": f"Bearer {KEYS['other']}"}) as s:
         events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
-    assert not any("cache_read_input_tokens" in json.dumps(e) for e in events)
+    assert not any("cache_read_input_tokens" in json.dumps(e) or "cache_creation" in json.dumps(e) for e in events)

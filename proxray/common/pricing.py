@@ -136,11 +136,11 @@ class Usage:
         return cls.of_messages(u)
 
     @staticmethod
-    def without_cache_reads(obj: dict) -> dict:
-        """An answer, chunk or event whose usage (in any API's words, where it has one) shows no cache reads: the
-        tokens read from a provider's cache counted as plain input — what a key is shown of a provider's prompt cache
-        it shares with every key of the gateway (another key's prefix is no hit it can see). The charge reads the
-        usage before this."""
+    def without_cache_detail(obj: dict) -> dict:
+        """An answer, chunk or event whose usage (in any API's words, where it has one) shows nothing of a provider's
+        prompt cache: the tokens read from it and those written to it counted as plain input — what a key is shown of
+        a cache it shares with every key of the gateway (a read is another key's prefix; a write, that none had sent
+        it). A hit and a miss of the same prompt show the same usage. The charge reads the usage before this."""
         def plain(u):
             if not isinstance(u, dict):
                 return u
@@ -149,8 +149,10 @@ class Usage:
                 u["prompt_tokens_details"] = {k: v for k, v in u["prompt_tokens_details"].items() if k != "cached_tokens"}
             if isinstance(u.get("input_tokens_details"), dict):  # Responses: inside input_tokens
                 u["input_tokens_details"] = {**u["input_tokens_details"], "cached_tokens": 0}
-            if "cache_read_input_tokens" in u:  # Messages: beside input_tokens
-                u["input_tokens"] = _int(u.get("input_tokens")) + _int(u.pop("cache_read_input_tokens"))
+            u.pop("cache_creation", None)  # Messages: the write's split by lifetime
+            for beside in ("cache_read_input_tokens", "cache_creation_input_tokens"):  # Messages: beside input_tokens
+                if beside in u:
+                    u["input_tokens"] = _int(u.get("input_tokens")) + _int(u.pop(beside))
             return u
 
         if not isinstance(obj, dict):

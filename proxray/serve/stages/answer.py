@@ -11,9 +11,10 @@ from proxray.serve.tenancy.conversations import billed
 async def respond(f, counts: list, gw):
     turn, report, head = f.turn, f.plan.report, f.head
     relayed = gw.client.relayed(f.model)
-    # a hosted provider's prompt cache is shared by every key of the gateway: a key is not shown its cache reads
-    # (another key's prefix would be a hit it could see); co-hosted models keep each key's apart (cache_salt)
-    view = Usage.without_cache_reads if f.key is not None and relayed else None
+    # a hosted provider's prompt cache is shared by every key of the gateway: a key is not shown its cache reads or
+    # writes (another key's prefix would be a hit, or a write's absence, it could see); co-hosted models keep each
+    # key's apart (cache_salt)
+    view = Usage.without_cache_detail if f.key is not None and relayed else None
     if view is None and not f.req.stream:  # a whole answer's report: what its cache reads were billed
         billed(report, turn.usage(head[0]))
     if f.req.stream:
