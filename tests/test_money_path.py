@@ -89,6 +89,10 @@ MALFORMED = [  # (path, body, the field the 400 names)
     ("/v1/responses", {"model": "proxray", "input": "hi", "reasoning": "high"}, "reasoning"),
     ("/v1/responses", {"model": "proxray", "input": [{"role": "user", "content": ["hi"]}]}, "input"),
     ("/v1/responses", {"model": "proxray", "input": [{"role": "user", "content": 5}]}, "input"),
+    ("/v1/responses", {"model": "proxray", "input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+     "input"),
+    ("/v1/responses", {"model": "proxray", "input": [{"type": "message", "role": "assistant", "content": [
+        {"type": "output_text", "text": {"a": 1}}]}, {"role": "user", "content": "hi"}]}, "input"),
     ("/v1/responses", {"model": "proxray", "input": "hi", "tools": [{"name": "f"}]}, "tools"),
     ("/v1/responses", {"model": "proxray", "input": "hi", "n": "x"}, "n"),
     ("/v1/responses", {"model": "proxray", "input": "hi", "top_logprobs": "many"}, "top_logprobs"),

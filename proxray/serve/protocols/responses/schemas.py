@@ -34,12 +34,18 @@ class ReasoningConfig(BaseModel):
 
 
 def _parts(value, where: str) -> None:
-    """A list of content parts (or tool outputs): each an object with a string ``type``."""
+    """A list of content parts (or tool outputs): each an object with a string ``type``; a text part's ``text`` (of
+    ``input_text``, ``output_text``, ``text``, ``summary_text``, ``reasoning_text``, …) a string of at most
+    ``MAX_CONTENT_CHARS``."""
     if isinstance(value, list):
         for j, part in enumerate(value):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                 raise ValueError(f"{where}[{j}]: a content part is an object with a string type (got "
                                  f"{type(part).__name__})")
+            text = part.get("text")
+            if part["type"].endswith("text") and not (isinstance(text, str) and len(text) <= MAX_CONTENT_CHARS):
+                raise ValueError(f"{where}[{j}].text: a {part['type']} part's text is a string of at most "
+                                 f"{MAX_CONTENT_CHARS} characters (got {type(text).__name__})")
 
 
 class ResponsesRequest(BaseModel):
