@@ -16,6 +16,7 @@ from serve_helpers import STRONG, WEAK, free_port, kill_under_load, ray_address,
 pytestmark = pytest.mark.slow
 
 SLOW_DEAR, FREE, EXTERNAL, LIMITED = "google/gemma-7b-it", "microsoft/Phi-3-small-8k-instruct", "frontier", "frontier-2rps"
+DOWN = "frontier-down"  # cheap, and its endpoint answers 500 to every prompt that says "[down]"
 PRICES = {WEAK: {"input_per_mtok": 0.1, "output_per_mtok": 0.2}, STRONG: {"input_per_mtok": 3.0, "output_per_mtok": 15.0},
           SLOW_DEAR: {"input_per_mtok": 3.0, "output_per_mtok": 15.0}}
 ASK = "Tom has 3 boxes of 4 apples. How many apples?"
@@ -41,10 +42,14 @@ def app(tmp_path_factory, encoder):
                "api_key_file": str(tmp / "api_key"), "price": {"input_per_mtok": 0.2, "output_per_mtok": 0.4},
                "rate_limit": {"requests_per_minute": 60000}},
               {"id": LIMITED, "engine": "openai", "source": MODEL, "base_url": standin.url, "timeout_s": 5,
-               "api_key_file": str(tmp / "api_key"), "rate_limit": {"requests_per_minute": 120}}]
+               "api_key_file": str(tmp / "api_key"), "rate_limit": {"requests_per_minute": 120}},
+              {"id": DOWN, "engine": "openai", "source": MODEL, "base_url": standin.url, "timeout_s": 5,
+               "max_retries": 0, "api_key_file": str(tmp / "api_key"),
+               "price": {"input_per_mtok": 0.15, "output_per_mtok": 0.3}}]
     f = tmp / "keys.yaml"
     # one answer of SLOW_DEAR with max_tokens 8: ~30 prompt and 8 completion tokens -> ~2e-4 USD
     KEYS["burst"] = new_key_entry(f, "burst", budget={"usd": 1e-3, "over_budget": "reject"})
+    KEYS["fallback"] = new_key_entry(f, "falls-back", budget={"usd": 1e-3, "over_budget": "reject"})
     KEYS["streams"] = new_key_entry(f, "streams", budget={"usd": 6e-4, "over_budget": "reject"})
     KEYS["down"] = new_key_entry(f, "down", budget={"usd": 1e-9, "over_budget": "cheapest"})
     KEYS["free"] = new_key_entry(f, "free", budget={"usd": 1.0})
@@ -59,7 +64,7 @@ def app(tmp_path_factory, encoder):
                     keys_ledger_shards=SHARDS,  # every budget here kept by one of three ledgers
                     responses={"max_bytes": 2**20},  # a key's share: 512 KiB
                     profile={SLOW_DEAR: (0.95, 2e-4), FREE: (0.2, 5e-5), EXTERNAL: (0.3, 1e-6),
-                             LIMITED: (0.1, 1e-6)},
+                             LIMITED: (0.1, 1e-6), DOWN: (0.05, 1e-4)},
                     # tracing on, its collector down (nothing listens there): spans are lost, never a request
                     env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"})
     yield url, standin
@@ -114,6 +119,33 @@ def test_a_burst_on_a_budget_spends_at_most_one_hold_past_it(app):
     assert spent <= 1e-3 + one, (spent, one)
     print(json.dumps({"burst_answered": len(ok), "refused": codes.count(429), "spent_usd": spent, "budget_usd": 1e-3,
                       "one_answer_usd": one}))
+
+
+def test_a_fallback_to_a_dearer_model_is_held_at_its_price_before_it_is_asked(app):
+    """40 routed requests at once on a budget of about five of SLOW_DEAR's answers, among a cheap model whose endpoint
+    is down and SLOW_DEAR, cost first: each is held at the cheap model's bound once planned, and at SLOW_DEAR's before
+    its fallback asks it — so the budget stops the burst there (429 insufficient_quota), and what was spent is within
+    one answer of it (before: the holds stayed at the cheap model's, and the fallbacks spent several budgets)."""
+    body = {"model": "proxray", "max_tokens": 8, "messages": [{"role": "user", "content": ASK + " [down]"}],
+            "proxray": {"allowed_models": [DOWN, SLOW_DEAR], "lam": 1e9}}
+    import time
+
+    def staggered(i):  # arriving over 2 s, while the first are still answered by SLOW_DEAR (2 s each)
+        time.sleep(0.05 * i)
+        return post(app, "fallback", body)
+
+    with ThreadPoolExecutor(40) as pool:
+        answers = list(pool.map(staggered, range(40)))
+    codes = [r.status_code for r in answers]
+    ok = [r.json() for r in answers if r.status_code == 200]
+    assert set(codes) <= {200, 429} and 1 <= len(ok) <= 6, codes
+    assert all(a["model"] == SLOW_DEAR and a["proxray"]["fallback_from"] == [DOWN] for a in ok)
+    assert all(r.json()["error"]["type"] == "insufficient_quota" for r in answers if r.status_code == 429)
+    one = max(PRICES[SLOW_DEAR]["input_per_mtok"] * a["usage"]["prompt_tokens"] / 1e6
+              + PRICES[SLOW_DEAR]["output_per_mtok"] * a["usage"]["completion_tokens"] / 1e6 for a in ok)
+    spent = ledger_report("falls-back")["spent_usd"]
+    assert spent <= 1e-3 + one, (spent, one)
+    print(json.dumps({"fallback_answered": len(ok), "refused": codes.count(429), "spent_usd": spent}))
 
 
 def test_streams_are_charged_whether_or_not_the_client_asked_for_usage(app):

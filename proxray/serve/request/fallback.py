@@ -16,16 +16,17 @@ from proxray.serve.request.plan import Plan
 
 
 async def first_answer(client, p: Plan, body: dict, upstream: str, stream: bool, deadline: float, timeout_s: float,
-                       on_failure, has_content):
+                       on_failure, has_content, before=None):
     """(model, the objects read so far, the rest of its stream); ``upstream``: the request's path at a model that
     serves its protocol; ``has_content(obj)``: whether a stream's object commits it to its model (the protocol's
     test). ``on_failure(model, reason)`` is told of each
-    model that failed (the report's ``failures`` list is kept here). Raises ``RequestError``: the model's own 4xx,
+    model that failed (the report's ``failures`` list is kept here); ``await before(model)``, where given, before each
+    candidate is asked (it may raise a ``RequestError``: the request ends there). Raises ``RequestError``: the model's own 4xx,
     504 when time ran out, the model's own error where a request that named one model failed with one (a 502, a
     429), 503 when every candidate failed — with Retry-After, naming the model, where the last had no live replica."""
     seen = _Pass()
     while True:
-        got = await _one_pass(client, p, body, upstream, stream, deadline, on_failure, has_content, seen)
+        got = await _one_pass(client, p, body, upstream, stream, deadline, on_failure, has_content, seen, before)
         if got is not None:
             return got
         lost = seen.lost
@@ -59,10 +60,13 @@ def _lost(e: BaseException) -> bool:
     return any(c.__name__ in LOSSES for c in type(e).__mro__)
 
 
-async def _one_pass(client, p: Plan, body, upstream, stream, deadline, on_failure, has_content, seen: _Pass):
+async def _one_pass(client, p: Plan, body, upstream, stream, deadline, on_failure, has_content, seen: _Pass,
+                    before=None):
     """One try of every candidate in order: (model, head, gen), or None (what failed told in ``seen``)."""
     seen.lost = True
     for model in _with_retries(p.candidates, seen):
+        if before is not None:
+            await before(model)
         gen = client.stream(model, upstream, {**body, "model": model}, model == p.candidates[-1])
         head = []
         try:

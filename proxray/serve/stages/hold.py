@@ -46,8 +46,19 @@ class Rehold(Stage):
         async def replan():  # over a ``cheapest`` budget once the turn outgrew its admission: cost decides
             return await gw.plan(f.req, f.rp.over_budget(), f.turn, f.timings, f.text, f.key, again=True)
 
-        f.plan, f.estimate = await gw.gate.hold_plan(
+        f.plan, f.estimate, held = await gw.gate.hold_plan(
             f.key, f.key_report, f.plan, lambda: bound(f, gw.args.default_max_tokens), f.held.ticket, f.first_hold,
             lambda m: gw.estimate(f.text, m), gw.client.handles, replan=replan)
-        if f.key is not None:  # what its answer is charged at without usage, and what a relay's rate limit books
-            bound(f, gw.args.default_max_tokens)
+        if f.key is None:
+            return
+        bound(f, gw.args.default_max_tokens)  # what its answer is charged at without usage, and a relay's limit books
+        if f.key.budget:
+            first = f.plan.candidates[0]
+
+            async def before_fallback(model):  # a dearer candidate after the first failed: held at its bound first
+                nonlocal held
+                if model != first:
+                    cost = f.plan.report.get("estimates", {}).get(model, {}).get("cost")
+                    held = await gw.gate.hold_fallback(f.key, f.held.ticket, model, f.bound, cost, held)
+
+            f.before_fallback = before_fallback

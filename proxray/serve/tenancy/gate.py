@@ -122,11 +122,11 @@ class KeyGate:
         without a wait, or — where the turn outgrew what was admitted (a stored conversation's history, an unpriced
         model's estimate) — raised and the budget asked again (over a ``reject`` budget: 429; over ``cheapest``: a
         routed request planned again, ``await replan()``). ``estimate_of(model)``: the router's estimate of a named
-        model with no price. Returns (the plan, the estimate its answer is charged at without usage)."""
+        model with no price. Returns (the plan, the estimate its answer is charged at without usage, the USD held)."""
         model = plan.candidates[0]
         estimate = plan.report.get("estimates", {}).get(model, {}).get("cost")
         if spec is None or not spec.budget:
-            return plan, estimate
+            return plan, estimate, held_usd
         if estimate is None and model not in self.prices:  # a named model with no price
             estimate = await estimate_of(model)
         price = self.prices.get(model)
@@ -140,7 +140,7 @@ class KeyGate:
         if hold <= held_usd:
             if hold < held_usd:
                 self.ledger.lower(spec, ticket, hold)
-            return plan, estimate
+            return plan, estimate, hold
         verdict = await self.ledger.rehold(spec, ticket, hold)
         if verdict["over_budget"] and not report["over_budget"]:
             report["over_budget"] = True
@@ -152,7 +152,26 @@ class KeyGate:
             if self.rules.past_budget(spec, plan.report["routed"], model, served):
                 plan = await replan()
                 estimate = plan.report["estimates"][plan.candidates[0]]["cost"]
-        return plan, estimate
+        return plan, estimate, hold
+
+    async def hold_fallback(self, spec: KeySpec | None, ticket: str | None, model: str, bound: TokenBound,
+                            estimate: float | None, held_usd: float) -> float:
+        """Before a fallback asks ``model`` (the candidate held for failed): the hold raised to ``model``'s bound where
+        that is more than ``held_usd`` — over a ``reject`` budget a 429, ``model`` not asked — so a dearer fallback
+        spends no more than was held for it. Returns the USD now held."""
+        if spec is None or not spec.budget:
+            return held_usd
+        hold = self.hold(model, bound, estimate)
+        if hold <= held_usd:
+            return held_usd
+        verdict = await self.ledger.rehold(spec, ticket, hold)
+        if verdict["over_budget"] and spec.budget.over_budget == "reject":
+            self.requests.inc(1, {"key": spec.name, "outcome": "budget"})
+            raise RequestError(429, f"key {spec.name!r} spent {verdict['spent_usd']:.6g} USD of its "
+                               f"{spec.budget.usd:g} USD budget per {spec.budget.window_s:g} s (held included); the "
+                               f"model asked first failed, and the next, {model!r}, may cost up to {hold:.6g} USD",
+                               kind="insufficient_quota")
+        return hold
 
     def hold(self, model: str, bound: TokenBound, estimate: float | None) -> float:
         """An upper bound of what ``model``'s answer costs, from its request's ``bound`` (``TokenBound``): its prompt —
