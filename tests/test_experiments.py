@@ -212,7 +212,7 @@ def test_knn_auto_is_the_spread_temperature_without_cv(synth, monkeypatch):
     assert chosen["scores"]["overall"]["prox"] != pytest.approx(want)
     res = evaluate(X, acc, cost, t.tasks, seeds=(42, 7), **kw)
     assert res["temperature"] == ["spread:0.2", "spread:0.2"]
-    with pytest.raises(ValueError, match="temperature='plug-in:0.125' applies to km routers only, not router='knn'"):
+    with pytest.raises(ValueError, match="temperature='plug-in:0.125' does not apply to router='knn'"):
         ex.run_once(X, acc, cost, t.tasks, seed=42, temperature="plug-in", **kw)
 
 
@@ -223,8 +223,8 @@ def test_eval_refuses_the_bv_temperature_for_knn_and_a_bad_weight_before_encodin
 
     assert main(["eval", "--router", "knn", "--temperature", "plug-in:0.125", "--n-per-task", "5"]) == 2
     err = capsys.readouterr().err
-    assert "applies to km routers only, not router='knn'" in err and "encoding" not in err
+    assert "does not apply to router='knn'" in err and "encoding" not in err
     assert main(["eval", "--router", "knn", "--inv-tau", "0.125", "--temperature", "bv", "--n-per-task", "5"]) == 2
-    assert "applies to km routers only, not router='knn'" in capsys.readouterr().err
+    assert "does not apply to router='knn'" in capsys.readouterr().err
     assert main(["eval", "--router", "km", "--temperature", "plug-in:inf", "--n-per-task", "5"]) == 2
     assert "plug-in:inf: must be a finite number >= 0" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import pytest
 
 import proxray.common.memory as memory
 from proxray.cli import main
+from proxray.routing.knn import KNNRouter
 from proxray.routing.params import check_fit
 from proxray.data.table import RoutingTable, read_memory
 
@@ -35,8 +36,8 @@ def test_a_fit_too_large_fails_before_encoding(shared_data, tmp_path, monkeypatc
     need_read = read_memory(tmp_path / "t.parquet", "parquet")
     monkeypatch.setattr(memory, "available_bytes", lambda: 2 * need_read)  # the read fits, a million queries do not
     with pytest.raises(memory.TooLargeError, match="fitting a knn router on 1000000 queries × 11 models"):
-        check_fit("knn", {}, 1_000_000, 11)
-    check_fit("knn", {}, part.n_queries, 11)  # the table's own fit fits
+        check_fit(KNNRouter, {}, 1_000_000, 11)
+    check_fit(KNNRouter, {}, part.n_queries, 11)  # the table's own fit fits
     monkeypatch.setattr(memory, "available_bytes", lambda: need_read + 1000)  # read: fits only without headroom
     monkeypatch.setattr("proxray.embeddings.encoder.SentenceEncoder.encode", lambda *a, **k: pytest.fail("encoded"))
     assert main(["fit", "--table", str(tmp_path / "t.parquet"), "--out", str(tmp_path / "r")]) == 2

@@ -42,11 +42,13 @@ def test_a_registered_family_is_made_fitted_saved_and_loaded_by_its_short_name(r
 
 
 def test_its_temperatures_are_the_ones_it_declares(registered):
+    from proxray.routing.registry import family
     from proxray.routing.temperature import parse_temperature
 
-    assert parse_temperature("auto", "few").spec == "fixed:5" and parse_temperature("20", "few").spec == "fixed:20"
-    with pytest.raises(ValueError, match=r"spread:0.2' applies to km and knn routers only, not router='few'"):
-        parse_temperature("spread:0.2", "few")
+    few = family("few")
+    assert parse_temperature("auto", few).spec == "fixed:5" and parse_temperature("20", few).spec == "fixed:20"
+    with pytest.raises(ValueError, match=r"spread:0.2' does not apply to router='few': its temperatures are fixed"):
+        parse_temperature("spread:0.2", few)
 
 
 def test_the_protocols_and_the_command_line_take_it(registered, rng):

@@ -76,9 +76,9 @@ def test_validated_once_in_fit_every_problem_at_once(rng):
 def test_check_fit_names_the_options_as_the_command_line_spells_them():
     with pytest.raises(ValueError, match="--clusters 50: must be an integer from 1 to the training queries' number "
                                          r"\(40\); pass --clusters 32"):
-        check_fit("km", {"n_clusters": 50}, 40, 3, spelled={"n_clusters": "--clusters "})
+        check_fit(KMeansRouter, {"n_clusters": 50}, 40, 3, spelled={"n_clusters": "--clusters "})
     with pytest.raises(ValueError, match="typo: not a parameter of knn routers"):
-        check_fit("knn", {"typo": 1}, 40, 3)
-    check_fit("knn", {"k": 40, "recall_floor": 0.9}, 40, 3)
+        check_fit(KNNRouter, {"typo": 1}, 40, 3)
+    check_fit(KNNRouter, {"k": 40, "recall_floor": 0.9}, 40, 3)
     assert make_router("km", hp={"n_clusters": 5, "k": 3}).get_params()["n_clusters"] == 5  # k is kNN's: ignored
     assert make_router("km", hp={"n_clusters": 500}, n_train=40).n_clusters == 40

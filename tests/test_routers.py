@@ -155,7 +155,7 @@ def test_fit_validation_errors(rng):
         KNNRouter().estimate(X)
     with pytest.raises(ValueError, match="temperature='warm': expected a number"):
         KNNRouter(temperature="warm").fit(X, acc, cost)
-    with pytest.raises(ValueError, match="applies to km routers only, not router='knn'"):
+    with pytest.raises(ValueError, match="does not apply to router='knn': its temperatures are fixed, spread"):
         KNNRouter(temperature="plug-in:0.125").fit(X, acc, cost)
     with pytest.raises(ValueError, match=r"temperature plug-in:inf: must be a finite number >= 0 \(the bias term's weight c\)"):
         KMeansRouter(temperature="plug-in:inf").fit(X, acc, cost)
@@ -415,7 +415,7 @@ def test_bv_temperature_is_the_plug_in_of_the_fitted_clusters(tmp_path):
     base = KMeansRouter(n_clusters=9, weighting="base", temperature=PlugIn(BV_WEIGHT)).fit(X, acc, cost)
     np.testing.assert_allclose(base.estimate(Q)[0], KMeansRouter(n_clusters=9, weighting="base").fit(X, acc, cost)
                                .estimate(Q)[0])
-    with pytest.raises(ValueError, match="temperature='plug-in:0.125' applies to km routers only"):
+    with pytest.raises(ValueError, match="temperature='plug-in:0.125' does not apply to router='knn'"):
         KNNRouter(k=10, temperature=PlugIn(BV_WEIGHT)).fit(X, acc, cost)
     with pytest.raises(ValueError, match="plug-in:inf: must be a finite number >= 0"):
         KMeansRouter(n_clusters=9, temperature=PlugIn(float("inf"))).fit(X, acc, cost)
@@ -462,4 +462,4 @@ def test_the_plug_in_temperatures_earlier_name_still_parses_and_says_so():
     from proxray.routing.temperature import PlugIn, parse_temperature
 
     with pytest.warns(DeprecationWarning, match="temperature 'bv:0.3' is deprecated: say 'plug-in:0.3'"):
-        assert parse_temperature("bv:0.3", "km") == PlugIn(0.3)
+        assert parse_temperature("bv:0.3", KMeansRouter) == PlugIn(0.3)

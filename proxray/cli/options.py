@@ -3,7 +3,7 @@
 library takes. Nothing under ``proxray.routing`` reads a command line."""
 from __future__ import annotations
 
-from proxray.routing.registry import DEFAULT_ROUTER, ROUTERS, SPECS
+from proxray.routing.registry import DEFAULT_ROUTER, ROUTERS, SPECS, family
 from proxray.routing.temperature import Temperature, from_options as temperature_from
 
 
@@ -59,7 +59,8 @@ def add_temperature_options(p, default="auto") -> None:
 
 
 def temperature_option(a, router: str) -> Temperature:
-    """The ``Temperature`` a parsed command line asked for (``from_options``), a deprecation said once on stderr;
+    """The ``Temperature`` a parsed command line asked for of router family ``router`` (its short name;
+    ``from_options``), a deprecation said once on stderr;
     ``--cv-rule`` / ``--cv-repeats`` are refused with where the cross-validated rules live now."""
     from proxray.common.logs import log
 
@@ -67,7 +68,7 @@ def temperature_option(a, router: str) -> Temperature:
         if v is not None:
             raise ValueError(f"{flag} {v}: the cross-validated temperature rules are not part of proxray (its auto "
                              "temperatures need no CV); the τ study keeps them: python research/tau/tau_selection.py")
-    got, deprecation = temperature_from(a.temperature, a.inv_tau, router)
+    got, deprecation = temperature_from(a.temperature, a.inv_tau, family(router))
     if deprecation:
         log(deprecation)
     return got

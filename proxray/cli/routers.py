@@ -17,6 +17,7 @@ def _cmd_fit(a):
     from proxray.routing.fitting import FitSettings, fit_table
     from proxray.routing.index import describe_index
     from proxray.routing.params import check_params
+    from proxray.routing.registry import family
 
     temperature = temperature_option(a, a.router)  # before the table is read and encoded
     if a.encoder == "auto":
@@ -35,7 +36,7 @@ def _cmd_fit(a):
         from proxray.experiments.encoder_choice import choose_encoder, format_choice
 
         # the hyperparameters against the table before the comparison encodes it
-        check_params(a.router, settings.hyperparameters, table.n_queries, spelled_by_cli(a.router))
+        check_params(family(a.router), settings.hyperparameters, table.n_queries, spelled_by_cli(a.router))
         acc, cost = table.matrices(models=a.models or table.models)
         choice = choose_encoder(table.prompts, acc, cost, table.tasks, router=a.router,
                                 tolerance_pp=a.encoder_tolerance, max_queries=a.encoder_sample, k=a.k,

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxray.routing.params import check_fit
-from proxray.routing.registry import DEFAULT_ROUTER, ROUTERS, make_router
+from proxray.routing.registry import DEFAULT_ROUTER, ROUTERS, family, make_router
 
 
 class FitSettings(BaseModel):
@@ -42,7 +42,7 @@ def fit_table(table, settings: FitSettings, spelled: dict | None = None, encoder
 
     models = settings.models or table.models
     acc, cost = table.matrices(models=models)
-    check_fit(settings.router, settings.hyperparameters, len(acc), len(models), spelled=spelled)
+    check_fit(family(settings.router), settings.hyperparameters, len(acc), len(models), spelled=spelled)
     enc = SentenceEncoder(settings.encoder)
     X = enc.encode(table.prompts)
     router = make_router(settings.router, settings.weighting, settings.hyperparameters, settings.temperature)

@@ -65,24 +65,15 @@ TEMPERATURE = Param("temperature", object, "auto", "Prox's temperature (proxray.
                     "router's shipped one; a number, a fixed 1/tau; or a spec such as spread:0.2", cli="--temperature")
 
 
-def family_of(kind):
-    """The router family ``kind`` names (its short name, or the class itself): ``routing.registry``'s."""
-    if isinstance(kind, type):
-        return kind
-    from proxray.routing.registry import family
-
-    return family(kind)
+def defaults(cls) -> dict:
+    """Every hyperparameter of router family ``cls`` (its class: ``routing.registry.family`` finds it by its short
+    name) at its default."""
+    return {name: p.default for name, p in cls.PARAMS.items()}
 
 
-def defaults(kind) -> dict:
-    """Every hyperparameter of router family ``kind`` (its short name or class) at its default."""
-    return {name: p.default for name, p in family_of(kind).PARAMS.items()}
-
-
-def problems(kind, params: dict, n: int | None = None, spelled: dict | None = None) -> list[str]:
-    """Every problem of ``params`` against family ``kind``'s spec (temperature aside: ``parse_temperature`` checks it),
+def problems(cls, params: dict, n: int | None = None, spelled: dict | None = None) -> list[str]:
+    """Every problem of ``params`` against family ``cls``'s spec (temperature aside: ``parse_temperature`` checks it),
     at once; ``n``: the training queries' number; ``spelled``: how the caller spells a setting (``{"k": "--k "}``)."""
-    cls = family_of(kind)
     spec, spelled = cls.PARAMS, spelled or {}
     out = [f"{name}: not a parameter of {cls.kind} routers (allowed: {', '.join(spec)})" for name in params
            if name not in spec]
@@ -94,20 +85,19 @@ def problems(kind, params: dict, n: int | None = None, spelled: dict | None = No
     return out
 
 
-def check_params(kind, params: dict, n: int | None = None, spelled: dict | None = None) -> None:
-    found = problems(kind, params, n, spelled)
+def check_params(cls, params: dict, n: int | None = None, spelled: dict | None = None) -> None:
+    found = problems(cls, params, n, spelled)
     if found:
         raise ValueError("; ".join(found))
 
 
-def check_fit(kind, params: dict, n_queries: int, n_models: int, dim: int = 384,
+def check_fit(cls, params: dict, n_queries: int, n_models: int, dim: int = 384,
               spelled: dict | None = None) -> None:
     """Before a table is encoded: the hyperparameters against ``n_queries`` (k, n_clusters) and the fit's memory
     (embeddings in three copies, the values and what the family keeps besides, ``fit_bytes_per_query``) against the
     memory available."""
     from proxray.common.memory import check_memory
 
-    cls = family_of(kind)
     check_params(cls, params, n_queries, spelled)
     need = n_queries * (3 * dim * 4 + 4 * n_models * 8 + cls.fit_bytes_per_query(dim))
     check_memory(need, f"fitting a {cls.kind} router on {n_queries} queries × {n_models} models", "fit on a part of "

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from proxray.routing.params import family_of
 from proxray.routing.weights import bias_variance_weights, proximity_weights, spread_scaled
 
 SPREAD_C = 0.2  # kNN's auto: 1/tau(x) = 0.2 / std of the query's k distances (research/tau: the spread temperature)
@@ -112,16 +111,15 @@ FORMS = "a number >= 0 or inf (fixed 1/tau), fixed:N, spread:C, plug-in:C (KMean
 
 
 def auto(router) -> Temperature:
-    """The temperature that ships for a router family (its short name or class; ``auto_temperature`` on the class):
-    kNN ``Spread(0.2)``, KMeans ``PlugIn(0.125)``."""
-    return family_of(router).auto_temperature()
+    """The temperature that ships for a router family (its class: ``auto_temperature``): kNN ``Spread(0.2)``, KMeans
+    ``PlugIn(0.125)``."""
+    return router.auto_temperature()
 
 
 def parse_temperature(value, router=None) -> Temperature:
     """A ``Temperature`` from what a user may write: a ``Temperature``, a number (fixed 1/τ), or a string
-    (``FORMS``). ``router`` (a family's short name or class) resolves ``"auto"`` and refuses a temperature that does
-    not apply to it (one of ``KINDS`` not among the family's ``temperatures``). Errors name the value and the allowed
-    forms."""
+    (``FORMS``). ``router`` (a family's class) resolves ``"auto"`` and refuses a temperature that does not apply to it
+    (one of ``KINDS`` not among the family's ``temperatures``). Errors name the value and the allowed forms."""
     if isinstance(value, Temperature):
         got = value
     elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
@@ -132,12 +130,9 @@ def parse_temperature(value, router=None) -> Temperature:
         raise ValueError(f"temperature={value!r}: expected {FORMS}")
     # one of proxray's kinds the family does not take (a temperature of another kind, plugged in by its user, is its
     # own rule)
-    if router is not None and got.kind in KINDS and got.kind not in family_of(router).temperatures:
-        from proxray.routing.registry import FAMILIES
-
-        takers = [c.kind for c in FAMILIES if got.kind in c.temperatures]
-        raise ValueError(f"temperature={got.spec!r} applies to {' and '.join(takers)} routers only, not "
-                         f"router={family_of(router).kind!r}")
+    if router is not None and got.kind in KINDS and got.kind not in router.temperatures:
+        raise ValueError(f"temperature={got.spec!r} does not apply to router={router.kind!r}: its temperatures are "
+                         f"{', '.join(router.temperatures)} (or auto)")
     return got
 
 
