@@ -15,6 +15,7 @@ Run by tests/test_rehearsal.py in a process of its own (its Ray keeps token auth
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -232,6 +233,7 @@ def main() -> None:
         finally:
             cluster.stop()
             moto.stop()
+            shutil.rmtree(work, ignore_errors=True)  # the nodes' caches and the configs written (~88 MB a run)
     print(json.dumps(seen))
 
 
