@@ -87,12 +87,9 @@ class KeyGate:
                                headers={"retry-after": str(max(1, int(verdict["retry_after_s"] + 0.999)))})
         over = verdict["reason"] == "over_budget"
         if over and budget and spec.budget.over_budget == "reject":  # refused: the caller releases its hold (``Held``)
-            self.requests.inc(1, {"key": spec.name, "outcome": "budget"})
-            raise RequestError(429, f"key {spec.name!r} spent {verdict['spent_usd']:.6g} USD of its "
-                               f"{spec.budget.usd:g} USD budget per {spec.budget.window_s:g} s (what is held for "
-                               f"requests in flight included), and this request may cost up to {hold_usd:.6g} USD "
-                               "(its prompt, and max_tokens for each of its n answers, at the model's price)",
-                               kind="insufficient_quota")
+            raise self._over_budget(spec, verdict, "(what is held for requests in flight included), and this "
+                                    f"request may cost up to {hold_usd:.6g} USD (its prompt, and max_tokens for each "
+                                    "of its n answers, at the model's price)")
         self.requests.inc(1, {"key": spec.name, "outcome": "cheapest" if over else "ok"})
         return {"name": spec.name, "spent_usd": round(verdict["spent_usd"], 10), "over_budget": over}
 
@@ -145,10 +142,8 @@ class KeyGate:
         if verdict["over_budget"] and not report["over_budget"]:
             report["over_budget"] = True
             if spec.budget.over_budget == "reject":
-                self.requests.inc(1, {"key": spec.name, "outcome": "budget"})
-                raise RequestError(429, f"key {spec.name!r} spent {verdict['spent_usd']:.6g} USD of its "
-                                   f"{spec.budget.usd:g} USD budget per {spec.budget.window_s:g} s (held included), "
-                                   f"and this request may cost up to {hold:.6g} USD", kind="insufficient_quota")
+                raise self._over_budget(spec, verdict, f"(held included), and this request may cost up to "
+                                        f"{hold:.6g} USD")
             if self.rules.past_budget(spec, plan.report["routed"], model, served):
                 plan = await replan()
                 estimate = plan.report["estimates"][plan.candidates[0]]["cost"]
@@ -166,12 +161,16 @@ class KeyGate:
             return held_usd
         verdict = await self.ledger.rehold(spec, ticket, hold)
         if verdict["over_budget"] and spec.budget.over_budget == "reject":
-            self.requests.inc(1, {"key": spec.name, "outcome": "budget"})
-            raise RequestError(429, f"key {spec.name!r} spent {verdict['spent_usd']:.6g} USD of its "
-                               f"{spec.budget.usd:g} USD budget per {spec.budget.window_s:g} s (held included); the "
-                               f"model asked first failed, and the next, {model!r}, may cost up to {hold:.6g} USD",
-                               kind="insufficient_quota")
+            raise self._over_budget(spec, verdict, f"(held included); the model asked first failed, and the next, "
+                                    f"{model!r}, may cost up to {hold:.6g} USD")
         return hold
+
+    def _over_budget(self, spec: KeySpec, verdict: dict, what: str) -> RequestError:
+        """The 429 of a request its key's ``reject`` budget refuses (counted): what the key spent of its budget, then
+        ``what`` this request may cost."""
+        self.requests.inc(1, {"key": spec.name, "outcome": "budget"})
+        return RequestError(429, f"key {spec.name!r} spent {verdict['spent_usd']:.6g} USD of its {spec.budget.usd:g} "
+                            f"USD budget per {spec.budget.window_s:g} s {what}", kind="insufficient_quota")
 
     def hold(self, model: str, bound: TokenBound, estimate: float | None) -> float:
         """An upper bound of what ``model``'s answer costs, from its request's ``bound`` (``TokenBound``): its prompt —
