@@ -54,6 +54,19 @@ def submit_when_ready(jobs, **job) -> str:
     return until("the head's job agent", submitted, 120)
 
 
+def deploy_when_accepted(argv, timeout_s: float = 180) -> None:
+    """``serve deploy`` until the dashboard accepts the config. The PUT is declarative, so sending the same config
+    again deploys nothing twice; on a loaded head the first one can fail while Serve's controller starts. Each
+    refusal is printed, so one that never clears shows why."""
+    def accepted():
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        if r.returncode:
+            step(f"serve deploy refused ({r.returncode}): {(r.stdout + r.stderr)[-2000:]}")
+        return r.returncode == 0
+
+    until("serve deploy accepted", accepted, timeout_s, 3.0)
+
+
 def cli(*args, timeout_s=600) -> str:
     with tempfile.TemporaryDirectory() as cwd:  # a working directory of its own: nothing read from the repo's
         r = subprocess.run([sys.executable, "-m", "proxray", *args], capture_output=True, text=True,
@@ -137,8 +150,7 @@ def main() -> None:
                                           "models": [{"id": m, "engine": "sim"} for m in POOL]}}]}
         (work / "serve.yaml").write_text(yaml.safe_dump(app))
         serve_bin = str(Path(sys.executable).with_name("serve"))
-        subprocess.run([serve_bin, "deploy", str(work / "serve.yaml"), "--address", dashboard], check=True,
-                       capture_output=True, timeout=120)
+        deploy_when_accepted([serve_bin, "deploy", str(work / "serve.yaml"), "--address", dashboard])
         import openai
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", max_retries=0)
