@@ -505,3 +505,70 @@ def test_the_rate_limiter_books_as_the_minute_scan_does(rng):
                 used = int(rng.integers(1, 800))
                 fast.correct(tokens, used), ref.correct(tokens, used)
         assert fast.total == sum(n for _, n in fast.spent)
+
+
+def test_a_relayed_request_reached_its_endpoint_only_once_its_headers_went_out(monkeypatch):
+    """What a 504 is charged on: a request still waiting for a connection to an endpoint that never accepts it (a
+    listening socket whose queue is full) has not reached it; one whose endpoint read it and never answered has. The
+    key's hold is released for the first and charged for the second (``Held.refused``)."""
+    import asyncio
+    import socket
+    import threading
+
+    import ray.util.metrics
+
+    from proxray.serve.deployments.endpoint_server import EndpointRelay
+    from proxray.serve.wire import REACHED, Reached
+
+    class Quiet:
+        def __init__(self, *a, **k):
+            pass
+
+        def inc(self, *a):
+            pass
+
+        observe = inc
+
+    monkeypatch.setattr(ray.util.metrics, "Counter", Quiet)
+    monkeypatch.setattr(ray.util.metrics, "Histogram", Quiet)
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    fillers = []
+    for _ in range(4):  # the accept queue filled: later connections wait in SYN-SENT
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(full.getsockname())
+        fillers.append(c)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    taken = []
+    threading.Thread(target=lambda: taken.append(silent.accept()), daemon=True).start()  # reads nothing, answers never
+
+    def sent_within(port, seconds=1.5):
+        relay = EndpointRelay({"id": "frontier", "engine": "openai", "base_url": f"http://127.0.0.1:{port}/v1",
+                               "timeout_s": 20})
+
+        async def go():
+            mark = Reached()
+            REACHED.set(mark)
+
+            async def drain():
+                async for _ in relay.respond("/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}):
+                    pass
+
+            try:
+                await asyncio.wait_for(drain(), seconds)  # the gateway's deadline, as a 504 ends it
+            except asyncio.TimeoutError:
+                pass
+            return mark.model
+
+        return asyncio.run(go())
+
+    try:
+        assert sent_within(full.getsockname()[1]) is False
+        assert sent_within(silent.getsockname()[1]) is True
+    finally:
+        for s in (full, silent, *fillers, *(c for c, _ in taken)):
+            s.close()

@@ -90,7 +90,8 @@ def test_a_hold_is_settled_exactly_once_on_every_path():
 
 def test_a_refused_request_is_released_and_one_past_its_deadline_charged_its_hold():
     """A 4xx or a 503: nothing spent. A 504 once a model had the request: it may have been billed, so the hold at the
-    model asked last is charged (the router's estimate where that model has no price), never 0."""
+    model asked last is charged (the router's estimate where that model has no price), never 0; a 504 before any model
+    had it (waiting for a connection): nothing."""
     from types import SimpleNamespace
 
     g = gate()
@@ -109,6 +110,10 @@ def test_a_refused_request_is_released_and_one_past_its_deadline_charged_its_hol
     held.take()
     held.refused(504, SimpleNamespace(candidates=["m"], report={}), body)  # no failure recorded: the first candidate
     assert g.ledger.settled[-1][2] == pytest.approx(g.hold("m", body, None)) and len(g.ledger.settled) == 5
+    held = Held(g, spec)
+    held.take()
+    held.refused(504, plan, body, reached=False)  # past the deadline before any model had it: nothing was billed
+    assert g.ledger.settled[-1] == ("k", held.ticket, 0.0) and len(g.ledger.settled) == 6
 
 
 def test_the_upstreams_answer_is_classified_once():

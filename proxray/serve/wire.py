@@ -2,7 +2,7 @@
 co-hosted engine answers: OpenAI chat completions and completions), and the headers a protocol asks the relay to send
 an endpoint that serves it itself (``UpstreamHeaders``), the fields a body names its output limit in
 (``LIMIT_FIELDS``), and a body's token bound, measured once (``measure``) and carried to the relay's rate limiter
-(``BOUND``) with the request's deadline (``DEADLINE``)."""
+(``BOUND``) with the request's deadline (``DEADLINE``), and whether the request reached a model (``REACHED``)."""
 from __future__ import annotations
 
 import contextvars
@@ -21,7 +21,31 @@ MAX_TOOL_USES = 10_000  # a hosted tool's ``max_uses`` above this bounds nothing
 BOUND: contextvars.ContextVar = contextvars.ContextVar("proxray_bound", default=None)
 # the request's own deadline (``time.monotonic()``) where the gateway has one: the relay's rate limiter waits no longer
 DEADLINE: contextvars.ContextVar = contextvars.ContextVar("proxray_deadline", default=None)
+# the request's ``Reached`` where the gateway follows it: marked where the request leaves for a model
+REACHED: contextvars.ContextVar = contextvars.ContextVar("proxray_reached", default=None)
 measured = 0  # bodies measured in this process (``Gateway.counts``)
+
+
+class Reached:
+    """Whether a request reached a model, so whether a model may have billed it: a co-hosted deployment once it was
+    called, a relayed endpoint once the request's headers began to go out to it (not while it waited for the
+    endpoint's rate limit, a slot or a connection)."""
+    __slots__ = ("model",)
+
+    def __init__(self):
+        self.model = False
+
+
+def reached() -> None:
+    """The request (``REACHED``) reached its model: from here on the model may bill it."""
+    if (r := REACHED.get()) is not None:
+        r.model = True
+
+
+async def reached_on_send(event: str, _info) -> None:
+    """httpx's ``trace`` extension for a relayed call: the request reached its endpoint once its headers go out."""
+    if event.endswith(".send_request_headers.started"):
+        reached()
 
 
 def measure(body: dict) -> TokenBound:

@@ -13,6 +13,7 @@ from proxray.pool.upstream import error_status, falls_back  # one module: what a
 from proxray.serve.deployments.liveness import HEARTBEAT_S, Liveness, Unavailable, WatchedStream
 from proxray.serve.deployments.models import OpenAIModel, refused_parameters
 from proxray.serve.errors import error
+from proxray.serve.wire import reached
 
 def failure_reason(e: BaseException) -> str:
     if isinstance(e, asyncio.TimeoutError):
@@ -111,6 +112,7 @@ class ModelClient:
         session = SESSION.get()
         handle = callee.options(stream=True, session_id=session) if session else callee.options(stream=True)
         gen = handle.respond.remote(endpoint, body, HEARTBEAT_S)
+        reached()  # a co-hosted model has it from here on
         return WatchedStream(gen, model, self.liveness, patient)
 
     async def capabilities(self, models, timeout_s: float = 10.0) -> dict:

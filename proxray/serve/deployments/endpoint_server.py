@@ -47,7 +47,7 @@ from proxray.pool.upstream import ASK_LISTING, RETRY, TAKE_OUT, error_object, li
 from proxray.serve.config import ServedModel
 from proxray.serve.deployments.models import OpenAIModel
 from proxray.serve.errors import error, is_error
-from proxray.serve.wire import BOUND, DEADLINE, UpstreamHeaders, measure
+from proxray.serve.wire import BOUND, DEADLINE, UpstreamHeaders, measure, reached_on_send
 
 COOLDOWN_S = 60.0  # a model whose endpoint refuses the gateway's key, or does not know it, is left out this long
 logger = logging.getLogger("ray.serve")
@@ -195,7 +195,8 @@ class EndpointRelay(OpenAIModel):
 
         t0, first, answered = time.perf_counter(), True, False
         try:
-            async with self.client.stream("POST", path, json=sent, headers=headers or None) as r:
+            async with self.client.stream("POST", path, json=sent, headers=headers or None,
+                                          extensions={"trace": reached_on_send}) as r:
                 if r.status_code != 200:
                     text = (await r.aread()).decode(errors="replace")
                     self.answers.inc(1, {**tag, "status": str(r.status_code)})

@@ -35,6 +35,7 @@ class Flight:
     plan: Any = None  # the plan: candidates in order, the report
     estimate: float | None = None  # what the answer is charged at without usage
     before_fallback: Any = None  # awaited with each candidate before it is asked (the key's hold raised for it)
+    reached: Any = None  # whether it reached a model (``wire.Reached``): a 504 before that is charged nothing
     model: str | None = None  # the model that answered
     head: Any = None  # its answer, or its stream's first content
     gen: Any = None  # the rest of its stream

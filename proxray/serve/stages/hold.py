@@ -31,7 +31,8 @@ class Hold(Stage):
             return
         if isinstance(error, RequestError):  # nothing spent, unless a model had it past the deadline (a 504)
             keyed = f.plan is not None and f.key is not None
-            f.held.refused(error.status, f.plan, bound(f, self.gw.args.default_max_tokens) if keyed else None)
+            f.held.refused(error.status, f.plan, bound(f, self.gw.args.default_max_tokens) if keyed else None,
+                           reached=f.reached is not None and f.reached.model)
         else:  # an unexpected failure, or the client gone before the answer: nothing spent
             f.held.release()
 

@@ -253,10 +253,11 @@ class Held:
             if self.spec.budget:
                 self.gate.ledger.settle(self.spec.name, self.ticket, 0.0)
 
-    def refused(self, status: int, plan, bound: TokenBound | None) -> None:
-        """The request ended in a refusal: nothing spent (the hold released) — but a 504 after a model had it past the
-        deadline may have been billed, so it is charged its hold at the model asked last, never 0."""
-        if status == 504 and plan is not None:
+    def refused(self, status: int, plan, bound: TokenBound | None, reached: bool = True) -> None:
+        """The request ended in a refusal: nothing spent (the hold released) — but a 504 after a model had it
+        (``reached``: a co-hosted model called, a relayed endpoint sent the request) may have been billed, so it is
+        charged its hold at the model asked last, never 0. A 504 that never left the gateway is charged nothing."""
+        if status == 504 and plan is not None and reached:
             last = (plan.report.get("failures") or [{}])[-1].get("model") or plan.candidates[0]
             charge = self.charger(last, plan.report.get("estimates", {}).get(last, {}).get("cost"), bound)
             if charge is not None:
