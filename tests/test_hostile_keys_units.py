@@ -232,3 +232,30 @@ def test_a_keys_prompt_cache_is_salted_apart_on_the_models_that_take_a_salt():
     client.stream("vllm", "/chat/completions", body)
     assert sent[0]["cache_salt"] == "a" * 32 and "cache_salt" not in sent[1] and "cache_salt" not in sent[2]
     assert "cache_salt" not in body  # the request's own body untouched
+
+
+def test_a_fallback_to_a_model_without_tool_prices_is_refused_for_a_budgeted_key():
+    """A budgeted key's request that asks for a hosted tool: a fallback to a model with no price for its calls is not
+    asked (400 naming the tool), as a first candidate without one is not; a model with a tool price is held for."""
+    import asyncio
+
+    from proxray.serve.errors import RequestError
+
+    g = gate()
+    g.prices = {"m": PRICE, "tools": PriceSpec(input_per_mtok=1.0, output_per_mtok=2.0,
+                                               tool_call_usd={"web_search_requests": 0.01})}
+
+    class Ledger:
+        async def rehold(self, spec, ticket, usd):
+            return {"over_budget": False, "spent_usd": 0.0}
+
+    g.ledger = Ledger()
+    spec = KeySpec(name="k", sha256="0" * 64, budget={"usd": 1.0, "over_budget": "reject"})
+    bound = measure({"messages": [], "max_tokens": 10, "tools": [{"type": "web_search_20250305", "name": "web_search",
+                                                                   "max_uses": 3}]})
+    with pytest.raises(RequestError) as e:
+        asyncio.run(g.hold_fallback(spec, "t", "m", bound, None, 0.0))
+    assert e.value.status == 400 and "tools[0]" in e.value.message and "'m'" in e.value.message
+    held = asyncio.run(g.hold_fallback(spec, "t", "tools", bound, None, 0.0))
+    assert held == pytest.approx(g.hold("tools", bound, None)) and held >= 3 * 0.01  # its three calls held too
+    assert asyncio.run(g.hold_fallback(None, None, "m", bound, None, 0.0)) == 0.0  # no key: nothing held, nothing asked

@@ -126,13 +126,8 @@ class KeyGate:
             return plan, estimate, held_usd
         if estimate is None and model not in self.prices:  # a named model with no price
             estimate = await estimate_of(model)
-        price = self.prices.get(model)
         bound = bound_of()
-        for i, kind in bound.hosted:  # its calls are billed apart: without their price nothing bounds them
-            if price is None or not price.tool_call_usd:
-                raise RequestError(400, f"tools[{i}]: {kind!r} is a hosted tool the provider bills per call, and model "
-                                   f"{model!r} has no price for its calls (price.tool_call_usd in the app's config): a "
-                                   f"key with a budget may not ask for it", f"tools[{i}]")
+        self._tools_priced(model, bound)
         hold = self.hold(model, bound, estimate)
         if hold <= held_usd:
             if hold < held_usd:
@@ -156,6 +151,7 @@ class KeyGate:
         spends no more than was held for it. Returns the USD now held."""
         if spec is None or not spec.budget:
             return held_usd
+        self._tools_priced(model, bound, "the model asked first failed, and the next is ")
         hold = self.hold(model, bound, estimate)
         if hold <= held_usd:
             return held_usd
@@ -164,6 +160,16 @@ class KeyGate:
             raise self._over_budget(spec, verdict, f"(held included); the model asked first failed, and the next, "
                                     f"{model!r}, may cost up to {hold:.6g} USD")
         return hold
+
+    def _tools_priced(self, model: str, bound: TokenBound, why: str = "") -> None:
+        """A 400 where a budgeted key's request asks for a hosted tool (billed per call) that ``model`` has no price
+        for: nothing would bound its calls."""
+        price = self.prices.get(model)
+        for i, kind in bound.hosted:
+            if price is None or not price.tool_call_usd:
+                raise RequestError(400, f"tools[{i}]: {kind!r} is a hosted tool the provider bills per call, and {why}"
+                                   f"model {model!r}, which has no price for its calls (price.tool_call_usd in the "
+                                   f"app's config): a key with a budget may not ask for it", f"tools[{i}]")
 
     def _over_budget(self, spec: KeySpec, verdict: dict, what: str) -> RequestError:
         """The 429 of a request its key's ``reject`` budget refuses (counted): what the key spent of its budget, then
