@@ -4,11 +4,13 @@ cache as Anthropic documents it — a request whose system carries ``cache_contr
 (``cache_creation_input_tokens``) the first time and reads it (``cache_read_input_tokens``) after — and a hosted tool
 (``web_search``: one ``server_tool_use.web_search_requests`` per request that offers it). ``bill(usage)`` prices a usage
 at its published prices. Two faults a client's body can provoke: ``[echo-404]`` in the ask answers a 404 echoing an id
-("Item with id 'rs_x-model' not found."), ``[policy-403]`` a 403 permission error; the key is never the cause."""
+("Item with id 'rs_x-model' not found."), ``[policy-403]`` a 403 permission error; the key is never the cause.
+``[slow]`` in the ask: the answer is generated and billed at once and sent 3 s later, whoever still reads it."""
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import ThreadingHTTPServer
 
 from standin_http import JSONHandler
@@ -93,6 +95,8 @@ class AnthropicStandIn:
                     outer.billed.append(usage)  # generated whole, whether or not its reader stays to the end
                 message = {"id": "msg_standin", "type": "message", "role": "assistant", "model": MODEL,
                            "stop_reason": "end_turn", "stop_sequence": None}
+                if "[slow]" in prompt:
+                    time.sleep(3.0)
                 if not body.get("stream"):
                     self._send(200, {**message, "content": [{"type": "text", "text": "".join(ANSWER)}], "usage": usage})
                     return

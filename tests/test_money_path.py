@@ -36,6 +36,7 @@ def app(tmp_path_factory, encoder):
     f = tmp / "keys.yaml"
     KEYS["dev"] = new_key_entry(f, "dev", budget={"usd": 10.0})
     KEYS["other"] = new_key_entry(f, "other", budget={"usd": 10.0})
+    KEYS["leaver"] = new_key_entry(f, "leaver", budget={"usd": 10.0})
     KEYS["counter"] = new_key_entry(f, "counter", requests_per_minute=30)
     KEYS["tight"] = new_key_entry(f, "tight", budget={"usd": 2e-4, "over_budget": "reject"})
     KEYS["limited"] = new_key_entry(f, "limited", requests_per_minute=2)
@@ -59,9 +60,9 @@ def app(tmp_path_factory, encoder):
     standin.stop()
 
 
-def post(app, path, body, key="dev", **headers):
+def post(app, path, body, key="dev", timeout=60, **headers):
     return httpx.post(f"{app[0]}{path}", json=body, headers={"Authorization": f"Bearer {KEYS[key]}", **headers},
-                      timeout=60)
+                      timeout=timeout)
 
 
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -294,3 +295,29 @@ def test_a_key_is_not_shown_cache_reads_of_a_hosted_providers_shared_cache(app):
                       headers={"Authorization": f"Bearer {KEYS['other']}"}) as s:
         events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
     assert not any("cache_read_input_tokens" in json.dumps(e) or "cache_creation" in json.dumps(e) for e in events)
+
+
+def test_clients_that_leave_whole_answers_are_charged_what_the_endpoint_billed(app):
+    """Five clients ask at once for a whole answer the endpoint bills at once and sends 3 s later, and leave after
+    1.5 s: the gateway reads each on to its end and charges the key what the stand-in billed (as a stream left early
+    is), not 0. (One answer read whole first: the relay's limiter and connections are up, so the five reach the
+    endpoint well within the 1.5 s.)"""
+    standin = app[1]
+    n0 = len(standin.billed)
+    ask = [{"role": "user", "content": "[slow] Which number comes after 7?"}]
+    assert post(app, "/v1/messages", {"model": CLAUDE, "max_tokens": 16, "messages": ask}, key="leaver").status_code == 200
+
+    def leave(i):
+        try:
+            post(app, "/v1/messages", {"model": CLAUDE, "max_tokens": 16, "messages": [
+                {"role": "user", "content": f"[slow] Which number comes after {i}?"}]}, key="leaver", timeout=1.5)
+        except httpx.TimeoutException:
+            return "left"
+        return "answered"
+
+    with ThreadPoolExecutor(5) as pool:
+        assert list(pool.map(leave, range(5))) == ["left"] * 5
+    charged = ledger("leaver")["spent_usd"]  # once nothing it holds is unsettled: the answers read to their ends
+    billed = sum(bill(u) for u in standin.billed[n0:])
+    print(json.dumps({"charged_usd": charged, "billed_usd": billed, "billed": len(standin.billed) - n0}))
+    assert len(standin.billed) - n0 == 6 and charged == pytest.approx(billed, rel=0.01)

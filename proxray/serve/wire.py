@@ -33,19 +33,23 @@ class Reached:
     __slots__ = ("model",)
 
     def __init__(self):
-        self.model = False
+        self.model = None  # the model that has it, the last one asked
 
 
-def reached() -> None:
-    """The request (``REACHED``) reached its model: from here on the model may bill it."""
+def reached(model: str) -> None:
+    """The request (``REACHED``) reached ``model``: from here on the model may bill it."""
     if (r := REACHED.get()) is not None:
-        r.model = True
+        r.model = model
 
 
-async def reached_on_send(event: str, _info) -> None:
-    """httpx's ``trace`` extension for a relayed call: the request reached its endpoint once its headers go out."""
-    if event.endswith(".send_request_headers.started"):
-        reached()
+def reached_on_send(model: str):
+    """httpx's ``trace`` extension for a call relayed to ``model``: the request reached its endpoint once its headers
+    go out."""
+    async def trace(event: str, _info) -> None:
+        if event.endswith(".send_request_headers.started"):
+            reached(model)
+
+    return trace
 
 
 def measure(body: dict) -> TokenBound:

@@ -112,7 +112,7 @@ class ModelClient:
         session = SESSION.get()
         handle = callee.options(stream=True, session_id=session) if session else callee.options(stream=True)
         gen = handle.respond.remote(endpoint, body, HEARTBEAT_S)
-        reached()  # a co-hosted model has it from here on
+        reached(model)  # a co-hosted model has it from here on
         return WatchedStream(gen, model, self.liveness, patient)
 
     async def capabilities(self, models, timeout_s: float = 10.0) -> dict:

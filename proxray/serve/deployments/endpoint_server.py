@@ -196,7 +196,7 @@ class EndpointRelay(OpenAIModel):
         t0, first, answered = time.perf_counter(), True, False
         try:
             async with self.client.stream("POST", path, json=sent, headers=headers or None,
-                                          extensions={"trace": reached_on_send}) as r:
+                                          extensions={"trace": reached_on_send(self.spec.id)}) as r:
                 if r.status_code != 200:
                     text = (await r.aread()).decode(errors="replace")
                     self.answers.inc(1, {**tag, "status": str(r.status_code)})

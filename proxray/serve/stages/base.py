@@ -36,6 +36,7 @@ class Flight:
     estimate: float | None = None  # what the answer is charged at without usage
     before_fallback: Any = None  # awaited with each candidate before it is asked (the key's hold raised for it)
     reached: Any = None  # whether it reached a model (``wire.Reached``): a 504 before that is charged nothing
+    read_on: bool = False  # its client left and its answer is read on to charge its key (``stages.call``)
     model: str | None = None  # the model that answered
     head: Any = None  # its answer, or its stream's first content
     gen: Any = None  # the rest of its stream

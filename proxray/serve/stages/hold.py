@@ -27,12 +27,12 @@ class Hold(Stage):
             f.rp = f.rp.over_budget()
 
     def failed(self, f, error):
-        if f.held is None:
+        if f.held is None or f.read_on:  # read on: settled when its answer ends (``stages.call``)
             return
         if isinstance(error, RequestError):  # nothing spent, unless a model had it past the deadline (a 504)
             keyed = f.plan is not None and f.key is not None
             f.held.refused(error.status, f.plan, bound(f, self.gw.args.default_max_tokens) if keyed else None,
-                           reached=f.reached is not None and f.reached.model)
+                           reached=f.reached is not None and f.reached.model is not None)
         else:  # an unexpected failure, or the client gone before the answer: nothing spent
             f.held.release()
 
