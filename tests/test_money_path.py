@@ -230,6 +230,22 @@ def test_a_request_the_provider_refuses_keeps_none_of_its_limit_from_other_keys(
     assert all(a.json()["model"] == SHARED and not a.json()["proxray"]["fallback_from"] for a in after)
 
 
+def test_a_huge_token_count_keeps_none_of_the_endpoints_limit_from_other_keys(app):
+    """A ~900 KB ``count_tokens`` (what the stand-in counts as ~180,000 tokens, nine minutes of the endpoint's shared
+    20,000-a-minute limit) books nothing of it — a count generates nothing, and providers limit counts apart — so
+    another key's next five requests to that endpoint are answered at once."""
+    import time
+
+    turns = [{"role": ("user", "assistant")[i % 2], "content": "word " * 36_000} for i in range(5)]  # 180 KB each
+    huge = {"model": SHARED, "messages": turns}
+    r = post(app, "/v1/messages/count_tokens", huge, key="admin")
+    assert r.status_code == 200 and r.json()["input_tokens"] > 100_000, r.text[:300]
+    for _ in range(5):
+        t0 = time.monotonic()
+        a = post(app, "/v1/messages", {"model": SHARED, "max_tokens": 8, "messages": ASK}, key="other")
+        assert a.status_code == 200 and a.json()["model"] == SHARED and time.monotonic() - t0 < 5.0, a.text[:300]
+
+
 def counts() -> dict:
     from ray import serve
 

@@ -12,6 +12,9 @@ from proxray.common.pricing import TokenBound, hosted_tools, writes_cache
 
 CHAT_PATH = "/chat/completions"  # the internal request: the chat form every model takes
 COMPLETIONS_PATH = "/completions"
+# a token count (Messages' count_tokens) generates nothing, and providers limit counts apart from their token limits:
+# the relay books nothing of its endpoint's rate limit for one
+COUNT_PATH = "/messages/count_tokens"
 LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")  # a body's output limit, in any protocol
 COUNTS = ("n", "best_of")  # answers a request asks for: its bound is its limit times the larger
 MAX_TOOL_USES = 10_000  # a hosted tool's ``max_uses`` above this bounds nothing

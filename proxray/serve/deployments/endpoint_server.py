@@ -47,7 +47,7 @@ from proxray.pool.upstream import ASK_LISTING, RETRY, TAKE_OUT, error_object, li
 from proxray.serve.config import ServedModel
 from proxray.serve.deployments.models import OpenAIModel
 from proxray.serve.errors import error, is_error
-from proxray.serve.wire import BOUND, DEADLINE, UpstreamHeaders, measure, reached_on_send
+from proxray.serve.wire import BOUND, COUNT_PATH, DEADLINE, UpstreamHeaders, measure, reached_on_send
 
 COOLDOWN_S = 60.0  # a model whose endpoint refuses the gateway's key, or does not know it, is left out this long
 logger = logging.getLogger("ray.serve")
@@ -128,10 +128,11 @@ class EndpointRelay(OpenAIModel):
         deadline = time.monotonic() + self.spec.timeout_s
         sent = {**body, "model": self.spec.source or self.spec.id}
         given = sent.pop(UpstreamHeaders.FIELD, None)  # a protocol's headers; a client's own field is dropped
-        bound = BOUND.get() or measure(sent)  # what the rate limit books: the request's bound, as a budget's hold
-        tokens = bound.tokens or 256
-        if self.limiter is not None and self.limiter.tpm:
-            tokens = min(tokens, int(self.limiter.tpm))  # as the limiter books it (RateLimiter.reserve)
+        # what the rate limit books: the request's bound, as a budget's hold; nothing for a count (COUNT_PATH)
+        limiter = self.limiter if endpoint != COUNT_PATH else None
+        tokens = ((BOUND.get() or measure(sent)).tokens or 256) if limiter is not None else 0
+        if limiter is not None and limiter.tpm:
+            tokens = min(tokens, int(limiter.tpm))  # as the limiter books it (RateLimiter.reserve)
         path, headers = endpoint, {}
         if isinstance(given, UpstreamHeaders):
             headers = {k: str(v) for k, v in given.items()}
@@ -141,8 +142,8 @@ class EndpointRelay(OpenAIModel):
         # the limiter keeps a request waiting within the model's timeout and the request's own (the gateway's)
         patience = min(deadline, DEADLINE.get() or deadline)
         for attempt in range(self.spec.max_retries + 1):
-            if self.limiter is not None:
-                delay = await self.limiter.reserve(tokens, max(0.0, patience - time.monotonic()))
+            if limiter is not None:
+                delay = await limiter.reserve(tokens, max(0.0, patience - time.monotonic()))
                 if delay is None:  # refused, nothing booked: it falls back
                     self.limited.inc(1, tag)
                     yield error(429, f"model {self.spec.id!r}: its rate limit cannot take the request within its "
@@ -162,10 +163,10 @@ class EndpointRelay(OpenAIModel):
                     yield obj
             finally:
                 await tried.aclose()  # the connection goes back now, also when the caller went away
-                if self.limiter is not None and failure is None:  # the booking corrected to what was used, where told
-                    self.limiter.correct(tokens, used.prompt + used.output if used is not None else None)
-                elif self.limiter is not None and not failure.accepted:  # refused or never reached: nothing generated,
-                    self.limiter.correct(tokens, 0)  # so nothing of the endpoint's limit is kept from other keys
+                if limiter is not None and failure is None:  # the booking corrected to what was used, where told
+                    limiter.correct(tokens, used.prompt + used.output if used is not None else None)
+                elif limiter is not None and not failure.accepted:  # refused or never reached: nothing generated,
+                    limiter.correct(tokens, 0)  # so nothing of the endpoint's limit is kept from other keys
             if failure is None:
                 return
             decision, wait = verdict(failure.status, failure.upstream, attempt, self.spec.max_retries,

@@ -18,14 +18,13 @@ from proxray.serve.protocols.base import Turn, sse_data, text_of
 from proxray.serve.protocols.core import LIMIT_FIELDS, Usage, ViaChat, dropped_for, one_limit
 from proxray.serve.protocols.messages.schemas import anthropic_error
 from proxray.serve.protocols.messages.translate import CHAT_TO_MESSAGES, events_from_chat, from_chat, to_chat
-from proxray.serve.wire import UpstreamHeaders
+from proxray.serve.wire import COUNT_PATH, UpstreamHeaders
 
 FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")
 DEFAULT_VERSION = "2023-06-01"  # anthropic-version where the client sends none
 SESSION_HEADER = "x-claude-code-session-id"
 LIMITS = ("max_tokens",)
 CONTENT = ("content_block_delta", "message_delta", "message_stop")
-COUNT_UPSTREAM = "/messages/count_tokens"
 
 
 class AnthropicEvents:
@@ -73,7 +72,7 @@ async def count_tokens(via: ViaChat, model: str, body: dict) -> dict:
     the request as that model reads it (its chat form: a token for every 4 characters)."""
     body = {k: v for k, v in body.items() if k not in LIMIT_FIELDS}  # a count generates nothing: nothing to book
     if model in via.native:
-        async for obj in via.client.stream(model, COUNT_UPSTREAM, via.native_body({**body, "model": model}), True):
+        async for obj in via.client.stream(model, COUNT_PATH, via.native_body({**body, "model": model}), True):
             if is_error(obj):
                 raise RequestError(obj["error"].get("code") or 502, obj["error"]["message"])
             return {"input_tokens": int(obj.get("input_tokens") or 0)}
