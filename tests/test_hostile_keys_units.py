@@ -192,6 +192,21 @@ def test_a_key_holds_at_most_its_concurrent_slots_on_a_replica():
         g.enter(spec)
 
 
+def test_a_key_without_its_own_cap_takes_half_the_replicas_slots_and_leaves_the_rest():
+    """A key with no ``max_concurrent``: at most half the replica's slots (32 of 64) — its slow streams leave another
+    key room on the replica and on the endpoints' slots."""
+    from proxray.serve.errors import RequestError
+
+    g = gate()
+    g.inflight, g.requests, g.share = {}, type("Counter", (), {"inc": lambda *a: None})(), 32
+    slow, other = KeySpec(name="slow", sha256="0" * 64), KeySpec(name="other", sha256="1" * 64)
+    held = [g.enter(slow) for _ in range(32)]
+    with pytest.raises(RequestError) as e:
+        g.enter(slow)
+    assert e.value.status == 429 and "32 requests in flight" in e.value.message
+    assert g.enter(other).name == "other"  # the other key still has room
+
+
 def test_a_cached_prompt_and_a_hosted_tool_are_priced_as_billed():
     price = PriceSpec(input_per_mtok=3.0, output_per_mtok=15.0, tool_call_usd={"web_search_requests": 0.01})
     usage = {"prompt_tokens": 152010, "completion_tokens": 100,

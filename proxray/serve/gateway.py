@@ -77,7 +77,7 @@ class Gateway:
         # per protocol, the models whose endpoints serve it themselves (relayed as sent; the rest through chat)
         self.native = {p.name: {m.id for m in a.models if m.serves(p.name)} for p in protocols.values()}
         self.gate = KeyGate(a.keys_file, load_api_key(a), app_name, {m.id: m.price for m in a.models if m.price},
-                            a.keys_ledger_shards)
+                            a.keys_ledger_shards, a.router_max_ongoing_requests)
         self.listing = ModelList(self.gate, self.policy.routable, self.client.handles,
                                  {m.id: m.engine for m in a.models})  # GET /v1/models, /v1/models/{model}
         self.replica = serve.get_replica_context().replica_id.unique_id  # which ingress replica answered

@@ -19,8 +19,11 @@ class KeyGate:
     file, or nobody where no key is configured), and, for a key of the file, its rules (``rules``, the one
     ``KeyRules``), its rate and budget through the ledger, what the request holds and its answers' cost charged."""
 
-    def __init__(self, keys_file: str | None, api_key: bytes, app_name: str, prices: dict, ledger_shards: int = 1):
+    def __init__(self, keys_file: str | None, api_key: bytes, app_name: str, prices: dict, ledger_shards: int = 1,
+                 slots: int = 64):
         from proxray.common.metric_defs import metric
+
+        self.share = max(1, slots // 2)  # a key's requests in flight on this replica where its max_concurrent is unset
 
         self.ring = KeyRing(keys_file) if keys_file else None
         self.api_key, self.prices = api_key, prices
@@ -32,15 +35,16 @@ class KeyGate:
         self.prompt_tokens = metric("proxray_key_prompt_tokens")
 
     def enter(self, spec: KeySpec | None) -> "Slot":
-        """One of the key's ``max_concurrent`` slots on this replica, held until the answer ends (``Slot.release``):
-        429 at once where they are all taken."""
+        """One of the key's ``max_concurrent`` slots on this replica (by default half the replica's), held until the
+        answer ends (``Slot.release``): 429 at once where they are all taken."""
         if spec is None:
             return Slot(self, None)
-        n = self.inflight.get(spec.name, 0)
-        if n >= spec.max_concurrent:
+        n, cap = self.inflight.get(spec.name, 0), spec.max_concurrent or self.share
+        if n >= cap:
             self.requests.inc(1, {"key": spec.name, "outcome": "concurrent"})
-            raise RequestError(429, f"key {spec.name!r}: {spec.max_concurrent} requests in flight at once at most "
-                               "(max_concurrent in the keys file)", kind="rate_limit_error", headers={"retry-after": "1"})
+            raise RequestError(429, f"key {spec.name!r}: {cap} requests in flight at once at most on this replica "
+                               "(max_concurrent in the keys file; by default half the replica's slots)",
+                               kind="rate_limit_error", headers={"retry-after": "1"})
         self.inflight[spec.name] = n + 1
         return Slot(self, spec.name)
 

@@ -49,10 +49,10 @@ class KeySpec(StrictModel):
                                              "by name); default: all")
     requests_per_minute: float | None = Field(None, gt=0, description="its request rate across every replica")
     budget: KeyBudget | None = Field(None, description="what it may spend per window; none: no limit")
-    max_concurrent: int = Field(64, ge=1, description=(
-        "its requests in flight at once on one ingress replica (a stream until it ends); past it a 429 at once, so "
-        "one key cannot hold the slots every key shares (an endpoint's max_ongoing_requests per replica, 64 by "
-        "default)"))
+    max_concurrent: int | None = Field(None, ge=1, description=(
+        "its requests in flight at once on one ingress replica (a stream until it ends); past it a 429 at once. "
+        "Default: half the replica's router_max_ongoing_requests (32 of 64), so one key's slow requests leave the "
+        "other keys room on the slots they share (the replica's, and each endpoint's max_ongoing_requests)"))
     feedback: Literal["train", "record", "off"] = Field("record", description=(
         "its POST /v1/feedback: train (the drift monitor learns from its scores), record (counted in the metrics, "
         "never trains the shared router: the default, so a careless or hostile key cannot steer it) or off (403)"))
