@@ -572,3 +572,23 @@ def test_a_relayed_request_reached_its_endpoint_only_once_its_headers_went_out(m
     finally:
         for s in (full, silent, *fillers, *(c for c, _ in taken)):
             s.close()
+
+
+def test_a_keys_report_coarsens_distances_to_other_keys_references_and_hides_the_shared_lambda():
+    """What a key of the keys file is shown: the outlier score and the evidence's distances to 2 decimals, no
+    reference's query id (a hash of its text) or row, and no λ the served budget's controller (moved by every key's
+    traffic) set; the app's own key sees them whole."""
+    import copy
+
+    from proxray.serve.request.report import completed
+
+    report = {"routed": True, "lam": 0.7312, "lam_from": "budget", "outlier_score": 0.123456, "budget": {"x": 1},
+              "router_path": "/r", "evidence": {"outlier_score": 0.123456, "elements": [
+                  {"row": 7, "query_id": "q-3f2a", "task": "gsm8k", "distance": 0.123456, "weight": 0.5}]}}
+    whole = copy.deepcopy(report)
+    completed(whole, 0.1, {}, "r1", None, None, keyed=False)
+    assert whole["outlier_score"] == 0.123456 and whole["evidence"]["elements"][0]["query_id"] == "q-3f2a"
+    completed(report, 0.1, {}, "r1", None, {"name": "k"}, keyed=True)
+    assert report["outlier_score"] == 0.12 and report["lam"] is None and "budget" not in report
+    (element,) = report["evidence"]["elements"]
+    assert element == {"task": "gsm8k", "distance": 0.12, "weight": 0.5} and report["evidence"]["outlier_score"] == 0.12

@@ -122,7 +122,7 @@ def response_headers(report: dict) -> dict:
     """The ``x-proxray-*`` headers of an answer, from its ``proxray`` report."""
     h = {"x-proxray-model": report["model"], "x-proxray-routed": str(report["routed"]).lower()}
     if report.get("routed"):
-        h["x-proxray-outlier-score"] = f"{report['outlier_score']:.6f}"
+        h["x-proxray-outlier-score"] = f"{report['outlier_score']:.6g}"  # as the report has it (coarse for a key)
         h["x-proxray-estimated-cost"] = f"{report['estimated_cost']:.6g}"
     if report["fallback_from"]:
         h["x-proxray-fallback-from"] = ",".join(report["fallback_from"])

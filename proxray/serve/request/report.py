@@ -8,12 +8,14 @@ REPORT_FIELDS: dict[str, tuple[str, str]] = {
     "model": ("always", "the model that answered"),
     "routed": ("always", "true where the router chose the model (`model: \"proxray\"` or an alias that routes); "
                "false for a model named in the request"),
-    "lam": ("routed", "λ of the decision acc − λ·cost"),
+    "lam": ("routed", "λ of the decision acc − λ·cost (null to a key of the keys file where the served budget's "
+                      "controller set it: every key's traffic moves it)"),
     "lam_from": ("routed", "where λ came from: `request` (`proxray.lam`), `alias` (the model alias's), `key` (the "
                  "API key's), `budget` (the served budget's controller), `over_budget` (the key past a `cheapest` "
                  "budget: cost decides), `app` (the app's `lam`)"),
     "outlier_score": ("routed", "how far the query lies from what the router was fitted on (the nearest "
-                      "neighbours' or clusters' distance); also the header `x-proxray-outlier-score`"),
+                      "neighbours' or clusters' distance; to 2 decimals for a key of the keys file); also the header "
+                      "`x-proxray-outlier-score`"),
     "router_path": ("routed, the app's single key", "the router artifact that decided"),
     "estimates": ("routed", "`{model: {accuracy, cost}}`: the router's estimates of each candidate, in the order "
                   "they were (or would have been) tried"),
@@ -37,7 +39,8 @@ REPORT_FIELDS: dict[str, tuple[str, str]] = {
                      "`margin`, `direction`; `tool_loop: true` where a turn returning tool results stayed"),
     "evidence": ("`proxray.explain` or `x-proxray-explain: 1`", "the neighbours or clusters with the most weight, "
                  "every model's estimate and objective, the winner's margin, the outlier score against the router's "
-                 "threshold, `explain_ms`"),
+                 "threshold, `explain_ms`; for a key of the keys file, distances to 2 decimals and no reference's "
+                 "`query_id` or `row`"),
     "budget": ("a served budget (`budget:`), the app's single key", "the budget's state: `cost_per_query` (its target), `basis`, "
                "`recent_mean_cost`, `requests` (and `unmetered` on a realised basis); λ is `lam`, beside it"),
     "route_ms": ("routed", "ms to route: encode, estimate, plan"),
@@ -82,12 +85,29 @@ def completed(report: dict, latency_s: float, timings: dict, replica: str, strea
         private(report)
 
 
+COARSE = 2  # decimals of a distance a key is shown: the router's references may hold other keys' absorbed prompts
+
+
 def private(report: dict) -> None:
-    """What a key of the keys file is not shown of its own report: the app's router path, the served budget's state,
-    the encoder's batch, how long its text waited for the encoder (other keys' load) and whether the cache held it
-    (another key may have sent it) — ``report`` in place; its ``embed_ms`` is the encoder pass alone."""
+    """What a key of the keys file is not shown of its own report: the app's router path, the served budget's state
+    (and its λ, which every key's traffic moves), the encoder's batch, how long its text waited for the encoder (other
+    keys' load) and whether the cache held it (another key may have sent it) — ``report`` in place; its ``embed_ms`` is
+    the encoder pass alone. Distances to the router's references (the outlier score, the evidence's) are coarsened
+    and the evidence names no reference query: those the drift monitor absorbed are other keys' prompts, and an exact
+    distance, or a query's id (a hash of its text), would tell a key whether another sent a prompt it guesses."""
     report.pop("router_path", None)
     report.pop("budget", None)
+    if report.get("lam_from") == "budget":
+        report["lam"] = None
+    if isinstance(report.get("outlier_score"), float):
+        report["outlier_score"] = round(report["outlier_score"], COARSE)
+    evidence = report.get("evidence")
+    if evidence:
+        evidence["outlier_score"] = round(evidence["outlier_score"], COARSE)
+        for element in evidence.get("elements", []):
+            element.pop("query_id", None)
+            element.pop("row", None)
+            element["distance"] = round(element["distance"], COARSE)
     timings = report.get("timings", {})
     if "encode_ms" in timings:
         timings["embed_ms"] = timings["encode_ms"]
