@@ -1,7 +1,8 @@
 """A stand-in for Anthropic's Messages API on 127.0.0.1, written for the tests (no proxray code in it): ``x-api-key``,
 ``GET /v1/models``, ``POST /v1/messages`` (whole and streamed) and ``/v1/messages/count_tokens``, billing its prompt
 cache as Anthropic documents it — a request whose system carries ``cache_control`` writes its prompt to the cache
-(``cache_creation_input_tokens``) the first time and reads it (``cache_read_input_tokens``) after — and a hosted tool
+(``cache_creation_input_tokens``, split by lifetime in ``cache_creation``; ``"ttl": "1h"`` the one-hour cache, billed
+higher) the first time and reads it (``cache_read_input_tokens``) after — and a hosted tool
 (``web_search``: one ``server_tool_use.web_search_requests`` per request that offers it). ``bill(usage)`` prices a usage
 at its published prices. Two faults a client's body can provoke: ``[echo-404]`` in the ask answers a 404 echoing an id
 ("Item with id 'rs_x-model' not found."), ``[policy-403]`` a 403 permission error; the key is never the cause.
@@ -18,14 +19,17 @@ from standin_http import JSONHandler
 MODEL = "claude-standin-1"
 MAX_TOKENS = 64_000  # the most a request may ask of the model (a larger max_tokens is a 400)
 # USD per million tokens, and per search, as the stand-in's provider publishes them
-PRICES = {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_read": 0.30, "web_search": 0.01}
+PRICES = {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_write_1h": 6.0, "cache_read": 0.30,
+          "web_search": 0.01}
 ANSWER = ["The", " answer", " is", " 42."]
 
 
 def bill(usage: dict) -> float:
     """USD the provider bills for one answer's ``usage``."""
+    hour = (usage.get("cache_creation") or {}).get("ephemeral_1h_input_tokens", 0)  # the one-hour cache's writes
     return (usage.get("input_tokens", 0) * PRICES["input"] + usage.get("output_tokens", 0) * PRICES["output"]
-            + usage.get("cache_creation_input_tokens", 0) * PRICES["cache_write"]
+            + (usage.get("cache_creation_input_tokens", 0) - hour) * PRICES["cache_write"]
+            + hour * PRICES["cache_write_1h"]
             + usage.get("cache_read_input_tokens", 0) * PRICES["cache_read"]) / 1e6 \
         + (usage.get("server_tool_use") or {}).get("web_search_requests", 0) * PRICES["web_search"]
 
@@ -89,6 +93,10 @@ class AnthropicStandIn:
                         first = _text(system) not in outer.cached
                         outer.cached.add(_text(system))
                     usage["cache_creation_input_tokens" if first else "cache_read_input_tokens"] = cached
+                    if first:  # the write's split by lifetime, as Anthropic reports it
+                        hour = any((b.get("cache_control") or {}).get("ttl") == "1h" for b in system)
+                        usage["cache_creation"] = {"ephemeral_5m_input_tokens": 0 if hour else cached,
+                                                   "ephemeral_1h_input_tokens": cached if hour else 0}
                 if any(t.get("type", "").startswith("web_search") for t in body.get("tools") or []):
                     usage["server_tool_use"] = {"web_search_requests": 1}
                 with outer.lock:

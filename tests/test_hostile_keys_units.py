@@ -274,3 +274,26 @@ def test_a_fallback_to_a_model_without_tool_prices_is_refused_for_a_budgeted_key
     held = asyncio.run(g.hold_fallback(spec, "t", "tools", bound, None, 0.0))
     assert held == pytest.approx(g.hold("tools", bound, None)) and held >= 3 * 0.01  # its three calls held too
     assert asyncio.run(g.hold_fallback(None, None, "m", bound, None, 0.0)) == 0.0  # no key: nothing held, nothing asked
+
+
+def test_a_hit_is_charged_as_the_miss_it_would_have_been_and_a_one_hour_write_at_its_price():
+    """``as_missed``: a cache read charged as the write a miss would have been (``5m`` or ``1h``, as the request
+    asked), or as plain input where the request asked for no write — so a hit and a miss of one prompt cost the same;
+    ``PriceSpec.cost``: the one-hour cache's writes at 2 × input by default."""
+    from proxray.common.pricing import Usage, as_missed, writes_cache
+
+    price = PriceSpec(input_per_mtok=3.0, output_per_mtok=15.0)
+    miss = {"prompt_tokens": 1010, "completion_tokens": 4, "prompt_tokens_details": {"cache_write_tokens": 1000}}
+    hit = {"prompt_tokens": 1010, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 1000}}
+    assert price.cost(as_missed(hit, "5m")) == pytest.approx(price.cost(miss)) and price.cost(miss) > price.cost(hit)
+    assert price.cost(as_missed(hit, "")) == pytest.approx(price.tokens(1010, 4))  # automatic caching: plain input
+    assert as_missed(miss, "5m") is miss  # nothing read: as billed
+    hour = Usage.of_messages({"input_tokens": 10, "output_tokens": 4, "cache_creation_input_tokens": 1000,
+                              "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 1000}})
+    assert price.cost(hour.chat()) == pytest.approx((10 * 3.0 + 1000 * 6.0 + 4 * 15.0) / 1e6)
+    assert price.cost(as_missed(hit, "1h")) == pytest.approx(price.cost(hour.chat()))
+    assert Usage.of_messages(hour.messages()) == hour  # written back in Messages' words, split by lifetime
+    body = {"system": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}
+    assert writes_cache(body) == "5m" and writes_cache({"messages": []}) == ""
+    body["tools"] = [{"name": "t", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    assert writes_cache(body) == "1h" and price.bound(100, 0, "1h") == pytest.approx(100 * 6.0 / 1e6)

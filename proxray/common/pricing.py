@@ -28,12 +28,13 @@ class TokenBound:
     by (``proxray.serve.wire.measure`` measures a body once): ``prompt``, its whole body (messages, tools, schemas,
     instructions, a Responses conversation's history; a token for every 3 characters, more than any tokenizer gives for
     text); ``output``, its output limit (``limit``) for each of its answers; whether it asks its provider to write its
-    prompt to a cache (``writes_cache``); its hosted tools (``hosted``: (index, type) of each) and the calls it bounds
-    them to (``tool_calls``); ``chars``, its JSON's length (what a conversation's expected prompt is counted from)."""
+    prompt to a cache (``writes_cache``: ``"5m"`` or ``"1h"``, the lifetime it asks; ``""``: none); its hosted tools
+    (``hosted``: (index, type) of each) and the calls it bounds them to (``tool_calls``); ``chars``, its JSON's length
+    (what a conversation's expected prompt is counted from)."""
 
     prompt: int = 0
     output: int = 0
-    writes_cache: bool = False
+    writes_cache: str = ""
     hosted: tuple = ()
     tool_calls: int = 0
     chars: int = 0
@@ -56,19 +57,40 @@ def hosted_tools(body: dict) -> list:
             if isinstance(t, dict) and isinstance(t.get("type"), str) and t["type"].startswith(HOSTED_TOOLS)]
 
 
-def writes_cache(body: dict) -> bool:
+def writes_cache(body: dict) -> str:
     """Whether a request asks its provider to write its prompt to a cache (Anthropic's ``cache_control`` on a block, a
-    tool or the request), which bills that prompt above the input price."""
-    stack = [body]
+    tool or the request), which bills that prompt above the input price: ``"1h"`` where any asks for the one-hour
+    cache (``"ttl": "1h"``, billed higher), else ``"5m"``; ``""`` where none asks."""
+    stack, found = [body], ""
     while stack:
         v = stack.pop()
         if isinstance(v, dict):
-            if "cache_control" in v:
-                return True
+            control = v.get("cache_control")
+            if control is not None:
+                if isinstance(control, dict) and control.get("ttl") == "1h":
+                    return "1h"
+                found = "5m"
             stack.extend(v.values())
         elif isinstance(v, list):
             stack.extend(v)
-    return False
+    return found
+
+
+def as_missed(usage: dict, writes: str) -> dict:
+    """Chat-words ``usage`` charged as if the provider's prompt cache had held nothing of the request: its cache reads
+    counted as what a miss writes (``writes``: the lifetime the request asked, ``"5m"`` or ``"1h"``), or as plain input
+    where it asked for no write. A cache a gateway's keys share at a hosted provider serves one key's hit from another
+    key's write: charged so, a hit and a miss of the same prompt cost a key the same, and its spend tells it nothing of
+    what others sent (the provider's bill, a read being the cheapest, is never above it)."""
+    details = dict(usage.get("prompt_tokens_details") or {})
+    read = _int(details.pop("cached_tokens", 0))
+    if not read:
+        return usage
+    if writes:
+        details["cache_write_tokens"] = _int(details.get("cache_write_tokens")) + read
+        if writes == "1h":
+            details["cache_write_1h_tokens"] = _int(details.get("cache_write_1h_tokens")) + read
+    return {**usage, "prompt_tokens_details": details}
 
 
 def _int(value) -> int:
@@ -85,6 +107,7 @@ class Usage:
     input: int = 0
     cache_read: int = 0
     cache_write: int = 0
+    cache_write_1h: int = 0  # of cache_write, what was written for an hour (Anthropic's one-hour cache)
     output: int = 0
     reasoning: int = 0
     tool_calls: dict = field(default_factory=dict)
@@ -119,9 +142,11 @@ class Usage:
         if not isinstance(u, dict) or ("input_tokens" not in u and "output_tokens" not in u):
             return None
         tools = {k: _int(v) for k, v in (u.get("server_tool_use") or {}).items() if _int(v)}
+        written = _int(u.get("cache_creation_input_tokens"))
+        by_ttl = u.get("cache_creation") if isinstance(u.get("cache_creation"), dict) else {}
         return cls(input=_int(u.get("input_tokens")), cache_read=_int(u.get("cache_read_input_tokens")),
-                   cache_write=_int(u.get("cache_creation_input_tokens")), output=_int(u.get("output_tokens")),
-                   tool_calls=tools)
+                   cache_write=written, cache_write_1h=min(_int(by_ttl.get("ephemeral_1h_input_tokens")), written),
+                   output=_int(u.get("output_tokens")), tool_calls=tools)
 
     @classmethod
     def of_any(cls, u) -> "Usage | None":
@@ -170,8 +195,8 @@ class Usage:
         tools = {k: max(self.tool_calls.get(k, 0), other.tool_calls.get(k, 0))
                  for k in {*self.tool_calls, *other.tool_calls}}
         return Usage(max(self.input, other.input), max(self.cache_read, other.cache_read),
-                     max(self.cache_write, other.cache_write), max(self.output, other.output),
-                     max(self.reasoning, other.reasoning), tools)
+                     max(self.cache_write, other.cache_write), max(self.cache_write_1h, other.cache_write_1h),
+                     max(self.output, other.output), max(self.reasoning, other.reasoning), tools)
 
     # -- written
     def chat(self) -> dict:
@@ -179,7 +204,8 @@ class Usage:
         ``prompt_tokens_details.cache_write_tokens`` and hosted tools' calls as ``server_tool_use``, which chat has no
         field for."""
         out = {"prompt_tokens": self.prompt, "completion_tokens": self.output, "total_tokens": self.prompt + self.output}
-        details = {k: v for k, v in (("cached_tokens", self.cache_read), ("cache_write_tokens", self.cache_write)) if v}
+        details = {k: v for k, v in (("cached_tokens", self.cache_read), ("cache_write_tokens", self.cache_write),
+                                     ("cache_write_1h_tokens", self.cache_write_1h)) if v}
         if details:
             out["prompt_tokens_details"] = details
         if self.reasoning:
@@ -199,6 +225,9 @@ class Usage:
             out["cache_read_input_tokens"] = self.cache_read
         if self.cache_write:
             out["cache_creation_input_tokens"] = self.cache_write
+            if self.cache_write_1h:
+                out["cache_creation"] = {"ephemeral_5m_input_tokens": self.cache_write - self.cache_write_1h,
+                                         "ephemeral_1h_input_tokens": self.cache_write_1h}
         if self.tool_calls:
             out["server_tool_use"] = dict(self.tool_calls)
         return out

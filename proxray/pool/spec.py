@@ -31,7 +31,8 @@ class Sampling(StrictModel):
     top_p: float = Field(1.0, ge=0, le=1, description="nucleus sampling: the probability mass sampled from")
 
 
-CACHE_READ_RATIO, CACHE_WRITE_RATIO = 0.1, 1.25  # of the input price, where a config gives none (providers' lists)
+# of the input price, where a config gives none (providers' lists): cache reads, 5-minute and one-hour cache writes
+CACHE_READ_RATIO, CACHE_WRITE_RATIO, CACHE_WRITE_1H_RATIO = 0.1, 1.25, 2.0
 
 
 class PriceSpec(StrictModel):
@@ -46,6 +47,9 @@ class PriceSpec(StrictModel):
     cache_write_per_mtok: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
         f"USD per million prompt tokens written to the provider's prompt cache; default {CACHE_WRITE_RATIO:g} × "
         "input_per_mtok (Anthropic's 5-minute cache; 2 × for its 1-hour one)"))
+    cache_write_1h_per_mtok: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
+        f"USD per million prompt tokens written to the provider's one-hour prompt cache (a block whose cache_control "
+        f"asks \"ttl\": \"1h\"); default {CACHE_WRITE_1H_RATIO:g} × input_per_mtok (Anthropic's)"))
     cache_ttl_s: float = Field(300.0, gt=0, allow_inf_nan=False, description=(
         "how long the provider keeps a prompt in its cache after its last use (300: Anthropic's default 5-minute cache "
         "and OpenAI's in-memory one; 3600 for Anthropic's 1-hour cache): a conversation's next turn within it is "
@@ -61,26 +65,29 @@ class PriceSpec(StrictModel):
         """USD for these token counts (numbers or arrays): ``common.pricing.token_cost``."""
         return token_cost(input_tokens, output_tokens, self.input_per_mtok, self.output_per_mtok)
 
-    def bound(self, prompt_tokens: int, completion_tokens: int, writes_cache: bool = False) -> float:
+    def bound(self, prompt_tokens: int, completion_tokens: int, writes_cache: str = "") -> float:
         """USD these tokens can cost at most: the prompt at the input price — at the cache-write price where the request
-        asks the provider to cache it (``writes_cache``: Anthropic's ``cache_control``), which costs more — and the
-        completion at the output price."""
-        prompt_price = max(self.input_per_mtok, self.write_price()) if writes_cache else self.input_per_mtok
+        asks the provider to cache it (``writes_cache``: Anthropic's ``cache_control``, ``"5m"`` or ``"1h"``), which
+        costs more — and the completion at the output price."""
+        prompt_price = max(self.input_per_mtok, self.write_price(writes_cache)) if writes_cache else self.input_per_mtok
         return (prompt_tokens * prompt_price + completion_tokens * self.output_per_mtok) / 1e6
 
     def read_price(self) -> float:
         """USD per million prompt tokens read from the cache."""
         return self.cache_read_per_mtok if self.cache_read_per_mtok is not None else CACHE_READ_RATIO * self.input_per_mtok
 
-    def write_price(self) -> float:
-        """USD per million prompt tokens written to the cache."""
+    def write_price(self, ttl: str = "5m") -> float:
+        """USD per million prompt tokens written to the cache (``ttl``: ``"1h"``, the one-hour cache)."""
+        if ttl == "1h":
+            return (self.cache_write_1h_per_mtok if self.cache_write_1h_per_mtok is not None else
+                    CACHE_WRITE_1H_RATIO * self.input_per_mtok)
         return (self.cache_write_per_mtok if self.cache_write_per_mtok is not None else
                 CACHE_WRITE_RATIO * self.input_per_mtok)
 
     def cost(self, usage) -> float | None:
         """USD of one answer from its ``usage`` in chat's words: ``prompt_tokens`` (of them, cache reads in
-        ``prompt_tokens_details.cached_tokens`` and writes in ``prompt_tokens_details.cache_write_tokens``, each at its
-        price), ``completion_tokens``, and hosted tools' calls (``server_tool_use``); None without usable token
+        ``prompt_tokens_details.cached_tokens`` and writes in ``prompt_tokens_details.cache_write_tokens``, of them
+        ``cache_write_1h_tokens`` for the one-hour cache, each at its price), ``completion_tokens``, and hosted tools' calls (``server_tool_use``); None without usable token
         counts."""
         if not isinstance(usage, dict):
             return None
@@ -90,7 +97,9 @@ class PriceSpec(StrictModel):
         details = usage.get("prompt_tokens_details") or {}
         read = min(_count(details.get("cached_tokens")), p)
         written = min(_count(details.get("cache_write_tokens")), p - read)
-        usd = float(self.tokens(p - read - written, c)) + (read * self.read_price() + written * self.write_price()) / 1e6
+        hour = min(_count(details.get("cache_write_1h_tokens")), written)  # of the writes, the one-hour cache's
+        usd = float(self.tokens(p - read - written, c)) + (read * self.read_price() + (written - hour) * self.write_price()
+                                                           + hour * self.write_price("1h")) / 1e6
         tools = usage.get("server_tool_use") or {}
         return usd + sum(_count(n) * self.tool_call_usd.get(name, 0.0) for name, n in tools.items())
 

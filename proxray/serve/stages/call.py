@@ -58,6 +58,6 @@ async def _settle(f, asked) -> None:
         f.held.release()
         return
     estimate = f.plan.report.get("estimates", {}).get(model, {}).get("cost", f.estimate)
-    charge = f.held.charger(model, estimate, f.bound)
+    charge = f.held.charger(model, estimate, f.bound, shared_cache=True)  # a relayed endpoint's cache is every key's
     if charge is not None:
         charge(f.turn.usage(head[0]) if head else None)

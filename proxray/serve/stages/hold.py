@@ -36,8 +36,8 @@ class Hold(Stage):
         else:  # an unexpected failure, or the client gone before the answer: nothing spent
             f.held.release()
 
-    def answered(self, f):
-        return f.held.charger(f.model, f.estimate, f.bound)
+    def answered(self, f):  # a hosted provider's prompt cache is every key's: charged as if it had missed
+        return f.held.charger(f.model, f.estimate, f.bound, shared_cache=self.gw.client.relayed(f.model))
 
 
 class Rehold(Stage):

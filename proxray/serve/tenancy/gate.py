@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hmac
 
-from proxray.common.pricing import TokenBound, Usage, answer_cost
+from proxray.common.pricing import TokenBound, Usage, answer_cost, as_missed
 from proxray.serve.errors import RequestError
 from proxray.serve.tenancy.keys import KeyRing, KeySpec
 from proxray.serve.tenancy.ledger import LedgerClient
@@ -203,18 +203,22 @@ class KeyGate:
         return out
 
     def charger(self, spec: KeySpec | None, model: str, estimate: float | None, ticket: str | None = None,
-                bound: TokenBound | None = None):
+                bound: TokenBound | None = None, shared_cache: bool = False):
         """A function of an answer's ``usage`` that settles the key's hold (``ticket``) to the answer's cost at the
         model's price. An answer that ends without usage — its client gone before the usage chunk, its model failed
         mid-stream, or no usage sent — is charged its hold (``hold``: what it was allowed to cost), never 0; the
-        estimate stands where the model has no price. None for the single key or no auth."""
+        estimate stands where the model has no price. ``shared_cache``: the model's prompt cache is one every key of
+        the gateway shares (a hosted provider's), so the answer is charged as if it had missed it (``as_missed``): a
+        key's spend does not tell it what another key cached. None for the single key or no auth."""
         if spec is None:
             return None
         price = self.prices.get(model)
-        held = self.hold(model, bound or TokenBound(), estimate)
+        bound = bound or TokenBound()
+        held = self.hold(model, bound, estimate)
 
         def charge(usage):
-            usd = answer_cost(price, usage, held)[0] or 0.0
+            priced = as_missed(usage, bound.writes_cache) if shared_cache and isinstance(usage, dict) else usage
+            usd = answer_cost(price, priced, held)[0] or 0.0
             u = Usage.of_chat(usage)
             tokens = (u.prompt, u.cache_read) if u is not None and u.prompt else None
             if usd > 0:
@@ -275,9 +279,9 @@ class Held:
         else:
             self.release()
 
-    def charger(self, model: str, estimate: float | None, bound: TokenBound | None):
+    def charger(self, model: str, estimate: float | None, bound: TokenBound | None, shared_cache: bool = False):
         """The answer's charger (``KeyGate.charger``), which settles the hold from now on — once, whatever calls it."""
-        charge = self.gate.charger(self.spec, model, estimate, self.ticket, bound) if self.open else None
+        charge = self.gate.charger(self.spec, model, estimate, self.ticket, bound, shared_cache) if self.open else None
         self.open = False
         if charge is None:
             return None
