@@ -297,3 +297,20 @@ def test_a_hit_is_charged_as_the_miss_it_would_have_been_and_a_one_hour_write_at
     assert writes_cache(body) == "5m" and writes_cache({"messages": []}) == ""
     body["tools"] = [{"name": "t", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
     assert writes_cache(body) == "1h" and price.bound(100, 0, "1h") == pytest.approx(100 * 6.0 / 1e6)
+
+
+def test_hosted_tool_calls_of_a_relayed_responses_answer_are_counted_from_its_items_and_priced():
+    """The Responses API reports no usage field for its hosted tools: each ``web_search_call`` item of the answer is
+    one call, priced at ``tool_call_usd`` under the item's type (before: three searches charged $0)."""
+    from proxray.serve.protocols.responses.turn import ResponsesTurn
+
+    answer = {"object": "response", "status": "completed", "usage": {"input_tokens": 100, "output_tokens": 20,
+                                                                     "input_tokens_details": {"cached_tokens": 0}},
+              "output": [{"type": "web_search_call", "id": f"ws_{i}", "status": "completed"} for i in range(3)]
+              + [{"type": "function_call", "name": "f"}, {"type": "message", "role": "assistant", "content": []}]}
+    usage = ResponsesTurn.usage(answer)
+    assert usage["server_tool_use"] == {"web_search_call": 3}  # the function call is the client's, not billed apart
+    price = PriceSpec(input_per_mtok=1.0, output_per_mtok=4.0, tool_call_usd={"web_search_call": 0.01})
+    assert price.cost(usage) == pytest.approx((100 * 1.0 + 20 * 4.0) / 1e6 + 0.03)
+    streamed = {"type": "response.completed", "response": answer}  # a stream's last event: the same count
+    assert ResponsesTurn.usage(streamed)["server_tool_use"] == {"web_search_call": 3}

@@ -129,13 +129,20 @@ class Usage:
                    reasoning=_int((u.get("completion_tokens_details") or {}).get("reasoning_tokens")))
 
     @classmethod
-    def of_responses(cls, u) -> "Usage | None":
+    def of_responses(cls, u, output=None) -> "Usage | None":
+        """``output``: the response's output items, where its hosted tools' calls are counted (a ``web_search_call``
+        item each: the Responses API's usage has no field for them), under the item's type."""
         if not isinstance(u, dict) or "input_tokens" not in u:
             return None
         cached = _int((u.get("input_tokens_details") or {}).get("cached_tokens"))
         prompt = _int(u.get("input_tokens"))
+        calls: dict = {}
+        for item in output if isinstance(output, list) else ():
+            kind = item.get("type") if isinstance(item, dict) else None
+            if isinstance(kind, str) and kind.endswith("_call") and kind.startswith(HOSTED_TOOLS):
+                calls[kind] = calls.get(kind, 0) + 1
         return cls(input=max(prompt - cached, 0), cache_read=min(cached, prompt), output=_int(u.get("output_tokens")),
-                   reasoning=_int((u.get("output_tokens_details") or {}).get("reasoning_tokens")))
+                   reasoning=_int((u.get("output_tokens_details") or {}).get("reasoning_tokens")), tool_calls=calls)
 
     @classmethod
     def of_messages(cls, u) -> "Usage | None":

@@ -59,7 +59,8 @@ class PriceSpec(StrictModel):
         "Anthropic's Haiku; 0 for a co-hosted vLLM model's prefix cache)"))
     tool_call_usd: dict[str, float] = Field({}, description=(
         "USD per call of a hosted tool the provider runs and bills apart, by the name its usage counts it under, e.g. "
-        "{web_search_requests: 0.01} (Anthropic's web search: 10 USD per 1,000)"))
+        "{web_search_requests: 0.01} (Anthropic's web search: 10 USD per 1,000); through the Responses API, by its "
+        "output item's type, e.g. {web_search_call: 0.01}"))
 
     def tokens(self, input_tokens, output_tokens):
         """USD for these token counts (numbers or arrays): ``common.pricing.token_cost``."""

@@ -93,7 +93,7 @@ class ResponsesTurn(Turn):
     @staticmethod
     def usage(obj: dict) -> dict | None:
         r = final_response(obj)
-        u = Usage.of_responses(r.get("usage")) if r else None
+        u = Usage.of_responses(r.get("usage"), r.get("output")) if r else None  # hosted tools' calls among its items
         return u.chat() if u is not None else None
 
     def answer_id(self, obj: dict) -> str:
