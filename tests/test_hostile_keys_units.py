@@ -314,3 +314,27 @@ def test_hosted_tool_calls_of_a_relayed_responses_answer_are_counted_from_its_it
     assert price.cost(usage) == pytest.approx((100 * 1.0 + 20 * 4.0) / 1e6 + 0.03)
     streamed = {"type": "response.completed", "response": answer}  # a stream's last event: the same count
     assert ResponsesTurn.usage(streamed)["server_tool_use"] == {"web_search_call": 3}
+
+
+def test_the_priority_tier_and_the_long_context_tier_are_charged_and_held_at_their_multipliers():
+    """An answer the provider reports at ``service_tier: priority`` is charged 2× (OpenAI's list; flex 0.5×) and a
+    request that asks for it is held so; a prompt past a model's ``long_context.above_tokens`` is charged and held at
+    its multipliers (Anthropic's: input 2×, output 1.5×). Before: both at the base price."""
+    from proxray.serve.protocols.base import Turn
+
+    g = gate()
+    price = PriceSpec(input_per_mtok=1.0, output_per_mtok=4.0, long_context={"above_tokens": 200_000})
+    g.prices = {"m": price}
+    base = {"prompt_tokens": 1000, "completion_tokens": 100}
+    usage = Turn.usage({"usage": base, "service_tier": "priority"})
+    assert price.cost(usage) == pytest.approx(2 * price.cost(base))
+    assert price.cost({**base, "service_tier": "flex"}) == pytest.approx(0.5 * price.cost(base))
+    assert price.cost({**base, "service_tier": "default"}) == pytest.approx(price.cost(base))
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+    for tier, times in (("priority", 2.0), ("flex", 1.0)):  # a hold never counts a discount
+        b = measure({**body, "service_tier": tier})
+        assert b.tier == tier and g.hold("m", b, None) == pytest.approx(times * price.bound(b.prompt, b.output))
+    long = {"prompt_tokens": 250_000, "completion_tokens": 1000}
+    assert price.cost(long) == pytest.approx((250_000 * 2.0 + 1000 * 4.0 * 1.5) / 1e6)
+    assert price.cost({"prompt_tokens": 200_000, "completion_tokens": 1000}) == pytest.approx((200_000 + 4000) / 1e6)
+    assert price.bound(250_000, 1000) == pytest.approx(price.cost(long))

@@ -30,7 +30,7 @@ class TokenBound:
     text); ``output``, its output limit (``limit``) for each of its answers; whether it asks its provider to write its
     prompt to a cache (``writes_cache``: ``"5m"`` or ``"1h"``, the lifetime it asks; ``""``: none); its hosted tools
     (``hosted``: (index, type) of each) and the calls it bounds them to (``tool_calls``); ``chars``, its JSON's length
-    (what a conversation's expected prompt is counted from)."""
+    (what a conversation's expected prompt is counted from); ``tier``, the service tier it asks."""
 
     prompt: int = 0
     output: int = 0
@@ -39,6 +39,7 @@ class TokenBound:
     tool_calls: int = 0
     chars: int = 0
     limit: int = 0
+    tier: str = ""  # the service tier it asks (OpenAI's ``service_tier``), which may be billed higher
 
     @property
     def tokens(self) -> int:

@@ -33,6 +33,16 @@ class Sampling(StrictModel):
 
 # of the input price, where a config gives none (providers' lists): cache reads, 5-minute and one-hour cache writes
 CACHE_READ_RATIO, CACHE_WRITE_RATIO, CACHE_WRITE_1H_RATIO = 0.1, 1.25, 2.0
+# price multipliers by the service tier an answer reports (OpenAI's list for its GPT-5 models), where a config gives none
+SERVICE_TIERS = {"priority": 2.0, "flex": 0.5}
+
+
+class LongContext(StrictModel):
+    """A price tier above a prompt size: every token of a request whose prompt is larger is billed higher."""
+
+    above_tokens: int = Field(gt=0, description="prompt tokens (cached or not) past which the tier applies")
+    input_multiplier: float = Field(2.0, ge=1, allow_inf_nan=False, description="of every input price (Anthropic's: 2)")
+    output_multiplier: float = Field(1.5, ge=1, allow_inf_nan=False, description="of the output price (Anthropic's: 1.5)")
 
 
 class PriceSpec(StrictModel):
@@ -57,6 +67,12 @@ class PriceSpec(StrictModel):
     cache_min_tokens: int = Field(1024, ge=0, description=(
         "the shortest prompt the provider caches (1024 for Anthropic's Sonnet and Opus and for OpenAI; 2048 for "
         "Anthropic's Haiku; 0 for a co-hosted vLLM model's prefix cache)"))
+    long_context: LongContext | None = Field(None, description=(
+        "a price tier above a prompt size, e.g. {above_tokens: 200000} for Anthropic's 1M-token context (input 2×, "
+        "output 1.5× for a prompt over 200,000 tokens, which the model only takes with that tier); none: one price"))
+    service_tiers: dict[str, float] = Field(SERVICE_TIERS, description=(
+        "price multiplier by the service tier an answer reports (OpenAI's service_tier); a request that asks a tier "
+        "is held at its multiplier; default {priority: 2.0, flex: 0.5}"))
     tool_call_usd: dict[str, float] = Field({}, description=(
         "USD per call of a hosted tool the provider runs and bills apart, by the name its usage counts it under, e.g. "
         "{web_search_requests: 0.01} (Anthropic's web search: 10 USD per 1,000); through the Responses API, by its "
@@ -66,12 +82,23 @@ class PriceSpec(StrictModel):
         """USD for these token counts (numbers or arrays): ``common.pricing.token_cost``."""
         return token_cost(input_tokens, output_tokens, self.input_per_mtok, self.output_per_mtok)
 
-    def bound(self, prompt_tokens: int, completion_tokens: int, writes_cache: str = "") -> float:
+    def bound(self, prompt_tokens: int, completion_tokens: int, writes_cache: str = "", tier: str = "") -> float:
         """USD these tokens can cost at most: the prompt at the input price — at the cache-write price where the request
         asks the provider to cache it (``writes_cache``: Anthropic's ``cache_control``, ``"5m"`` or ``"1h"``), which
-        costs more — and the completion at the output price."""
+        costs more — and the completion at the output price; at the long-context tier's above its size, and at the
+        service ``tier``'s multiplier where it asks one that costs more."""
         prompt_price = max(self.input_per_mtok, self.write_price(writes_cache)) if writes_cache else self.input_per_mtok
-        return (prompt_tokens * prompt_price + completion_tokens * self.output_per_mtok) / 1e6
+        m_in, m_out = self._tier_multipliers(prompt_tokens, tier)
+        return (prompt_tokens * prompt_price * max(m_in, 1.0) + completion_tokens * self.output_per_mtok
+                * max(m_out, 1.0)) / 1e6
+
+    def _tier_multipliers(self, prompt_tokens: int, tier) -> tuple[float, float]:
+        """(input, output) price multipliers of a request with ``prompt_tokens`` answered at service ``tier``."""
+        m = self.service_tiers.get(tier, 1.0) if isinstance(tier, str) else 1.0
+        lc = self.long_context
+        if lc is not None and prompt_tokens > lc.above_tokens:
+            return m * lc.input_multiplier, m * lc.output_multiplier
+        return m, m
 
     def read_price(self) -> float:
         """USD per million prompt tokens read from the cache."""
@@ -88,8 +115,9 @@ class PriceSpec(StrictModel):
     def cost(self, usage) -> float | None:
         """USD of one answer from its ``usage`` in chat's words: ``prompt_tokens`` (of them, cache reads in
         ``prompt_tokens_details.cached_tokens`` and writes in ``prompt_tokens_details.cache_write_tokens``, of them
-        ``cache_write_1h_tokens`` for the one-hour cache, each at its price), ``completion_tokens``, and hosted tools' calls (``server_tool_use``); None without usable token
-        counts."""
+        ``cache_write_1h_tokens`` for the one-hour cache, each at its price), ``completion_tokens``, and hosted tools'
+        calls (``server_tool_use``); every token at the long-context tier's multipliers above its size and at the
+        ``service_tier`` multiplier the answer reports (``service_tiers``). None without usable token counts."""
         if not isinstance(usage, dict):
             return None
         p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
@@ -99,8 +127,10 @@ class PriceSpec(StrictModel):
         read = min(_count(details.get("cached_tokens")), p)
         written = min(_count(details.get("cache_write_tokens")), p - read)
         hour = min(_count(details.get("cache_write_1h_tokens")), written)  # of the writes, the one-hour cache's
-        usd = float(self.tokens(p - read - written, c)) + (read * self.read_price() + (written - hour) * self.write_price()
-                                                           + hour * self.write_price("1h")) / 1e6
+        m_in, m_out = self._tier_multipliers(p, usage.get("service_tier"))
+        usd = ((p - read - written) * self.input_per_mtok + read * self.read_price()
+               + (written - hour) * self.write_price() + hour * self.write_price("1h")) * m_in / 1e6 \
+            + c * self.output_per_mtok * m_out / 1e6
         tools = usage.get("server_tool_use") or {}
         return usd + sum(_count(n) * self.tool_call_usd.get(name, 0.0) for name, n in tools.items())
 

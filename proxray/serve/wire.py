@@ -67,7 +67,8 @@ def measure(body: dict) -> TokenBound:
     hosted = tuple(hosted_tools(body))
     uses = [body["tools"][i].get("max_uses") for i, _ in hosted]  # where the request bounds them
     calls = sum(u for u in uses if isinstance(u, int) and not isinstance(u, bool) and 0 < u <= MAX_TOOL_USES)
-    return TokenBound(chars // 3, limit * answers, writes_cache(body), hosted, calls, chars, limit)
+    tier = body.get("service_tier") if isinstance(body.get("service_tier"), str) else ""
+    return TokenBound(chars // 3, limit * answers, writes_cache(body), hosted, calls, chars, limit, tier)
 
 
 class UpstreamHeaders(dict):

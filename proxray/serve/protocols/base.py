@@ -166,7 +166,10 @@ class Turn:
 
     @staticmethod
     def usage(obj: dict) -> dict | None:
-        return obj.get("usage")
+        """The answer's usage as prices read it: with the service tier it reports beside it (OpenAI's
+        ``service_tier``: ``priority`` is billed higher)."""
+        u, tier = obj.get("usage"), obj.get("service_tier")
+        return {**u, "service_tier": tier} if isinstance(u, dict) and isinstance(tier, str) else u
 
     @staticmethod
     def answer_id(obj: dict) -> str | None:

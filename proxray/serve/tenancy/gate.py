@@ -199,7 +199,7 @@ class KeyGate:
         for m in models:
             price = self.prices[m]
             tool_usd = bound.tool_calls * max(price.tool_call_usd.values(), default=0.0)
-            out[m] = float(price.bound(bound.prompt, bound.output, writes_cache=bound.writes_cache)) + tool_usd
+            out[m] = float(price.bound(bound.prompt, bound.output, bound.writes_cache, bound.tier)) + tool_usd
         return out
 
     def charger(self, spec: KeySpec | None, model: str, estimate: float | None, ticket: str | None = None,

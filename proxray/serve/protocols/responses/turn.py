@@ -94,7 +94,10 @@ class ResponsesTurn(Turn):
     def usage(obj: dict) -> dict | None:
         r = final_response(obj)
         u = Usage.of_responses(r.get("usage"), r.get("output")) if r else None  # hosted tools' calls among its items
-        return u.chat() if u is not None else None
+        if u is None:
+            return None
+        tier = r.get("service_tier")
+        return {**u.chat(), "service_tier": tier} if isinstance(tier, str) else u.chat()
 
     def answer_id(self, obj: dict) -> str:
         return self.rid
