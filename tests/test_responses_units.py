@@ -218,3 +218,23 @@ def test_what_the_model_gets_leaves_out_the_gateways_own_fields():
                                            "resp_1", "metadata": {"a": "b"}, "proxray": {"lam": 1}, "seed": 3})
     assert req.forward(64) == {"model": "proxray", "input": "hi", "metadata": {"a": "b"}, "seed": 3,
                                "max_output_tokens": 64}
+
+
+def test_a_long_translated_stream_keeps_every_delta_and_joins_each_text_once():
+    """20,000 text deltas and 20,000 argument deltas: the done events and the final response hold each whole (the
+    deltas are kept as pieces and joined once when the item closes, not appended to a growing string)."""
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    words = [f"w{i} " for i in range(20_000)]
+    chunks = [{**head, "choices": [{"index": 0, "delta": {"content": w}}]} for w in words]
+    chunks.append({**head, "choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add", "arguments": ""}}]}}]})
+    chunks += [{**head, "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {
+        "arguments": str(i % 10)}}]}}]} for i in range(20_000)]
+    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    ev = events_from_chat(shell({"tools": [TOOL]}, "resp_1", "m", None, True))
+    events = [e for c in chunks for e in ev.chunk(c)] + ev.end()
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    args = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    final = events[-1]["response"]
+    assert done["text"] == "".join(words) == final["output"][0]["content"][0]["text"]
+    assert args["arguments"] == "".join(str(i % 10) for i in range(20_000)) == final["output"][1]["arguments"]

@@ -230,6 +230,7 @@ class ResponsesWriter:
         self.output: list = []
         self.text_at: int | None = None  # the output index of the open message
         self.calls: dict = {}  # chat tool-call index -> output index
+        self.pieces: dict = {}  # output index -> the deltas of its text or arguments, joined once when it closes
 
     def _event(self, kind: str, **fields) -> dict:
         e = {"type": kind, "sequence_number": self.seq, **fields}
@@ -247,6 +248,7 @@ class ResponsesWriter:
             return []
         i, item = self.text_at, self.output[self.text_at]
         part = item["content"][0]
+        part["text"] = "".join(self.pieces.pop(i, ()))
         self.text_at = None
         return [self._event("response.output_text.done", item_id=item["id"], output_index=i, content_index=0,
                             text=part["text"], logprobs=[]),
@@ -271,7 +273,7 @@ class ResponsesWriter:
                                       content_index=0, part={"type": "output_text", "text": "", "annotations": [],
                                                              "logprobs": []}))
         item = self.output[self.text_at]
-        item["content"][0]["text"] += delta
+        self.pieces.setdefault(self.text_at, []).append(delta)
         if delta:
             events.append(self._event("response.output_text.delta", item_id=item["id"], output_index=self.text_at,
                                       content_index=0, delta=delta, logprobs=[]))
@@ -287,7 +289,7 @@ class ResponsesWriter:
             self.calls[index] = len(self.output) - 1
         at = self.calls[index]
         if arguments:
-            self.output[at]["arguments"] += arguments
+            self.pieces.setdefault(at, []).append(arguments)
             events.append(self._event("response.function_call_arguments.delta", item_id=self.output[at]["id"],
                                       output_index=at, delta=arguments))
         return events
@@ -297,6 +299,7 @@ class ResponsesWriter:
         events += self._close_text()
         for i in self.calls.values():
             item = self.output[i]
+            item["arguments"] = "".join(self.pieces.pop(i, ()))
             events += [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
                                    arguments=item["arguments"], name=item["name"]),
                        self._event("response.output_item.done", output_index=i, item=item)]
