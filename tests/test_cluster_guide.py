@@ -168,3 +168,41 @@ def test_every_aws_command_in_the_guides_is_one_the_aws_cli_takes():
     assert "node-taints" not in (aws_flags(session, "eks", "create-nodegroup") or set())
     assert aws_flags(session, "eks", "wait addon-active") >= {"cluster-name", "addon-name"}
     assert aws_flags(session, "eks", "create-node-group") is None
+
+
+def eksctl_commands(text: str) -> list:
+    """(command, its flags) of every `eksctl` command in a Markdown page's shell blocks and inline code: the command
+    its first two words (``create nodegroup``), each flag as written without its dashes (``--region`` -> region)."""
+    blocks = [b for lang, b in re.findall(r"```([a-z]*)\n(.*?)```", text, re.S) if lang in ("bash", "sh", "")]
+    inline = [c.replace("\n", " ") for c in re.findall(r"`(eksctl [^`]+)`", text)]  # one command, broken over lines
+    src = "\n".join(blocks + inline).replace("\\\n", " ")
+    out = []
+    for line in src.splitlines():
+        for m in re.finditer(r"(?<![\w/-])eksctl\s+([a-z-]+)\s+([a-z-]+)([^;&|#]*)", line.split(" #")[0]):
+            flags = [f.split("=")[0] for f in re.findall(r"(?:^|\s)--?([A-Za-z][\w-]*(?:=\S*)?)", m.group(3))]
+            out.append((f"{m.group(1)} {m.group(2)}", flags))
+    return out
+
+
+def test_every_eksctl_command_in_the_guides_is_one_eksctl_takes():
+    """Each `eksctl` command of the cluster guide and the operations pages is one eksctl has, with only flags it takes —
+    read from eksctl's own source at the tag tests/data/eksctl/flags.json names (its build_flags.py)."""
+    import json
+
+    known = json.loads((ROOT / "tests" / "data" / "eksctl" / "flags.json").read_text())
+    pages = [ROOT / "docs" / "guides" / "deploy-on-a-cluster.md", *sorted((ROOT / "docs" / "operations").glob("*.md"))]
+    found, bad = 0, []
+    for page in pages:
+        for command, flags in eksctl_commands(page.read_text()):
+            found += 1
+            allowed = known["commands"].get(command)
+            if allowed is None:
+                bad.append(f"{page.name}: eksctl {command}: not one of the commands checked ({', '.join(known['commands'])})")
+            elif set(flags) - set(allowed):
+                bad.append(f"{page.name}: eksctl {command}: no flag {sorted(set(flags) - set(allowed))}")
+    assert found >= 4 and bad == [], bad
+    # the check refuses what eksctl refuses: taints are not a flag of `create nodegroup` (a ClusterConfig's field)
+    assert "node-taints" not in known["commands"]["create nodegroup"] and "f" in known["commands"]["create nodegroup"]
+    assert {"cluster", "region", "approve"} <= set(known["commands"]["utils associate-iam-oidc-provider"])
+    assert eksctl_commands("```bash\neksctl create nodegroup --cluster c --node-taints a=b:NoSchedule\n```") == [
+        ("create nodegroup", ["cluster", "node-taints"])]
