@@ -338,3 +338,27 @@ def test_the_priority_tier_and_the_long_context_tier_are_charged_and_held_at_the
     assert price.cost(long) == pytest.approx((250_000 * 2.0 + 1000 * 4.0 * 1.5) / 1e6)
     assert price.cost({"prompt_tokens": 200_000, "completion_tokens": 1000}) == pytest.approx((200_000 + 4000) / 1e6)
     assert price.bound(250_000, 1000) == pytest.approx(price.cost(long))
+
+
+def test_a_spoken_answer_is_charged_at_the_audio_prices_and_refused_for_a_budget_where_the_model_has_none():
+    """Audio tokens (chat's ``audio_tokens`` details) at ``audio_input_per_mtok`` / ``audio_output_per_mtok``; a request
+    that asks for audio (``modalities``) is held at the audio output price; a budgeted key's audio request to a model
+    with no audio price is a 400 naming ``modalities`` (before: spoken answers charged as text)."""
+    import asyncio
+
+    from proxray.serve.errors import RequestError
+
+    price = PriceSpec(input_per_mtok=2.5, output_per_mtok=10.0, audio_input_per_mtok=40.0, audio_output_per_mtok=80.0)
+    usage = {"prompt_tokens": 100, "completion_tokens": 50, "prompt_tokens_details": {"audio_tokens": 60},
+             "completion_tokens_details": {"audio_tokens": 40}}
+    assert price.cost(usage) == pytest.approx((40 * 2.5 + 60 * 40.0 + 10 * 10.0 + 40 * 80.0) / 1e6)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+    spoken = measure({**body, "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}})
+    assert spoken.audio and not measure(body).audio
+    assert price.bound(spoken.prompt, spoken.output, audio=True) == pytest.approx(
+        (spoken.prompt * 2.5 + 100 * 80.0) / 1e6)
+    g = gate()
+    spec = KeySpec(name="k", sha256="0" * 64, budget={"usd": 1.0})
+    with pytest.raises(RequestError) as e:
+        asyncio.run(g.hold_fallback(spec, "t", "m", spoken, None, 0.0))  # "m": text prices only
+    assert e.value.status == 400 and e.value.param == "modalities"

@@ -40,6 +40,7 @@ class TokenBound:
     chars: int = 0
     limit: int = 0
     tier: str = ""  # the service tier it asks (OpenAI's ``service_tier``), which may be billed higher
+    audio: bool = False  # whether it asks for a spoken answer (chat's ``modalities`` with ``audio``), billed higher
 
     @property
     def tokens(self) -> int:

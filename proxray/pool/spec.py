@@ -67,6 +67,12 @@ class PriceSpec(StrictModel):
     cache_min_tokens: int = Field(1024, ge=0, description=(
         "the shortest prompt the provider caches (1024 for Anthropic's Sonnet and Opus and for OpenAI; 2048 for "
         "Anthropic's Haiku; 0 for a co-hosted vLLM model's prefix cache)"))
+    audio_input_per_mtok: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
+        "USD per million audio prompt tokens (chat's prompt_tokens_details.audio_tokens); none: the model takes no "
+        "audio a budgeted key sends it"))
+    audio_output_per_mtok: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
+        "USD per million audio completion tokens (completion_tokens_details.audio_tokens, what `modalities: "
+        "[text, audio]` asks for); none: a budgeted key may not ask the model for audio"))
     long_context: LongContext | None = Field(None, description=(
         "a price tier above a prompt size, e.g. {above_tokens: 200000} for Anthropic's 1M-token context (input 2×, "
         "output 1.5× for a prompt over 200,000 tokens, which the model only takes with that tier); none: one price"))
@@ -82,14 +88,17 @@ class PriceSpec(StrictModel):
         """USD for these token counts (numbers or arrays): ``common.pricing.token_cost``."""
         return token_cost(input_tokens, output_tokens, self.input_per_mtok, self.output_per_mtok)
 
-    def bound(self, prompt_tokens: int, completion_tokens: int, writes_cache: str = "", tier: str = "") -> float:
+    def bound(self, prompt_tokens: int, completion_tokens: int, writes_cache: str = "", tier: str = "",
+              audio: bool = False) -> float:
         """USD these tokens can cost at most: the prompt at the input price — at the cache-write price where the request
         asks the provider to cache it (``writes_cache``: Anthropic's ``cache_control``, ``"5m"`` or ``"1h"``), which
         costs more — and the completion at the output price; at the long-context tier's above its size, and at the
-        service ``tier``'s multiplier where it asks one that costs more."""
+        service ``tier``'s multiplier where it asks one that costs more; the completion at the audio output price where
+        it asks for ``audio``."""
         prompt_price = max(self.input_per_mtok, self.write_price(writes_cache)) if writes_cache else self.input_per_mtok
+        output_price = max(self.output_per_mtok, self.audio_output_per_mtok or 0.0) if audio else self.output_per_mtok
         m_in, m_out = self._tier_multipliers(prompt_tokens, tier)
-        return (prompt_tokens * prompt_price * max(m_in, 1.0) + completion_tokens * self.output_per_mtok
+        return (prompt_tokens * prompt_price * max(m_in, 1.0) + completion_tokens * output_price
                 * max(m_out, 1.0)) / 1e6
 
     def _tier_multipliers(self, prompt_tokens: int, tier) -> tuple[float, float]:
@@ -116,7 +125,8 @@ class PriceSpec(StrictModel):
         """USD of one answer from its ``usage`` in chat's words: ``prompt_tokens`` (of them, cache reads in
         ``prompt_tokens_details.cached_tokens`` and writes in ``prompt_tokens_details.cache_write_tokens``, of them
         ``cache_write_1h_tokens`` for the one-hour cache, each at its price), ``completion_tokens``, and hosted tools'
-        calls (``server_tool_use``); every token at the long-context tier's multipliers above its size and at the
+        calls (``server_tool_use``); audio tokens (``audio_tokens`` of either's details) at the audio prices; every
+        token at the long-context tier's multipliers above its size and at the
         ``service_tier`` multiplier the answer reports (``service_tiers``). None without usable token counts."""
         if not isinstance(usage, dict):
             return None
@@ -128,9 +138,13 @@ class PriceSpec(StrictModel):
         written = min(_count(details.get("cache_write_tokens")), p - read)
         hour = min(_count(details.get("cache_write_1h_tokens")), written)  # of the writes, the one-hour cache's
         m_in, m_out = self._tier_multipliers(p, usage.get("service_tier"))
-        usd = ((p - read - written) * self.input_per_mtok + read * self.read_price()
+        heard = min(_count(details.get("audio_tokens")), p - read - written)  # audio in the prompt, uncached
+        spoken = min(_count((usage.get("completion_tokens_details") or {}).get("audio_tokens")), c)
+        audio_in = self.audio_input_per_mtok if self.audio_input_per_mtok is not None else self.input_per_mtok
+        audio_out = self.audio_output_per_mtok if self.audio_output_per_mtok is not None else self.output_per_mtok
+        usd = ((p - read - written - heard) * self.input_per_mtok + heard * audio_in + read * self.read_price()
                + (written - hour) * self.write_price() + hour * self.write_price("1h")) * m_in / 1e6 \
-            + c * self.output_per_mtok * m_out / 1e6
+            + ((c - spoken) * self.output_per_mtok + spoken * audio_out) * m_out / 1e6
         tools = usage.get("server_tool_use") or {}
         return usd + sum(_count(n) * self.tool_call_usd.get(name, 0.0) for name, n in tools.items())
 

@@ -68,7 +68,9 @@ def measure(body: dict) -> TokenBound:
     uses = [body["tools"][i].get("max_uses") for i, _ in hosted]  # where the request bounds them
     calls = sum(u for u in uses if isinstance(u, int) and not isinstance(u, bool) and 0 < u <= MAX_TOOL_USES)
     tier = body.get("service_tier") if isinstance(body.get("service_tier"), str) else ""
-    return TokenBound(chars // 3, limit * answers, writes_cache(body), hosted, calls, chars, limit, tier)
+    modalities = body.get("modalities")
+    audio = isinstance(modalities, list) and "audio" in modalities or body.get("audio") is not None
+    return TokenBound(chars // 3, limit * answers, writes_cache(body), hosted, calls, chars, limit, tier, audio)
 
 
 class UpstreamHeaders(dict):

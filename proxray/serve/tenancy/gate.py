@@ -166,9 +166,13 @@ class KeyGate:
         return hold
 
     def _tools_priced(self, model: str, bound: TokenBound, why: str = "") -> None:
-        """A 400 where a budgeted key's request asks for a hosted tool (billed per call) that ``model`` has no price
-        for: nothing would bound its calls."""
+        """A 400 where a budgeted key's request asks for a hosted tool (billed per call) or a spoken answer that
+        ``model`` has no price for: nothing would bound what it is billed."""
         price = self.prices.get(model)
+        if bound.audio and price is not None and price.audio_output_per_mtok is None:
+            raise RequestError(400, f"modalities: an audio answer, and {why}model {model!r}, which has no price for "
+                               "audio (price.audio_output_per_mtok in the app's config): a key with a budget may not "
+                               "ask for it", "modalities")
         for i, kind in bound.hosted:
             if price is None or not price.tool_call_usd:
                 raise RequestError(400, f"tools[{i}]: {kind!r} is a hosted tool the provider bills per call, and {why}"
@@ -199,7 +203,8 @@ class KeyGate:
         for m in models:
             price = self.prices[m]
             tool_usd = bound.tool_calls * max(price.tool_call_usd.values(), default=0.0)
-            out[m] = float(price.bound(bound.prompt, bound.output, bound.writes_cache, bound.tier)) + tool_usd
+            b = bound
+            out[m] = float(price.bound(b.prompt, b.output, b.writes_cache, b.tier, b.audio)) + tool_usd
         return out
 
     def charger(self, spec: KeySpec | None, model: str, estimate: float | None, ticket: str | None = None,
