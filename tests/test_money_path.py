@@ -377,3 +377,24 @@ def test_a_key_is_charged_the_same_for_a_prompt_another_key_cached_and_for_a_fre
     _, hour = charge("other", system("lemon", ttl="1h"))
     assert standin.billed[-1]["cache_creation"]["ephemeral_1h_input_tokens"] > 0
     assert hour == pytest.approx(bill(standin.billed[-1]), rel=1e-6) and hour > miss  # 2x input, not 1.25x
+
+
+def test_a_beta_that_turns_on_an_unpriced_price_tier_is_not_forwarded(app):
+    """The client's ``anthropic-beta`` goes to the endpoint, but not a beta that turns on a price tier the model's
+    price lacks: the 1M-token context (2x input past 200,000 tokens) where it has no ``long_context`` — so nothing is
+    billed above what the key is charged. A model whose price has the tier is sent it."""
+    from proxray.pool.spec import PriceSpec
+    from proxray.serve.protocols.messages.turn import priced_betas
+
+    standin = app[1]
+    betas = "claude-code-20250219,context-1m-2025-08-07,interleaved-thinking-2025-05-14"
+    n0 = len(standin.requests)
+    r = post(app, "/v1/messages", {"model": CLAUDE, "max_tokens": 8, "messages": ASK}, key="other",
+             **{"anthropic-beta": betas})
+    assert r.status_code == 200, r.text
+    (sent,) = [h for p, h, _ in standin.requests[n0:] if p.endswith("/messages")]
+    assert {k.lower(): v for k, v in sent.items()}["anthropic-beta"] == \
+        "claude-code-20250219,interleaved-thinking-2025-05-14"
+    tiered = PriceSpec(input_per_mtok=3.0, output_per_mtok=15.0, long_context={"above_tokens": 200_000})
+    assert priced_betas({"anthropic-beta": betas}, tiered) == {"anthropic-beta": betas}
+    assert priced_betas({"anthropic-beta": "context-1m-2025-08-07"}, PriceSpec(input_per_mtok=1, output_per_mtok=1)) == {}

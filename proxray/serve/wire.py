@@ -80,7 +80,13 @@ class UpstreamHeaders(dict):
 
     FIELD = "__proxray_upstream__"
 
-    def __init__(self, headers: dict, key_header: str | None = None):
+    def __init__(self, headers: dict, key_header: str | None = None, for_price=None):
         super().__init__(headers)
         self.key_header = key_header
+        self.for_price = for_price  # (headers, the model's price) -> what that model is sent, where the protocol says
+
+    def sent_to(self, price) -> dict:
+        """The headers a model at ``price`` (its ``PriceSpec``, or None) is sent."""
+        headers = {k: str(v) for k, v in self.items()}
+        return self.for_price(headers, price) if self.for_price is not None else headers
 

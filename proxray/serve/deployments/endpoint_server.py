@@ -135,7 +135,7 @@ class EndpointRelay(OpenAIModel):
             tokens = min(tokens, int(limiter.tpm))  # as the limiter books it (RateLimiter.reserve)
         path, headers = endpoint, {}
         if isinstance(given, UpstreamHeaders):
-            headers = {k: str(v) for k, v in given.items()}
+            headers = given.sent_to(self.spec.price)
             if given.key_header and self.key:
                 headers[given.key_header] = self.key
         headers.update(TRACE_HEADERS.get() or {})  # the request's model-call span, where tracing is on

@@ -51,10 +51,26 @@ def has_content(obj: dict) -> bool:
 
 def upstream_headers(headers) -> UpstreamHeaders:
     """What an endpoint that serves Messages is sent beside the body: the client's ``anthropic-version`` (default
-    ``DEFAULT_VERSION``) and ``anthropic-beta``, and the endpoint's key also as ``x-api-key`` (Anthropic reads it
-    there); no other header of the client's."""
-    kept = {h: str(headers[h])[:256] for h in FORWARDED_HEADERS if headers.get(h)}
-    return UpstreamHeaders({"anthropic-version": DEFAULT_VERSION, **kept}, key_header="x-api-key")
+    ``DEFAULT_VERSION``) and ``anthropic-beta`` (``priced_betas``), and the endpoint's key also as ``x-api-key``
+    (Anthropic reads it there); no other header of the client's."""
+    kept = {h: str(headers[h])[:1024] for h in FORWARDED_HEADERS if headers.get(h)}
+    return UpstreamHeaders({"anthropic-version": DEFAULT_VERSION, **kept}, key_header="x-api-key",
+                           for_price=priced_betas)
+
+
+LONG_CONTEXT_BETAS = ("context-1m-",)  # betas that turn on a dearer price tier: Anthropic's 1M-token context
+
+
+def priced_betas(headers: dict, price) -> dict:
+    """``headers`` as a model at ``price`` is sent them: an ``anthropic-beta`` that turns on a price tier the model's
+    price does not have (the 1M-token context, billed 2x past 200,000 tokens, where it has no ``long_context``) is
+    left out, so nothing is billed above what the gateway charges. A model with no price is sent them all."""
+    betas = headers.get("anthropic-beta")
+    if not betas or price is None or price.long_context is not None:
+        return headers
+    kept = [b for b in (x.strip() for x in betas.split(",")) if b and not b.startswith(LONG_CONTEXT_BETAS)]
+    rest = {k: v for k, v in headers.items() if k != "anthropic-beta"}
+    return {**rest, "anthropic-beta": ",".join(kept)} if kept else rest
 
 
 def models(client, native: set, body: dict, headers: UpstreamHeaders) -> ViaChat:
