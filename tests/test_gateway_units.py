@@ -196,25 +196,32 @@ def test_an_endpoint_model_has_no_deployment_fields():
     assert all("relayed by the router's replicas" in p for p in problems)
 
 
+class Quiet:
+    """ray.util.metrics' Counter and Histogram stand-in: no Ray needed to count (``n``: how many were recorded)."""
+
+    def __init__(self, *a, **k):
+        self.n = 0
+
+    def inc(self, *a):
+        self.n += 1
+
+    observe = inc
+
+
+def quiet_metrics(monkeypatch) -> None:
+    import ray.util.metrics
+
+    monkeypatch.setattr(ray.util.metrics, "Counter", Quiet)
+    monkeypatch.setattr(ray.util.metrics, "Histogram", Quiet)
+
+
 def test_a_relay_past_its_cap_answers_429_at_once(monkeypatch):
     """An endpoint's relay with every slot taken answers 429 (the gateway falls back) without calling the endpoint."""
     import asyncio
 
     from proxray.serve.deployments.endpoint_server import EndpointRelay
 
-    class Quiet:  # ray.util.metrics stand-in: no Ray needed to count
-        def __init__(self, *a, **k):
-            self.n = 0
-
-        def inc(self, *a):
-            self.n += 1
-
-        observe = inc
-
-    import ray.util.metrics
-
-    monkeypatch.setattr(ray.util.metrics, "Counter", Quiet)
-    monkeypatch.setattr(ray.util.metrics, "Histogram", Quiet)
+    quiet_metrics(monkeypatch)
     relay = EndpointRelay({"id": "frontier", "engine": "openai", "base_url": "http://127.0.0.1:9/v1",
                            "max_ongoing_requests": 1})
 
@@ -360,23 +367,11 @@ def test_a_relayed_answers_rate_limit_booking_is_corrected_to_what_it_used(monke
     booking is corrected to the tokens the endpoint reported, so a large max_tokens does not keep the limit spent."""
     import asyncio
 
-    import ray.util.metrics
-
     from openai_standin import MODEL, StandIn, key_file
     from proxray.serve.deployments.endpoint_server import EndpointRelay, usage_in
     from proxray.pool.openai_engine import RateLimiter
 
-    class Quiet:
-        def __init__(self, *a, **k):
-            pass
-
-        def inc(self, *a):
-            pass
-
-        observe = inc
-
-    monkeypatch.setattr(ray.util.metrics, "Counter", Quiet)
-    monkeypatch.setattr(ray.util.metrics, "Histogram", Quiet)
+    quiet_metrics(monkeypatch)
     key, path = key_file(tmp_path)
     standin = StandIn(key, faults=False)
     try:
@@ -515,22 +510,10 @@ def test_a_relayed_request_reached_its_endpoint_only_once_its_headers_went_out(m
     import socket
     import threading
 
-    import ray.util.metrics
-
     from proxray.serve.deployments.endpoint_server import EndpointRelay
     from proxray.serve.wire import REACHED, Reached
 
-    class Quiet:
-        def __init__(self, *a, **k):
-            pass
-
-        def inc(self, *a):
-            pass
-
-        observe = inc
-
-    monkeypatch.setattr(ray.util.metrics, "Counter", Quiet)
-    monkeypatch.setattr(ray.util.metrics, "Histogram", Quiet)
+    quiet_metrics(monkeypatch)
     full = socket.socket()
     full.bind(("127.0.0.1", 0))
     full.listen(0)
