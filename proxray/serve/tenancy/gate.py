@@ -14,6 +14,20 @@ from proxray.serve.tenancy.ledger import LedgerClient
 from proxray.serve.tenancy.rules import KeyRules
 
 
+def refuse_unpriced(price, model: str, bound: TokenBound, why: str = "") -> None:
+    """A 400 where a budgeted key's request asks ``model`` (at ``price``, or None) for a hosted tool (billed per call) or
+    a spoken answer it has no price for: nothing would bound what it is billed."""
+    if bound.audio and price is not None and price.audio_output_per_mtok is None:
+        raise RequestError(400, f"modalities: an audio answer, and {why}model {model!r}, which has no price for audio "
+                           "(price.audio_output_per_mtok in the app's config): a key with a budget may not ask for it",
+                           "modalities")
+    for i, kind in bound.hosted:
+        if price is None or not price.tool_call_usd:
+            raise RequestError(400, f"tools[{i}]: {kind!r} is a hosted tool the provider bills per call, and {why}"
+                               f"model {model!r}, which has no price for its calls (price.tool_call_usd in the app's "
+                               f"config): a key with a budget may not ask for it", f"tools[{i}]")
+
+
 class KeyGate:
     """The endpoint's door: who is asking (the single key of ``api_key_file`` / ``api_key_env``, a key of the keys
     file, or nobody where no key is configured), and, for a key of the file, its rules (``rules``, the one
@@ -131,7 +145,7 @@ class KeyGate:
         if estimate is None and model not in self.prices:  # a named model with no price
             estimate = await estimate_of(model)
         bound = bound_of()
-        self._tools_priced(model, bound)
+        refuse_unpriced(self.prices.get(model), model, bound)
         hold = self.hold(model, bound, estimate)
         if hold <= held_usd:
             if hold < held_usd:
@@ -155,7 +169,7 @@ class KeyGate:
         spends no more than was held for it. Returns the USD now held."""
         if spec is None or not spec.budget:
             return held_usd
-        self._tools_priced(model, bound, "the model asked first failed, and the next is ")
+        refuse_unpriced(self.prices.get(model), model, bound, "the model asked first failed, and the next is ")
         hold = self.hold(model, bound, estimate)
         if hold <= held_usd:
             return held_usd
@@ -164,20 +178,6 @@ class KeyGate:
             raise self._over_budget(spec, verdict, f"(held included); the model asked first failed, and the next, "
                                     f"{model!r}, may cost up to {hold:.6g} USD")
         return hold
-
-    def _tools_priced(self, model: str, bound: TokenBound, why: str = "") -> None:
-        """A 400 where a budgeted key's request asks for a hosted tool (billed per call) or a spoken answer that
-        ``model`` has no price for: nothing would bound what it is billed."""
-        price = self.prices.get(model)
-        if bound.audio and price is not None and price.audio_output_per_mtok is None:
-            raise RequestError(400, f"modalities: an audio answer, and {why}model {model!r}, which has no price for "
-                               "audio (price.audio_output_per_mtok in the app's config): a key with a budget may not "
-                               "ask for it", "modalities")
-        for i, kind in bound.hosted:
-            if price is None or not price.tool_call_usd:
-                raise RequestError(400, f"tools[{i}]: {kind!r} is a hosted tool the provider bills per call, and {why}"
-                                   f"model {model!r}, which has no price for its calls (price.tool_call_usd in the "
-                                   f"app's config): a key with a budget may not ask for it", f"tools[{i}]")
 
     def _over_budget(self, spec: KeySpec, verdict: dict, what: str) -> RequestError:
         """The 429 of a request its key's ``reject`` budget refuses (counted): what the key spent of its budget, then
