@@ -57,7 +57,8 @@ def reached_on_send(model: str):
 
 def measure(body: dict) -> TokenBound:
     """``body``'s ``TokenBound``: its JSON serialised once (compact) for its prompt, its one output limit (whichever
-    of ``LIMIT_FIELDS`` it sends) times its answers (the larger of ``COUNTS``), its cache writes and hosted tools."""
+    of ``LIMIT_FIELDS`` it sends) times its answers (the larger of ``COUNTS``), its cache writes and hosted tools, the
+    service tier it asks and whether it asks for audio."""
     global measured
     measured += 1
     chars = len(json.dumps(body, separators=(",", ":")))

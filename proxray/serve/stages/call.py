@@ -32,7 +32,7 @@ class Call(Stage):
             raise
         f.timings["model_ms"] = 1e3 * (time.perf_counter() - t_model)  # the answer, or a stream's first content
         if f.model != p.candidates[0] or f.estimate is None:  # what it is charged at without usage
-            f.estimate = p.report.get("estimates", {}).get(f.model, {}).get("cost", f.estimate)
+            f.estimate = _estimate(f, f.model)
 
     def _read_on(self, f, asked) -> bool:
         """Whether the answer ``asked`` is read on after its client left, to charge its key what the endpoint billed:
@@ -57,7 +57,11 @@ async def _settle(f, asked) -> None:
     except BaseException:  # noqa: BLE001 - nothing answered: nothing spent
         f.held.release()
         return
-    estimate = f.plan.report.get("estimates", {}).get(model, {}).get("cost", f.estimate)
-    charge = f.held.charger(model, estimate, f.bound, shared_cache=True)  # a relayed endpoint's cache is every key's
+    charge = f.held.charger(model, _estimate(f, model), f.bound, shared_cache=True)  # a relayed endpoint's cache is every key's
     if charge is not None:
         charge(f.turn.usage(head[0]) if head else None)
+
+
+def _estimate(f, model: str) -> float | None:
+    """What ``model``'s answer to ``f`` is charged at without usage: the plan's estimate of it, else the request's."""
+    return f.plan.report.get("estimates", {}).get(model, {}).get("cost", f.estimate)
