@@ -247,11 +247,28 @@ def pytest_collection_modifyitems(config, items):
 
 
 _spent: dict = {}
+_tests: dict = {}  # test -> its seconds (setup, call, teardown)
+_busy: dict = {}  # module -> jiffies the machine's cores were busy while its tests ran (setup, call, teardown)
+
+
+def _busy_jiffies() -> int:
+    """All cores' busy time so far (/proc/stat's first line: everything but idle and iowait), in jiffies."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0
+    return sum(fields) - fields[3] - fields[4]
 
 
 def pytest_runtest_logreport(report):
     unit = report.nodeid.split("::", 1)[0]  # the module
     _spent[unit] = _spent.get(unit, 0.0) + report.duration
+    _tests[report.nodeid] = _tests.get(report.nodeid, 0.0) + report.duration
+    if report.when == "teardown" and _mark:
+        now = _busy_jiffies()
+        _busy[unit] = _busy.get(unit, 0) + now - _mark[0]
+        _busy[report.nodeid] = now - _mark[0]
+        _mark[0] = now
 
 
 def pytest_collection_finish(session):
@@ -261,7 +278,12 @@ def pytest_collection_finish(session):
     background.plan(session.items, json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {})
 
 
+_mark: list = []
+
+
 def pytest_runtest_setup(item):
+    if not _mark:
+        _mark.append(_busy_jiffies())
     background.module_starts(item.nodeid)
 
 
@@ -278,3 +300,9 @@ def pytest_sessionfinish(session):
         import json
 
         Path(out).write_text(json.dumps({k: round(v, 1) for k, v in sorted(_spent.items())}, indent=1) + "\n")
+        # how many cores each module kept busy on average (the whole machine's, background work included)
+        hz = os.sysconf("SC_CLK_TCK")
+        seconds = {**_spent, **{k: v for k, v in _tests.items() if v >= 10}}  # the modules and the tests of 10 s or more
+        Path(out).with_suffix(".busy.json").write_text(json.dumps(
+            {k: [round(v, 1), round(_busy.get(k, 0) / hz / v, 2)] for k, v in sorted(seconds.items()) if v}, indent=1)
+            + "\n")
