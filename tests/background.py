@@ -1,8 +1,11 @@
-"""Work a test needs that mostly waits on the network — a resolution from the package index, the installs of pinned
-tools from npm and the package index — started in the background about its own duration before the test that needs it,
-so that it overlaps the tests before that one (not the session's start, where every such work at once slowed the first
-modules by as much as it saved). The test waits for it and asserts on its result exactly as it would on a run of its
-own; what runs is the same command. A module declares its work at import (``declare``, with how long it takes); once
+"""Work a test needs that runs as commands of its own — a resolution from the package index, the installs of pinned
+tools from npm and the package index, which mostly wait on the network; the user's install and main job, the cluster
+journey, the GPU rehearsal and the drift demo's runs, each a process tree with a Ray of its own — started in the
+background before the test that needs it, so that it overlaps the tests before that one: about its own duration before
+it (not the session's start, where every such work at once slowed the first modules by as much as it saved), or with a
+module named for it whose tests leave a core idle (``/proc/stat`` around each test: ``PROXRAY_TIMINGS_OUT``'s
+``.busy.json``). Work with a Ray of its own runs in an environment of its own (``isolated_env``). The test waits for
+it and asserts on its result exactly as it would on a run of its own; what runs is the same command. A module declares its work at import (``declare``, with how long it takes); once
 the tests are collected, ``plan`` picks the module each work starts with from each module's seconds in a full run
 (tests/timings.json); ``module_starts`` starts it there; a fixture waits (``result``), starting the work then if
 nothing started it (under pytest-xdist a worker does not know which modules it will get, so each starts its own on
@@ -30,6 +33,7 @@ class _Work:
     needed_by: tuple  # node id prefixes of the tests that use it
     make: object  # folder -> (commands (run one after another, the next only if the last succeeded), env, cwd)
     seconds: float  # about how long it takes
+    start_with: str | None = None  # the module it starts with, where it comes before the first test that needs it
     proc: subprocess.Popen | None = None
     folder: Path | None = None
 
@@ -40,10 +44,40 @@ _works: dict = {}
 _plan: dict = {}  # module -> the works to start when its first test starts
 
 
-def declare(name, needed_by, make, seconds):
+def declare(name, needed_by, make, seconds, start_with=None):
     """``make(folder)`` -> ``(commands, env, cwd)``: each command a list of arguments; ``env`` None for this one's.
-    ``seconds``: about how long it takes, which is how far ahead of its first test it starts."""
-    _works.setdefault(name, _Work(tuple(needed_by), make, float(seconds)))
+    ``seconds``: about how long it takes, which is how far ahead of its first test it starts; ``start_with``: a module
+    to start it with instead (one whose tests leave a core idle most of the time), where that module runs before the
+    first test that needs the work."""
+    _works.setdefault(name, _Work(tuple(needed_by), make, float(seconds), start_with))
+
+
+# Work that runs a Ray, Serve or HAProxy of its own beside the suite's gets a Ray temp folder, HAProxy files and
+# ingress replica ports of its own (as a second test worker does, tests/conftest.py): it never joins the suite's Ray by
+# "auto", loads the suite's HAProxy config or answers the suite's requests; MARK tells its processes apart
+# (tests/test_serve_stop.py counts the HAProxy processes the suite's own clusters left).
+MARK = "PROXRAY_BACKGROUND_WORK"
+_isolated: list = []
+
+
+def isolated_env(name: str, env: dict | None = None) -> dict:
+    """``env`` (default this process's) for a work that runs its own Ray and Serve beside the suite's."""
+    index = len(_isolated) + 1  # the suite's own Serves take the first block of ingress ports (tests/conftest.py)
+    folder = Path(tempfile.mkdtemp(prefix=f"rb{index}-", dir="/tmp"))  # short: Unix socket paths are bounded
+    _isolated.append(folder)
+    out = {**(os.environ if env is None else env), MARK: name, "RAY_TMPDIR": str(folder)}
+    (folder / "hs").mkdir()
+    for var, leaf in {"RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg", "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
+                      "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "", "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+                      "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock"}.items():
+        out[var] = str(folder / "hs" / leaf).rstrip("/")
+    from proxray.serve.front import haproxy_ports
+
+    out.update(haproxy_ports())  # HAProxy's stats and metrics ports: free ones, not the suite's
+    for proto, base in (("HTTP", 31000), ("GRPC", 41000)):
+        out[f"RAY_SERVE_DIRECT_INGRESS_MIN_{proto}_PORT"] = str(base + 250 * (4 + index))
+        out[f"RAY_SERVE_DIRECT_INGRESS_MAX_{proto}_PORT"] = str(base + 250 * (4 + index) + 249)
+    return out
 
 
 def _start(name):
@@ -77,6 +111,9 @@ def plan(items, seconds: dict):
     for name, work in _works.items():
         first = next((i for i in items if i.nodeid.startswith(work.needed_by)), None)
         if first is not None:
+            if work.start_with in starts and starts[work.start_with] <= starts[_module(first.nodeid)]:
+                _plan.setdefault(work.start_with, []).append(name)
+                continue
             due = starts[_module(first.nodeid)] - work.seconds
             at = [m for m in modules if starts[m] <= max(due, 0.0)][-1]
             _plan.setdefault(at, []).append(name)
@@ -114,3 +151,5 @@ def finish():
         _stop(work)
         if work.folder is not None:
             shutil.rmtree(work.folder, ignore_errors=True)
+    for folder in _isolated:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -49,6 +49,9 @@ for _proto, _base in (("HTTP", 31000), ("GRPC", 41000)):
 # start; its ingress replicas hold on for 2 s when they stop (Ray's default, 30 s, is for a load balancer elsewhere to
 # drop them; here HAProxy is on the same machine), so a test's Serve shuts down in seconds
 from proxray.serve.front import front_env, haproxy_ports  # noqa: E402
+from ray_ports import take_ray_ports_from_the_system  # noqa: E402
+
+take_ray_ports_from_the_system()
 
 os.environ.update(front_env())
 os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
@@ -112,7 +115,9 @@ def _start_local_ray():
 
     serve_helpers.release()
     _fresh_front_ports()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    # metrics exported every second (Ray's default: every 10 s), for the tests that read them
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _system_config={"metrics_report_interval_ms": 1000})
 
 
 @pytest.fixture(scope="module")

@@ -67,14 +67,14 @@ class TwoHosts:
         return len(pids)
 
     def close(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        for sig, grace_s in ((signal.SIGTERM, 3), (signal.SIGKILL, 15)):  # a cleanup: what SIGTERM leaves is killed
             for ns in (self.head, self.worker):
                 for pid in self.pids(ns):
                     try:
                         os.kill(pid, sig)
                     except ProcessLookupError:
                         pass
-            deadline = time.time() + 15
+            deadline = time.time() + grace_s
             while time.time() < deadline and (self.pids(self.head) or self.pids(self.worker)):
                 time.sleep(0.5)
         for ns in (self.head, self.worker):

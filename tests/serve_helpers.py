@@ -84,7 +84,10 @@ def _serve_for(request_timeout_s, metrics_port, env) -> int:
         return _SHARED["port"]
     release()
     port = free_port()
+    # a Ray whose metrics a test reads exports them every second (Ray's default: every 10 s)
+    system = {"metrics_report_interval_ms": 1000} if metrics_port else None
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
+             _system_config=system,
              runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", **(env or {})}})  # the API key comes from the environment, never the runtime env
     http = {"host": "127.0.0.1", "port": port}
     if request_timeout_s:

@@ -1,6 +1,8 @@
 """The suite's background work (tests/background.py) starts about its own duration before the first test that needs
 it — not at the session's start, where it slowed the first modules as much as it saved — and its result is what the
 same command gives when run in the foreground."""
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import background
@@ -34,3 +36,36 @@ def test_a_result_is_the_commands_own_and_its_folder_is_removed_at_the_end(monke
     assert (done.folder / "made").read_text() == "made\n"
     background.finish()
     assert not done.folder.exists()
+
+
+def test_work_named_to_start_with_a_module_starts_there_where_that_module_comes_before_its_test(monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setattr(background, "_works", {})
+    monkeypatch.setattr(background, "_plan", {})
+    items = [SimpleNamespace(nodeid=f"tests/test_{m}.py::test_{i}") for m in "abcd" for i in range(2)]
+    seconds = {"tests/test_a.py": 50, "tests/test_b.py": 100, "tests/test_c.py": 90, "tests/test_d.py": 5}
+    background.declare("beside-b", ["tests/test_d.py::test_0"], None, seconds=10, start_with="tests/test_b.py")
+    background.declare("own", ["tests/test_c.py::test_1"], None, seconds=0, start_with="tests/test_c.py")
+    background.declare("too-late", ["tests/test_b.py::test_0"], None, seconds=0, start_with="tests/test_c.py")
+    background.declare("not-selected", ["tests/test_a.py::test_0"], None, seconds=0, start_with="tests/test_z.py")
+    background.plan(items, seconds)
+    assert background._plan == {"tests/test_b.py": ["beside-b", "too-late"], "tests/test_c.py": ["own"],
+                                "tests/test_a.py": ["not-selected"]}
+
+
+def test_work_with_a_ray_of_its_own_gets_folders_and_ports_of_its_own(monkeypatch):
+    monkeypatch.setattr(background, "_isolated", [])
+    monkeypatch.setattr(background, "_works", {})  # finish() below ends these only
+    one, two = background.isolated_env("one"), background.isolated_env("two")
+    try:
+        assert (one[background.MARK], two[background.MARK]) == ("one", "two")
+        for name in ("RAY_TMPDIR", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH",
+                     "RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"):
+            assert one[name] != two[name] and one[name] != os.environ.get(name), name
+        ranges = [range(int(e["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]), int(e["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]))
+                  for e in (one, two, os.environ)]
+        assert not set(ranges[0]) & set(ranges[1]) and not (set(ranges[0]) | set(ranges[1])) & set(ranges[2])
+        assert len(one["RAY_SERVE_HAPROXY_SOCKET_PATH"]) < 40  # a Unix socket's path is bounded (108 bytes)
+    finally:
+        background.finish()
+    assert not any(Path(e["RAY_TMPDIR"]).exists() for e in (one, two))

@@ -308,7 +308,7 @@ def test_metrics_reach_rays_prometheus_endpoint(client):
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         if all(w in text for w in want):
             break
-        time.sleep(2)
+        time.sleep(0.5)
     missing = [w for w in want if w not in text]
     assert not missing, f"not exported: {missing}"
     line = next(x for x in text.splitlines() if x.startswith("ray_proxray_fallbacks") and BROKEN in x)

@@ -4,19 +4,29 @@ nodes, routed requests, the monitor with its state on S3, drifted traffic, a new
 on it."""
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import background
+
 pytestmark = pytest.mark.slow
 
 
-def test_the_cluster_journey_end_to_end():
+def _journey(folder):
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}  # the journey's Ray keeps auth on
-    script = Path(__file__).with_name("journey.py")
-    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    return [[sys.executable, Path(__file__).with_name("journey.py")]], background.isolated_env("journey", env), folder
+
+
+# a process of its own, with a Ray of its own: it runs in the background from the first module of the unit tests on,
+# whose single process leaves the second core idle (tests/background.py)
+background.declare("journey", ["tests/test_journey.py::test_the_cluster_journey_end_to_end"], _journey, seconds=70,
+                   start_with="tests/test_commands.py")
+
+
+def test_the_cluster_journey_end_to_end():
+    r = background.result("journey", timeout=600)  # a bound on a hang, not a timing
     assert r.returncode == 0, r.stderr[-5000:]
     seen = json.loads(r.stdout.strip().splitlines()[-1])
     assert seen["job"] == "SUCCEEDED" and seen["ingress_nodes"] == ["head", "worker"] and seen["replicas"] == 2

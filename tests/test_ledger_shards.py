@@ -120,8 +120,9 @@ def test_a_ledger_answers_while_its_checkpoint_store_does_not(monkeypatch):
     assert len(calls) == 1  # one write in flight, stuck in the store
     gate.set()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and json.loads(store.get("proxray-keys-test", "{}")).get("totals") != {"k": 0.5}:
-        time.sleep(0.05)
+    while time.monotonic() < deadline and \
+            abs(json.loads(store.get("proxray-keys-test", "{}")).get("totals", {}).get("k", 0.0) - 0.5) > 1e-9:
+        time.sleep(0.05)  # a sum of fifty 0.01s: 0.5 to within rounding
     assert json.loads(store["proxray-keys-test"])["totals"] == pytest.approx({"k": 0.5})  # the newest state
     assert len(calls) <= 3  # not a write per change: the newest waiting state replaces the older ones
     assert KeyLedger("proxray-keys-test").report()["k"]["spent_usd"] == pytest.approx(0.5)  # a restart starts from it

@@ -3,6 +3,8 @@ batches of min_batch within the budget, absorption, journal + snapshot restore, 
 evaluations, exactly-once submission, growth by a new pool model; and the production scenario (Serve +
 the monitor started by its CLI + the Jobs API + a kill mid-evaluation) through ``proxray demo drift``."""
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +15,41 @@ from proxray.monitor import DriftMonitor, text_key
 from proxray.data.synthetic import generate_queries
 from proxray.pool.simulated import make_table
 
+import background
+
 pytestmark = pytest.mark.slow
 TASK = "gsm8k"
+
+# ``proxray demo drift``'s run, in a process of its own with a Ray of its own: each of the three runs below starts in
+# the background with a module of Serve apps whose tests leave a core idle most of their time (tests/background.py);
+# each test asserts on its run's result
+DEMOS = {"drift-judge-killed": dict(n_inliers=60, timeout_s=240, kill_mid_evaluation=True),
+         "drift-feedback": dict(n_inliers=20, timeout_s=300, labels="feedback"),
+         "drift-inverted-feedback": dict(n_inliers=20, timeout_s=300, labels="feedback", poison="inverted-feedback")}
+BESIDE = {"drift-judge-killed": "tests/test_cluster_serve.py", "drift-feedback": "tests/test_endpoint_serve.py",
+          "drift-inverted-feedback": "tests/test_replica_restarts.py"}
+RUN = ("import json, sys; sys.path.insert(0, sys.argv[3]); import ray_ports; ray_ports.take_ray_ports_from_the_system(); "
+       "from proxray.demos.drift import run; json.dump(run(**json.loads(sys.argv[1])), open(sys.argv[2], 'w'))")
+
+
+def _demo(name):
+    # timeout_s: a bound, the run returns once the gate decided
+    def make(folder):
+        kwargs = {"task": TASK, "n_per_task": 30, "min_batch": 10, "state_dir": str(folder / "state"), **DEMOS[name]}
+        return ([[sys.executable, "-c", RUN, json.dumps(kwargs), folder / "result.json", Path(__file__).parent]],
+                background.isolated_env(name), folder)
+    return make
+
+
+for _name in DEMOS:
+    background.declare(_name, ["tests/test_monitor.py::test_drift_demo"], _demo(_name), seconds=60,
+                       start_with=BESIDE[_name])
+
+
+def demo_result(name) -> dict:
+    done = background.result(name, timeout=900)  # a bound on a hang, not a timing
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    return json.loads((done.folder / "result.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -276,14 +311,11 @@ def test_a_model_added_to_the_pool_is_added_to_the_router(world, encoder, fresh_
     assert len([j for j in mon.status()["jobs"] if j["kind"] == "growth"]) == 1  # done once
 
 
-def test_drift_demo_end_to_end(tmp_path):
+def test_drift_demo_end_to_end():
     """The operator's path: Serve with `monitor:` naming a monitor started later by `proxray monitor start
     --config`; inlier then new-task traffic through the openai client; the monitor detects, submits one
     judged job through the Jobs API, is killed while it runs, restarts, absorbs; the replicas switch."""
-    from proxray.demos.drift import run
-
-    res = run(task=TASK, n_per_task=30, min_batch=10, n_inliers=60, state_dir=tmp_path, timeout_s=240,
-              kill_mid_evaluation=True)
+    res = demo_result("drift-judge-killed")
     print(json.dumps(res))
     assert res["driver"] == "monitor" and res["judge"] == POOL[-1] and res["served_before_monitor"]
     assert res["killed_mid_evaluation"] and len(res["drift_jobs"]) == 1  # not submitted twice
@@ -421,15 +453,11 @@ def test_feedback_alone_grows_the_router_and_joins_the_judges_labels(world, enco
     assert r.acc_values_[router.n_train_ + row, 0] == 1.0
 
 
-def test_drift_demo_grows_the_router_from_feedback_alone(tmp_path):
+def test_drift_demo_grows_the_router_from_feedback_alone():
     """`proxray demo drift --labels feedback`: no judge, no evaluation job; the users who send the new task's queries
     score the answers through POST /v1/feedback, the monitor adds them round after round and the served router
     switches to each grown version."""
-    from proxray.demos.drift import run
-
-    # timeout_s: a bound, the run returns once the gate decided
-    res = run(task=TASK, n_per_task=30, min_batch=10, n_inliers=20, state_dir=tmp_path, timeout_s=300,
-              labels="feedback")
+    res = demo_result("drift-feedback")
     print(json.dumps(res))
     # no drift evaluation; the judge only spot-checks a sample of each feedback batch (and its own canaries)
     assert res["labels"] == "feedback" and res["evaluations"] == 0 and res["drift_jobs"] == []
@@ -441,15 +469,10 @@ def test_drift_demo_grows_the_router_from_feedback_alone(tmp_path):
 
 
 @pytest.mark.parametrize("poison", ["inverted-feedback"])  # a judge at random: in the monitor's own test above
-def test_drift_demo_poisoned_labels_never_reach_the_served_version(tmp_path, poison):
+def test_drift_demo_poisoned_labels_never_reach_the_served_version(poison):
     """`proxray demo drift --poison inverted-feedback`: the users' scores inverted (1 − s) — the served version stays
     the first, each candidate is kept rejected, and the status says why."""
-    from proxray.demos.drift import run
-
-    labels = "feedback" if poison == "inverted-feedback" else "judge"
-    # timeout_s: a bound, the run returns once the gate decided
-    res = run(task=TASK, n_per_task=30, min_batch=10, n_inliers=20, state_dir=tmp_path, timeout_s=300,
-              labels=labels, poison=poison)
+    res = demo_result(f"drift-{poison}")
     print(json.dumps({k: res[k] for k in ("served_version", "label_sources", "gate", "versions", "spent_usd")}))
     source = "anonymous" if poison == "inverted-feedback" else "judge"
     assert res["served_version"] == 0 and not res["served_router_switched"] and res["after"] == res["before"]

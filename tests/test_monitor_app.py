@@ -65,7 +65,7 @@ def test_the_monitor_application_keeps_the_monitor_running(tmp_path, fresh_ray):
             text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
             return all(w in text for w in want) and text
 
-        text = until("the monitor's gauges on Ray's metrics endpoint", exported, 120, every_s=2)
+        text = until("the monitor's gauges on Ray's metrics endpoint", exported, 120, every_s=0.5)
         assert 'ray_proxray_monitor_candidate_version{' in text and "ray_proxray_monitor_served_version{" in text
         ray.get(get_monitor().report.remote("What is 2+2?", [0.0] * 384, 0.0))
         old = get_monitor()

@@ -31,6 +31,9 @@ DRIFTED = [f"Write a {lang} function that {ask}, with unit tests and a docstring
            for lang in ("Python", "Rust", "Go") for ask in (
                "parses an ISO-8601 timestamp", "merges two sorted linked lists", "computes a CRC32 checksum",
                "rate-limits calls with a token bucket", "validates an IBAN", "detects a cycle in a directed graph")]
+# the head's GCS declares the lost worker dead after 3 failed health checks a second apart (Ray's default: 5, 3 s
+# apart): what follows the loss is the same, sooner
+NODE_DEATH_IN_3_S = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 REPORT = """
 import json, sys, ray
 from ray.util.state import list_actors
@@ -125,7 +128,7 @@ def _journey(hosts, work):
             if "ray start" in cmd:
                 cmd = cmd.replace(" --autoscaling-config=~/ray_bootstrap_config.yaml", "") + extra + \
                     " --disable-usage-stats"
-            r = hosts.run(ns, ["bash", "-c", cmd], {**venv, "RAY_HEAD_IP": hosts.head_ip})
+            r = hosts.run(ns, ["bash", "-c", cmd], {**venv, "RAY_HEAD_IP": hosts.head_ip, **NODE_DEATH_IN_3_S})
             assert r.returncode == 0, (cmd, r.stdout[-2000:] + r.stderr[-2000:])
     assert oct((home / ".proxray" / "env").stat().st_mode & 0o777) == "0o600"  # made owner-only before Ray starts
     probe = hosts.run(hosts.worker, [sys.executable, "-c", "import socket; socket.create_connection(('127.0.0.1', 8265), 2)"],

@@ -23,6 +23,9 @@ pytestmark = pytest.mark.slow
 GPU = {"num_cpus": 1, "num_gpus": 2, "resources": {"accelerator_type:H100": 2}}
 INGRESS = {"num_cpus": 2, "resources": {"proxray_ingress": 1}}  # cluster.yaml's cpu_worker, scaled to this machine
 FAILOVER_S = 1.0
+# the GCS declares a node dead after 3 failed health checks a second apart (Ray's default: 5, 3 s apart, ~15 s): what
+# follows a node's loss is the same, sooner
+NODE_DEATH_IN_3_S = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +33,8 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
+                                                      "_system_config": NODE_DEATH_IN_3_S})
     for _ in range(2):
         c.add_node(**INGRESS)
     gpus = [c.add_node(**GPU) for _ in range(2)]

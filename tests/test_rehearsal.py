@@ -7,19 +7,30 @@ node types under Ray's own autoscaler (the fake multi-node provider), whose GPU 
 the app ask for them."""
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import background
+
 pytestmark = pytest.mark.slow
 
 
-def test_the_shipped_gpu_configs_rehearsed_on_a_cpu():
+def _rehearsal(folder):
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}  # the rehearsal's Ray keeps auth on
-    script = Path(__file__).with_name("rehearsal.py")
-    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=1200)
+    return [[sys.executable, Path(__file__).with_name("rehearsal.py")]], background.isolated_env("rehearsal", env), \
+        folder
+
+
+# a process of its own, with a Ray of its own: it runs in the background beside the head-loss tests, which leave a
+# core idle much of their time (tests/background.py)
+background.declare("rehearsal", ["tests/test_rehearsal.py::test_the_shipped_gpu_configs_rehearsed_on_a_cpu"],
+                   _rehearsal, seconds=110, start_with="tests/test_head_loss.py")
+
+
+def test_the_shipped_gpu_configs_rehearsed_on_a_cpu():
+    r = background.result("rehearsal", timeout=1200)  # a bound on a hang, not a timing
     assert r.returncode == 0, r.stderr[-6000:]
     seen = json.loads(r.stdout.strip().splitlines()[-1])
     assert seen["job"] == "SUCCEEDED" and "ok, it would deploy" in seen["job_check"]

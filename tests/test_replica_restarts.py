@@ -99,7 +99,9 @@ def test_a_replica_whose_constructor_runs_is_coming_and_one_with_no_room_is_not(
     cpus = ray.available_resources().get("CPU", 0.0)
     assert cpus >= 0.5
 
-    @serve.deployment(ray_actor_options={"num_cpus": cpus})  # every free CPU: no room for one more once placed
+    # every free CPU: no room for one more once placed; deleted mid-constructor at the end, it is killed after 1 s
+    # (Serve's default: 20 s for a replica to finish what it was doing)
+    @serve.deployment(ray_actor_options={"num_cpus": cpus}, graceful_shutdown_timeout_s=1)
     class Loading:
         def __init__(self):
             time.sleep(60)

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import yaml
 
+import background
 from serve_helpers import WEAK, STRONG, fit_router
 from proxray.serve.front import free_port
 
@@ -30,8 +31,9 @@ def free(port: int) -> bool:
 
 
 def haproxies() -> list:
-    """The HAProxy processes this test process's clusters may have started: every one on the machine, or, where the
-    suite runs in two workers (each with its own Ray temp folder), those that inherited this worker's."""
+    """The HAProxy processes this test process's clusters may have started: every one on the machine but those of the
+    suite's background work (tests/background.py), or, where the suite runs in two workers (each with its own Ray
+    temp folder), those that inherited this worker's."""
     mine = f"RAY_TMPDIR={os.environ['RAY_TMPDIR']}".encode() if os.environ.get("PYTEST_XDIST_WORKER") else None
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -39,10 +41,11 @@ def haproxies() -> list:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().split(b"\0")
             if cmd and os.path.basename(cmd[0].decode(errors="replace")).endswith("haproxy"):
-                if mine is not None:
-                    with open(f"/proc/{pid}/environ", "rb") as f:
-                        if mine not in f.read().split(b"\0"):
-                            continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+                if mine is not None and mine not in environ or \
+                        any(v.startswith(f"{background.MARK}=".encode()) for v in environ):
+                    continue
                 out.append(int(pid))
         except OSError:
             continue

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+import background
 from conftest import ROOT
 from test_locks import lock
 
@@ -40,10 +41,9 @@ def commands(block):
     return [ln.split("  #", 1)[0].strip() for ln in joined.splitlines() if ln.strip() and not ln.startswith("#")]
 
 
-@pytest.fixture(scope="module")
-def clone(tmp_path_factory):
-    """The repository's files as a clone has them (tracked, and new files not ignored), nothing built."""
-    dest = tmp_path_factory.mktemp("user") / "proxray"
+def copy_of_the_repository(dest):
+    """The repository's files as a clone has them (tracked, and new files not ignored), nothing built; ../shared
+    beside it."""
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                            capture_output=True, check=True).stdout.decode().split("\0")
     for f in filter(None, files):
@@ -52,16 +52,48 @@ def clone(tmp_path_factory):
             (dest / f).write_bytes((ROOT / f).read_bytes())
             (dest / f).chmod((ROOT / f).stat().st_mode)
     (dest.parent / "shared").symlink_to(ROOT.parent / "shared")
-    return dest
+
+
+def a_users_env(cache) -> dict:
+    """A user's environment: Ray's token auth on (the default), a cache of its own; still offline."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "VIRTUAL_ENV", "PYTHONPATH")}
+    env["PROXRAY_CACHE"] = str(cache)
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if "/.venv/" not in p)
+    return env
+
+
+def readme_first_command() -> str:
+    return blocks((ROOT / "README.md").read_text(), "bash")[0].strip()
+
+
+def _main_job(folder):
+    """The README's first command, as written, in a fresh copy of the repository."""
+    copy_of_the_repository(folder / "proxray")
+    env = background.isolated_env("user-main-job", a_users_env(folder / "cache"))
+    return [["bash", "-c", readme_first_command()]], env, folder / "proxray"
+
+
+# the install, the main job and the demo run in a process tree of their own (a Ray of its own): in the background
+# beside the monitor application's test, which leaves a core idle most of its time (tests/background.py)
+background.declare("user-main-job", ["tests/test_user_paths.py::"], _main_job, seconds=105,
+                   start_with="tests/test_monitor_app.py")
 
 
 @pytest.fixture(scope="module")
-def user_env(tmp_path_factory):
-    """A user's environment: Ray's token auth on (the default), a cache of its own; still offline."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "VIRTUAL_ENV", "PYTHONPATH")}
-    env["PROXRAY_CACHE"] = str(tmp_path_factory.mktemp("user-cache"))
-    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if "/.venv/" not in p)
-    return env
+def main_job():
+    return background.result("user-main-job", timeout=1200)  # a bound on a hang, not a timing
+
+
+@pytest.fixture(scope="module")
+def clone(main_job):
+    """The copy of the repository the README's first command ran in (its plain install in ``.venv``)."""
+    return main_job.folder / "proxray"
+
+
+@pytest.fixture(scope="module")
+def user_env(main_job):
+    """A user's environment, the one the README's first command ran in (its cache)."""
+    return a_users_env(main_job.folder / "cache")
 
 
 def run(cmd, cwd, env, timeout=900):
@@ -77,14 +109,16 @@ def installed(clone, name):
     return out.split("+", 1)[0]
 
 
-def test_the_readme_main_job_on_a_plain_install(clone, user_env):
+def test_the_readme_main_job_on_a_plain_install(main_job, clone):
     """README's first command, as written: ``bash install.sh && .venv/bin/proxray eval && .venv/bin/proxray demo
     serve`` — the main job's table, then a routed answer: the demo's router fitted, the CPU demo served, asked, its
     answer and the router's reasons printed, and stopped with its port free."""
-    first = blocks((ROOT / "README.md").read_text(), "bash")[0].strip()
+    first = readme_first_command()
     assert first.startswith("bash install.sh && ") and first.endswith(" && .venv/bin/proxray demo serve")
     assert "dev" not in first
-    out = run(first, clone, user_env)
+    assert main_job.returncode == 0, f"{first}\nexit {main_job.returncode}\n{main_job.stdout[-3000:]}\n" \
+                                     f"{main_job.stderr[-5000:]}"
+    out = main_job.stdout
     assert re.search(r"^\| overall \| [0-9.]+ ± [0-9.]+ \| [0-9.]+ ± ", out, flags=re.M), out[-2000:]
     answered = re.search(r"^answered by: (\S+)\nanswer: +\[(\S+), simulated, (?:correct|wrong)\]", out, flags=re.M)
     assert answered and answered[1] == answered[2], out[-2000:]  # the routed model answered, as the sim says

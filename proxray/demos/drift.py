@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -136,9 +137,15 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
     log(f"router v0 fitted without {task}: AUC on held-out {task} queries = {before:.2f}%")
 
     os.environ.update(front_env(local=True))  # the serving front proxray's clusters run (proxray.serve.front)
-    # a Ray of its own ("local"), even where `ray start` left another on this machine
+    # a Ray of its own ("local"), even where `ray start` left another on this machine, in a temp folder of its own
+    # that names its address: the Jobs API starts each evaluation's driver on the cluster "auto" finds from there (Ray's
+    # shared folder names the last `ray start`'s cluster, and without it Ray picks any cluster running here)
+    temp = tempfile.mkdtemp(prefix="proxray-", dir=os.environ.get("RAY_TMPDIR") or "/tmp")  # short: Unix socket paths
     ctx = ray.init(address="local", include_dashboard=True, log_to_driver=False,
-                   num_cpus=max(4, os.cpu_count() or 1))
+                   num_cpus=max(4, os.cpu_count() or 1), _temp_dir=temp)
+    from ray._private.utils import write_ray_address
+
+    write_ray_address(ctx.address_info["gcs_address"], temp)
     try:
         jobs_address = f"http://{ctx.dashboard_url}"  # the Ray Jobs API is served by the dashboard
         port = port or free_port()  # after Ray's own processes took theirs
@@ -260,6 +267,7 @@ def run(task="gsm8k", n_per_task=60, min_batch=20, n_inliers=40, state_dir=None,
                         "--address", ctx.address_info["gcs_address"]], capture_output=True, timeout=120)
         serve.shutdown()
         ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
     return result
 
 
