@@ -244,7 +244,28 @@ def test_the_conversation_book_is_bounded_and_forgets_idle_conversations():
     book.remember("c", "m3", now=70)
     book.remember("d", "m1", now=71)  # over max_entries: the least recently remembered goes
     assert book.recall("b", now=72) is None and book.recall("c", now=72) == "m3"
-    assert book.stats() == {"conversations": 2, "dropped": 1}
+    assert book.stats() == {"conversations": 2, "dropped": 1, "keys": {}}
+
+
+def test_a_key_that_opens_conversations_without_end_drops_its_own_not_another_keys():
+    """The book of 100 conversations, a key's share a quarter of it: key B's 10 conversations, then key A's 1,000 —
+    A keeps its 25 most recent, B keeps all 10 (a plain LRU would have dropped B's first); entries without a key
+    (the single key's) are bounded by the book alone."""
+    from proxray.serve.tenancy.conversations import ConversationBook, ConversationClient
+
+    book = ConversationBook(max_entries=100, ttl_s=3600, key_share=0.25)
+    for i in range(10):
+        book.remember(ConversationClient.entry(f"b{i}", "B"), "m1", now=i)
+    for i in range(1000):
+        book.remember(ConversationClient.entry(f"a{i}", "A"), "m2", now=100 + i)
+    assert all(book.recall(ConversationClient.entry(f"b{i}", "B"), now=2000) == "m1" for i in range(10))
+    kept = [i for i in range(1000) if book.recall(ConversationClient.entry(f"a{i}", "A"), now=2000)]
+    assert kept == list(range(975, 1000)) and book.stats()["keys"] == {"A": 25, "B": 10}
+    book.remember(ConversationClient.entry("a975", "A"), "m1", now=2001)  # a turn of a kept one: refreshed, not added
+    assert book.stats()["keys"]["A"] == 25 and book.recall(ConversationClient.entry("a976", "A"), now=2002) == "m2"
+    for i in range(200):  # the single key's conversations: the book's bound, least recently used first, takes keys' too
+        book.remember(ConversationClient.entry(f"s{i}", None), "m3", now=3000 + i)
+    assert len(book.entries) == 100 and book.stats()["keys"] == {}  # the keys' entries dropped are forgotten too
 
 
 @pytest.mark.parametrize("acc,cost,lam,expect", [

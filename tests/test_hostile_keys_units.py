@@ -219,7 +219,8 @@ def test_a_cached_prompt_and_a_hosted_tool_are_priced_as_billed():
 
 def test_a_keys_prompt_cache_is_salted_apart_on_the_models_that_take_a_salt():
     """A co-hosted model that takes ``cache_salt`` (vLLM) is sent the asking key's, so one key's prefixes are never
-    another's cache hits; a model that does not take one (the CPU engines) is sent nothing new; the app's own key none."""
+    another's cache hits; a model that does not take one (the CPU engines) is sent nothing new; the app's own key none.
+    The key's salt wins over the client's; a model the app built on vLLM is salted before it says what it takes."""
     from proxray.serve.deployments.client import TENANT, ModelClient
 
     sent = []
@@ -247,6 +248,16 @@ def test_a_keys_prompt_cache_is_salted_apart_on_the_models_that_take_a_salt():
     client.stream("vllm", "/chat/completions", body)
     assert sent[0]["cache_salt"] == "a" * 32 and "cache_salt" not in sent[1] and "cache_salt" not in sent[2]
     assert "cache_salt" not in body  # the request's own body untouched
+    # a client's own salt (or null) does not take it out of its key's space; a salt of its own divides that space
+    TENANT.set("b" * 32)
+    for own, want in ((None, "b" * 32), ("", "b" * 32), ("a" * 32, "b" * 32 + ":" + "a" * 32)):
+        client.stream("vllm", "/chat/completions", {**body, "cache_salt": own})
+        assert sent[-1]["cache_salt"] == want, own
+    # a model the app built on vLLM is salted before it says its capabilities (not yet asked: no caps)
+    early = ModelClient({"vllm": Handle()}, salted=["vllm"])
+    early.stream("vllm", "/chat/completions", body)
+    TENANT.set("")
+    assert sent[-1]["cache_salt"] == "b" * 32
 
 
 def test_a_fallback_to_a_model_without_tool_prices_is_refused_for_a_budgeted_key():

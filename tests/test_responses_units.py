@@ -238,3 +238,33 @@ def test_a_long_translated_stream_keeps_every_delta_and_joins_each_text_once():
     final = events[-1]["response"]
     assert done["text"] == "".join(words) == final["output"][0]["content"][0]["text"]
     assert args["arguments"] == "".join(str(i % 10) for i in range(20_000)) == final["output"][1]["arguments"]
+
+
+def test_reasoning_items_a_model_answering_through_chat_never_read_are_not_stored():
+    """A continuation's reasoning items (1 MiB each, say) are sent on only to a model that serves Responses itself; a
+    model answering through chat reads none of them, so they are not stored with its response — a conversation does
+    not load them again and again for nothing. A native model's record keeps them."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from proxray.serve.config import AppArgs
+    from proxray.serve.protocols import PROTOCOLS
+    from proxray.serve.protocols.base import Context
+    from proxray.serve.protocols.responses.schemas import ResponsesRequest
+    from proxray.serve.protocols.responses.turn import ResponsesTurn
+
+    put = []
+
+    class Store:
+        async def put(self, rid, record, previous, key):
+            put.append(record)
+
+    args = AppArgs.model_validate({"router": "unused", "models": [{"id": "chatty", "engine": "sim"}]})
+    big = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "x" * (1 << 20)}
+    said = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "And then?"}]}
+    req = ResponsesRequest.model_validate({"model": "proxray", "input": [big, said]})
+    for model, native in (("chatty", set()), ("native", {"native"})):
+        turn = ResponsesTurn(req, [], Context(PROTOCOLS["/v1/responses"], SimpleNamespace(), native, args, Store()))
+        asyncio.run(turn.answer({"object": "response", "model": model, "output": [], "status": "completed"}, {}))
+    assert [x["type"] for x in put[0]["input"]] == ["message"]  # through chat: the reasoning item left out
+    assert [x["type"] for x in put[1]["input"]] == ["reasoning", "message"]  # a native model read it: kept

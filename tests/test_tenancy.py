@@ -214,6 +214,37 @@ def test_feedback_counts_toward_the_keys_rate(app):
     assert codes[:3] == [404] * 3 and codes[3:] == [429, 429]
 
 
+def test_a_key_holding_64_slow_streams_leaves_another_key_answered_at_once(app):
+    """Key A opens 64 streams at once to a model whose answers take ~5 s: it holds half the replica's 64 slots (its
+    default share), the rest of its streams get a 429 at once; once they have, key B's request is answered, within
+    5 s, while A's streams still run (before: B waited past its timeout)."""
+    import threading
+
+    slow = {"model": SLOW_DEAR, "max_tokens": 30, "stream": True, "messages": [{"role": "user", "content": ASK}]}
+    codes, refused = [], threading.Semaphore(0)
+
+    def stream(_):
+        with httpx.stream("POST", f"{app[0]}/v1/chat/completions", json=slow, timeout=60,
+                          headers={"Authorization": f"Bearer {KEYS['a']}"}) as r:
+            codes.append(r.status_code)
+            if r.status_code == 429:
+                refused.release()
+            r.read()
+        return time.monotonic()
+
+    with ThreadPoolExecutor(64) as pool:
+        ends = pool.map(stream, range(64))
+        for _ in range(32):  # A's share is full: the refusals came
+            assert refused.acquire(timeout=60)
+        t0 = time.monotonic()
+        b = post(app, "b", {"model": WEAK, "max_tokens": 8, "messages": [{"role": "user", "content": ASK}]})
+        answered = time.monotonic()
+        last = max(ends)
+    assert b.status_code == 200 and answered - t0 < 5.0, (b.status_code, answered - t0)
+    assert last > answered  # A's streams still ran when B was answered
+    assert codes.count(429) == 32 and codes.count(200) == 32, codes
+
+
 def test_a_limiter_overloaded_three_times_for_20_s_serves_a_quarter_of_its_limit_10_s_later(app):
     """2 requests a second allowed; 6 a second sent for 20 s (those the limit would hold past the model's 5 s are
     refused at once with a 429, taking no slot); 10 s later, one every 2 s: every one answered by the model."""

@@ -9,10 +9,11 @@ class LRU:
     """At most ``capacity`` entries (0: none kept). ``get`` refreshes an entry; ``put`` adds or refreshes one and drops
     the least recently used past the bound, counted in ``dropped``."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, on_drop=None):
         if capacity < 0:
             raise ValueError(f"capacity={capacity}: must be >= 0 (0 = nothing kept)")
         self.capacity, self.dropped = capacity, 0
+        self.on_drop = on_drop  # called with each key the bound drops
         self._d: OrderedDict = OrderedDict()
 
     def get(self, key, default=None):
@@ -37,8 +38,10 @@ class LRU:
 
     def _trim(self) -> None:
         while len(self._d) > self.capacity:
-            self._d.popitem(last=False)
+            key, _ = self._d.popitem(last=False)
             self.dropped += 1
+            if self.on_drop is not None:
+                self.on_drop(key)
 
     def __len__(self) -> int:
         return len(self._d)

@@ -70,6 +70,9 @@ class ConversationSpec(StrictModel):
     ttl_s: float = Field(3600.0, gt=0, description="a conversation idle this long is forgotten (its next turn is new)")
     max_entries: int = Field(100_000, ge=1, description="conversations remembered at most (least recently used "
                              "dropped first; ~200 bytes each)")
+    key_share: float = Field(0.25, gt=0, le=1, description="the part of max_entries one key of the keys file may hold: "
+                             "past it, that key's own least recently used conversation is dropped, never another "
+                             "key's (1: no share)")
 
 
 class FeedbackSpec(StrictModel):

@@ -67,7 +67,8 @@ class Gateway:
                                                 if p.honoured is not None and spec.serves(p.name)})
         app_name = serve.get_replica_context().app_name
         deployments = {m: deployment_name(m) for m, h in handles.items() if not isinstance(h, OpenAIModel)}
-        self.client = ModelClient(handles, Liveness(app_name, deployments, a.failover_s))
+        self.client = ModelClient(handles, Liveness(app_name, deployments, a.failover_s),
+                                  salted=[m.id for m in a.models if m.engine == "vllm"])
         self.readiness = Readiness(app_name, deployments)  # /health: 503 until every model deployment has run
         self.policy = RoutingPolicy(router, a.router, handles, a.lam, budget_from(a), a.conversations,
                                     {m.id: m.price for m in a.models})
@@ -89,10 +90,11 @@ class Gateway:
             self.monitor = MonitorClient(a.monitor, a.reload_every_s, a.router, self.encoder.id, self.policy.use_router)
 
     async def open(self, request: Request, model_cls, timings: dict | None = None):
-        """(key, the parsed request, its ``RequestPolicy``): the key identified, the body read, bounded and validated
-        as ``model_cls``, its model alias resolved, the request's policy decided once (app, alias, key, request) and
-        the key's 403s applied."""
+        """(key, the parsed request, its ``RequestPolicy``): the key identified (and refused where its rate refused
+        it last, ``KeyGate.check_rate``), the body read, bounded and validated as ``model_cls``, its model alias
+        resolved, the request's policy decided once (app, alias, key, request) and the key's 403s applied."""
         key = self.gate.identify(request)
+        self.gate.check_rate(key)  # a key past its rate: refused before its body is read
         req = await parse_request(request, model_cls, self.args.max_body_bytes, timings)
         req.model, alias = resolve_alias(req.model, self.args.model_aliases)
         rp = request_policy(req.proxray, key, request.headers, alias)

@@ -70,8 +70,11 @@ SESSION: contextvars.ContextVar = contextvars.ContextVar("proxray_session", defa
 class ModelClient:
     ASK_AGAIN_S = 30.0  # a model that did not say its capabilities (not up yet) is asked again after this
 
-    def __init__(self, handles: dict, liveness: Liveness | None = None):
+    def __init__(self, handles: dict, liveness: Liveness | None = None, salted=()):
         self.handles = handles  # model id -> DeploymentHandle or in-process OpenAIModel (every one with ``respond``)
+        # the models the app built on an engine that takes ``cache_salt`` (vLLM): salted from the first request, before
+        # they say their capabilities
+        self.salted = frozenset(salted)
         self.liveness = liveness or Liveness(None, {}, 1.0)  # which deployments have a live replica
         for callee in handles.values():  # a relay that takes its model out tells the liveness every request reads
             if isinstance(callee, OpenAIModel) and hasattr(callee, "on_out"):
@@ -107,8 +110,11 @@ class ModelClient:
         if (down := self.liveness.unavailable(model)) is not None:
             return Unavailable(down)
         salt = TENANT.get()
-        if salt and CACHE_SALT in self.caps.get(model, {}).get(endpoint, ()) and CACHE_SALT not in body:
-            body = {**body, CACHE_SALT: salt}  # the key's prefixes cached apart from every other key's
+        if salt and (model in self.salted or CACHE_SALT in self.caps.get(model, {}).get(endpoint, ())):
+            # the key's prefixes cached apart from every other key's; a salt of the client's own divides its key's
+            # space further, never reaches another's (nor does a null one)
+            own = body.get(CACHE_SALT)
+            body = {**body, CACHE_SALT: f"{salt}:{own}" if isinstance(own, str) and own else salt}
         session = SESSION.get()
         handle = callee.options(stream=True, session_id=session) if session else callee.options(stream=True)
         gen = handle.respond.remote(endpoint, body, HEARTBEAT_S)

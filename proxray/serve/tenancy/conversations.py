@@ -7,7 +7,9 @@ before). Margins are in the router's objective, acc − λ·cost (estimated accu
 
 Which model a conversation is on lives in one actor per app (``ConversationBook``, named, namespace ``proxray``)
 that every ingress replica asks, so a conversation keeps its model whichever replica a turn reaches. The book is
-bounded (``max_entries``, the least recently used dropped first) and forgets a conversation idle for ``ttl_s``.
+bounded (``max_entries``, the least recently used dropped first) and forgets a conversation idle for ``ttl_s``; one
+key of the keys file holds at most ``key_share`` of it (past that, its own least recently used conversation is
+dropped), so a key that opens conversations without end drops its own, not another key's.
 
 That is the ``margin`` rule (``conversations.rule: margin``). The default, ``cache_aware``, prices what a switch gives
 up instead: a coding agent's turns resend the whole growing conversation, and the model whose prompt cache holds it
@@ -36,14 +38,27 @@ class ConversationBook:
     """Conversation id → its model, what each model's prompt cache holds of it and its mean output, bounded and
     expiring (the app's shared actor)."""
 
-    def __init__(self, max_entries: int = 100_000, ttl_s: float = 3600.0):
-        self.entries = LRU(max_entries)  # id -> {"model", "at", "cached": {model: (prompt tokens, at)}, "out": [sum, n]}
-        self.configure(max_entries, ttl_s)
+    def __init__(self, max_entries: int = 100_000, ttl_s: float = 3600.0, key_share: float = 1.0):
+        # id -> {"model", "at", "cached": {model: (prompt tokens, at)}, "out": [sum, n]}
+        self.entries = LRU(max_entries, on_drop=self._forget)
+        self.of_key: dict = {}  # a key's name -> its conversations' ids, least recently remembered first
+        self.configure(max_entries, ttl_s, key_share)
 
-    def configure(self, max_entries: int, ttl_s: float) -> None:
+    def configure(self, max_entries: int, ttl_s: float, key_share: float = 1.0) -> None:
         """The app's current settings (every replica says them when it first finds the book: a redeploy applies)."""
-        self.ttl_s = ttl_s
+        self.ttl_s, self.share = ttl_s, max(1, int(max_entries * key_share))
         self.entries.resize(max_entries)
+
+    @staticmethod
+    def _key_of(cid: str) -> str | None:
+        return cid.split("\x00", 1)[0] if "\x00" in cid else None  # ``ConversationClient.entry``'s
+
+    def _forget(self, cid: str) -> None:
+        key = self._key_of(cid)
+        if key is not None and key in self.of_key:
+            self.of_key[key].pop(cid, None)
+            if not self.of_key[key]:
+                del self.of_key[key]
 
     def _live(self, cid: str, now: float) -> dict | None:
         hit = self.entries.get(cid)
@@ -51,6 +66,7 @@ class ConversationBook:
             return None
         if now - hit["at"] > self.ttl_s:
             self.entries.pop(cid)
+            self._forget(cid)
             return None
         return hit
 
@@ -78,6 +94,15 @@ class ConversationBook:
         entry.update(model=model, at=now)
         if prompt_tokens is not None:
             entry["cached"][model] = (int(prompt_tokens), now)
+        key = self._key_of(cid)
+        if key is not None:  # the key's share: past it, its own least recently remembered conversation goes
+            mine = self.of_key.setdefault(key, {})
+            mine.pop(cid, None)
+            mine[cid] = None
+            while len(mine) > self.share:
+                oldest = next(iter(mine))
+                del mine[oldest]
+                self.entries.pop(oldest)
         self.entries.put(cid, entry)
 
     def told(self, cid: str, output_tokens: int) -> None:
@@ -88,7 +113,8 @@ class ConversationBook:
             entry["out"][1] += 1
 
     def stats(self) -> dict:
-        return {"conversations": len(self.entries), "dropped": self.entries.dropped}
+        return {"conversations": len(self.entries), "dropped": self.entries.dropped,
+                "keys": {k: len(v) for k, v in self.of_key.items()}}
 
 
 def keep(candidates: list, previous: str | None, acc, cost, lam: float, models: list, spec: ConversationSpec,
@@ -174,7 +200,7 @@ class ConversationClient(SharedActorClient):
     actor_cls, prefix = ConversationBook, "proxray-conversations"
 
     def actor_args(self) -> tuple:
-        return self.spec.max_entries, self.spec.ttl_s
+        return self.spec.max_entries, self.spec.ttl_s, self.spec.key_share
 
     @staticmethod
     def entry(cid: str, tenant: str | None) -> str:

@@ -6,6 +6,7 @@ counts spend are ``keys``."""
 from __future__ import annotations
 
 import hmac
+import time
 
 from proxray.common.pricing import TokenBound, Usage, answer_cost, as_missed
 from proxray.serve.errors import RequestError
@@ -43,6 +44,7 @@ class KeyGate:
         self.api_key, self.prices = api_key, prices
         self.rules = KeyRules(prices)  # every rule of a key: the request policy, listing, feedback, evidence ask it
         self.inflight: dict = {}  # key name -> its requests in flight on this replica (``enter``)
+        self.refused_until: dict = {}  # key name -> when its rate takes a request again, as the ledger last said
         self.ledger = LedgerClient(app_name, ledger_shards) if keys_file else None
         self.requests = metric("proxray_key_requests")
         self.spend = metric("proxray_key_spend_usd")
@@ -78,6 +80,25 @@ class KeyGate:
                                kind="authentication_error")
         return spec
 
+    def check_rate(self, spec: KeySpec | None) -> None:
+        """Before its body is read: a key this replica's ledger answer refused for its rate is refused again at once
+        until that answer's retry-after has passed (a key sending past its rate costs no body read, parse or
+        validation); the ledger decides every other request (``admit``)."""
+        until = self.refused_until.get(spec.name) if spec is not None else None
+        if until is None:
+            return
+        left = until - time.monotonic()
+        if left <= 0:
+            del self.refused_until[spec.name]
+            return
+        self.requests.inc(1, {"key": spec.name, "outcome": "rate"})
+        raise self._past_rate(spec, left)
+
+    def _past_rate(self, spec: KeySpec, retry_after_s: float) -> RequestError:
+        return RequestError(429, f"key {spec.name!r}: {spec.requests_per_minute:g} requests a minute at most; "
+                            f"retry after {retry_after_s:.1f} s", kind="rate_limit_error",
+                            headers={"retry-after": str(max(1, int(retry_after_s + 0.999)))})
+
     def check_policy(self, spec: KeySpec | None, model: str, rp) -> None:
         """Before a request is planned: the key's 403s (``KeyRules.check``), counted."""
         try:
@@ -100,9 +121,8 @@ class KeyGate:
         verdict = await self.ledger.admit(spec, hold_usd, ticket if spec.budget else None)
         if not verdict["ok"]:
             self.requests.inc(1, {"key": spec.name, "outcome": "rate"})
-            raise RequestError(429, f"key {spec.name!r}: {spec.requests_per_minute:g} requests a minute at most; "
-                               f"retry after {verdict['retry_after_s']:.1f} s", kind="rate_limit_error",
-                               headers={"retry-after": str(max(1, int(verdict["retry_after_s"] + 0.999)))})
+            self.refused_until[spec.name] = time.monotonic() + verdict["retry_after_s"]  # ``check_rate``
+            raise self._past_rate(spec, verdict["retry_after_s"])
         over = verdict["reason"] == "over_budget"
         if over and budget and spec.budget.over_budget == "reject":  # refused: the caller releases its hold (``Held``)
             raise self._over_budget(spec, verdict, "(what is held for requests in flight included), and this "

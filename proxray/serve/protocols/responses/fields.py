@@ -21,7 +21,8 @@ RESPONSES: tuple[Fate, ...] = (
     Fate("input", PASSED, TRANSLATED, "chat messages: message items (a `developer` message as `system`), "
          "`function_call` as the assistant's `tool_calls`, `function_call_output` as a `tool` message; text and "
          "image parts"),
-    Fate("input[type=reasoning]", PASSED, DROPPED, "an earlier turn's reasoning: chat has no field for it"),
+    Fate("input[type=reasoning]", PASSED, DROPPED, "an earlier turn's reasoning: chat has no field for it (not stored "
+         "with the answer either)"),
     Fate("input[other type]", PASSED, REFUSED, "item references, hosted tools' calls, files and audio have no chat "
          "form"),
     Fate("instructions", PASSED, TRANSLATED, "the first `system` message"),

@@ -65,7 +65,7 @@ class ResponsesTurn(Turn):
 
     def __init__(self, req, records: list, ctx):
         super().__init__(ctx)
-        self.req, self.store, self.key = req, ctx.store, ctx.owner
+        self.req, self.store, self.key, self.native = req, ctx.store, ctx.owner, ctx.native
         keep = ctx.args.responses.store
         self.rid = new_id("resp")
         self.keep = keep and req.store is not False  # the app stores responses and the request did not say no
@@ -121,10 +121,14 @@ class ResponsesTurn(Turn):
 
     async def _kept(self, obj: dict) -> dict:
         """``obj``, its response stored where it is final — or, where it could not be, saying so: ``store: false``
-        and the reason in its report (``proxray.not_stored``)."""
+        and the reason in its report (``proxray.not_stored``). A model that answered through chat read none of the
+        request's reasoning items (chat has no field for them): they are not stored, so a conversation does not carry
+        on loading what no model of it read."""
         r = final_response(obj)
         if r is not None and self.keep:
-            why = await self.store.put(self.rid, {"response": r, "input": self.items}, self.previous_id, self.key)
+            items = self.items if r.get("model") in self.native else \
+                [x for x in self.items if x.get("type") != "reasoning"]
+            why = await self.store.put(self.rid, {"response": r, "input": items}, self.previous_id, self.key)
             if why is not None:
                 return unstored(obj, why)
         return obj
