@@ -29,21 +29,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:6]
     os.environ.setdefault("RAY_TMPDIR", f"/tmp/ray-{os.environ['PYTEST_XDIST_WORKER']}-{run_id}")
     os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
-    # Serve's HAProxy keeps its config file, admin and metrics sockets and server state in one folder of the machine
-    # (/tmp/haproxy-serve): each worker's Serve gets its own, or one's reload would load the other's config
+    # Serve's HAProxy files and the ingress replicas' ports: each worker's own (tests/background.py)
     front_dir = f"/tmp/hs-{os.environ['PYTEST_XDIST_WORKER']}-{run_id}"
-    for name, leaf in {"RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg", "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
-                       "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "", "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
-                       "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock"}.items():
-        os.environ.setdefault(name, os.path.join(front_dir, leaf).rstrip("/"))
     os.makedirs(front_dir, exist_ok=True)
-# The ports of the ingress replicas' own HTTP and gRPC servers (bound with SO_REUSEPORT: two Serves handing out the
-# same port would answer each other's requests) come from a range of each test worker's, outside the blocks that the
-# clusters proxray's commands start take (proxray.serve.front.ingress_ports: 30000–31000, 40000–41000)
+_xdist = bool(os.environ.get("PYTEST_XDIST_WORKER"))
 _worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-for _proto, _base in (("HTTP", 31000), ("GRPC", 41000)):
-    os.environ.setdefault(f"RAY_SERVE_DIRECT_INGRESS_MIN_{_proto}_PORT", str(_base + 250 * _worker))
-    os.environ.setdefault(f"RAY_SERVE_DIRECT_INGRESS_MAX_{_proto}_PORT", str(_base + 250 * _worker + 249))
+for _name, _value in background.front_of_its_own(front_dir if _xdist else "", _worker).items():
+    if _xdist or _name.startswith("RAY_SERVE_DIRECT_INGRESS"):  # one process alone keeps Serve's own HAProxy folder
+        os.environ.setdefault(_name, _value)
 
 # The serving front users' clusters run (Serve's HAProxy ingress, proxray.serve.front) for every Ray cluster the tests
 # start; its ingress replicas hold on for 2 s when they stop (Ray's default, 30 s, is for a load balancer elsewhere to

@@ -91,10 +91,10 @@ class Gateway:
 
     async def open(self, request: Request, model_cls, timings: dict | None = None):
         """(key, the parsed request, its ``RequestPolicy``): the key identified (and refused where its rate refused
-        it last, ``KeyGate.check_rate``), the body read, bounded and validated as ``model_cls``, its model alias
+        it last, ``RateDoor``), the body read, bounded and validated as ``model_cls``, its model alias
         resolved, the request's policy decided once (app, alias, key, request) and the key's 403s applied."""
         key = self.gate.identify(request)
-        self.gate.check_rate(key)  # a key past its rate: refused before its body is read
+        self.gate.door.check(key)  # a key past its rate: refused before its body is read
         req = await parse_request(request, model_cls, self.args.max_body_bytes, timings)
         req.model, alias = resolve_alias(req.model, self.args.model_aliases)
         rp = request_policy(req.proxray, key, request.headers, alias)

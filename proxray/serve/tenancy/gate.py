@@ -29,6 +29,38 @@ def refuse_unpriced(price, model: str, bound: TokenBound, why: str = "") -> None
                                f"config): a key with a budget may not ask for it", f"tools[{i}]")
 
 
+def past_rate(spec: KeySpec, retry_after_s: float) -> RequestError:
+    """The 429 of a key past its ``requests_per_minute``, with its Retry-After."""
+    return RequestError(429, f"key {spec.name!r}: {spec.requests_per_minute:g} requests a minute at most; "
+                        f"retry after {retry_after_s:.1f} s", kind="rate_limit_error",
+                        headers={"retry-after": str(max(1, int(retry_after_s + 0.999)))})
+
+
+class RateDoor:
+    """Before a request's body is read: a key the ledger refused for its rate on this replica is refused again at once
+    until that answer's Retry-After has passed (a key sending past its rate costs no body read, parse or
+    validation); the ledger decides every other request (``KeyGate.admit``)."""
+
+    def __init__(self, requests):
+        self.requests = requests  # the key requests counter
+        self.until: dict = {}  # key name -> when its rate takes a request again, as the ledger last said
+
+    def refused(self, spec: KeySpec, retry_after_s: float) -> RequestError:
+        self.until[spec.name] = time.monotonic() + retry_after_s
+        return past_rate(spec, retry_after_s)
+
+    def check(self, spec: KeySpec | None) -> None:
+        until = self.until.get(spec.name) if spec is not None else None
+        if until is None:
+            return
+        left = until - time.monotonic()
+        if left <= 0:
+            del self.until[spec.name]
+            return
+        self.requests.inc(1, {"key": spec.name, "outcome": "rate"})
+        raise past_rate(spec, left)
+
+
 class KeyGate:
     """The endpoint's door: who is asking (the single key of ``api_key_file`` / ``api_key_env``, a key of the keys
     file, or nobody where no key is configured), and, for a key of the file, its rules (``rules``, the one
@@ -44,9 +76,9 @@ class KeyGate:
         self.api_key, self.prices = api_key, prices
         self.rules = KeyRules(prices)  # every rule of a key: the request policy, listing, feedback, evidence ask it
         self.inflight: dict = {}  # key name -> its requests in flight on this replica (``enter``)
-        self.refused_until: dict = {}  # key name -> when its rate takes a request again, as the ledger last said
         self.ledger = LedgerClient(app_name, ledger_shards) if keys_file else None
         self.requests = metric("proxray_key_requests")
+        self.door = RateDoor(self.requests)  # a key past its rate, refused before its body is read
         self.spend = metric("proxray_key_spend_usd")
         self.prompt_tokens = metric("proxray_key_prompt_tokens")
 
@@ -80,25 +112,6 @@ class KeyGate:
                                kind="authentication_error")
         return spec
 
-    def check_rate(self, spec: KeySpec | None) -> None:
-        """Before its body is read: a key this replica's ledger answer refused for its rate is refused again at once
-        until that answer's retry-after has passed (a key sending past its rate costs no body read, parse or
-        validation); the ledger decides every other request (``admit``)."""
-        until = self.refused_until.get(spec.name) if spec is not None else None
-        if until is None:
-            return
-        left = until - time.monotonic()
-        if left <= 0:
-            del self.refused_until[spec.name]
-            return
-        self.requests.inc(1, {"key": spec.name, "outcome": "rate"})
-        raise self._past_rate(spec, left)
-
-    def _past_rate(self, spec: KeySpec, retry_after_s: float) -> RequestError:
-        return RequestError(429, f"key {spec.name!r}: {spec.requests_per_minute:g} requests a minute at most; "
-                            f"retry after {retry_after_s:.1f} s", kind="rate_limit_error",
-                            headers={"retry-after": str(max(1, int(retry_after_s + 0.999)))})
-
     def check_policy(self, spec: KeySpec | None, model: str, rp) -> None:
         """Before a request is planned: the key's 403s (``KeyRules.check``), counted."""
         try:
@@ -121,8 +134,7 @@ class KeyGate:
         verdict = await self.ledger.admit(spec, hold_usd, ticket if spec.budget else None)
         if not verdict["ok"]:
             self.requests.inc(1, {"key": spec.name, "outcome": "rate"})
-            self.refused_until[spec.name] = time.monotonic() + verdict["retry_after_s"]  # ``check_rate``
-            raise self._past_rate(spec, verdict["retry_after_s"])
+            raise self.door.refused(spec, verdict["retry_after_s"])
         over = verdict["reason"] == "over_budget"
         if over and budget and spec.budget.over_budget == "reject":  # refused: the caller releases its hold (``Held``)
             raise self._over_budget(spec, verdict, "(what is held for requests in flight included), and this "
