@@ -228,9 +228,15 @@ def _modules_that_start_apps_together(items) -> None:
     items.sort(key=lambda it: order[it.nodeid.split("::", 1)[0]])  # stable: a module's own order kept
 
 
+# Modules whose test only asserts on a background work's result (tests/background.py), in one process: run last, so
+# that the work can run beside the modules before them that leave a core idle and end before it is asked for
+LAST = ("tests/test_rehearsal.py",)
+
+
 def pytest_collection_modifyitems(config, items):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         _modules_that_start_apps_together(items)
+        items.sort(key=lambda it: it.nodeid.split("::", 1)[0] in LAST)  # stable: the rest in their order
         return
     import json
 

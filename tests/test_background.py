@@ -69,3 +69,29 @@ def test_work_with_a_ray_of_its_own_gets_folders_and_ports_of_its_own(monkeypatc
     finally:
         background.finish()
     assert not any(Path(e["RAY_TMPDIR"]).exists() for e in (one, two))
+
+
+def test_a_quiet_module_starts_no_work_and_waits_for_those_running(monkeypatch, tmp_path):
+    """A work planned with a module of ``QUIET`` starts with the next module instead; a ``QUIET`` module's first test
+    waits until every work started before it has ended."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setattr(background, "_works", {})
+    monkeypatch.setattr(background, "_plan", {})
+    monkeypatch.setattr(background, "_quieted", set())
+    monkeypatch.setattr(background, "QUIET", {"tests/test_b.py", "tests/test_c.py"})
+    items = [SimpleNamespace(nodeid=f"tests/test_{m}.py::test_0") for m in "abcd"]
+    flag = tmp_path / "go"
+    background.declare("slow", ["tests/test_d.py::test_0"], lambda folder: (
+        [["bash", "-c", f"while [ ! -e {flag} ]; do sleep 0.1; done; echo done"]], None, folder), seconds=0,
+        start_with="tests/test_a.py")
+    background.declare("deferred", ["tests/test_d.py::test_0"], lambda folder: ([["true"]], None, folder), seconds=0,
+                       start_with="tests/test_b.py")
+    background.plan(items, {})
+    assert background._plan == {"tests/test_a.py": ["slow"], "tests/test_d.py": ["deferred"]}
+    background.module_starts(items[0].nodeid)
+    import threading
+
+    threading.Timer(0.5, flag.touch).start()  # the work ends half a second later
+    background.module_starts(items[1].nodeid)  # waits for it
+    assert background._works["slow"].proc.poll() == 0 and background._works["deferred"].proc is None
+    background.finish()

@@ -265,3 +265,30 @@ def test_a_cluster_config_without_gcs_fault_tolerance_is_a_warning(tmp_path, cap
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**raw, "head_node_type": "nope"}))
     assert main(["check", "--config", str(tmp_path / "bad.yaml")]) != 0  # a problem: it would not deploy
     assert "head_node_type: 'nope'" in capsys.readouterr().out
+
+
+def test_serve_simulate_writes_its_rehearsal_to_a_temp_folder_that_goes_when_it_ends(tmp_path, monkeypatch):
+    """``proxray serve --simulate``: the rehearsed config lives in a temp folder of its own while ``serve run`` runs it,
+    removed when the run ends, and when ``proxray check`` stops it before anything starts."""
+    import tempfile
+
+    import proxray.cli.serving as serving
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    seen = []
+
+    def supervised(cmd, env):
+        seen.append(yaml.safe_load(open(cmd[-1]))["applications"][0]["args"]["simulate"])
+        return 0
+
+    monkeypatch.setattr(serving, "run_supervised", supervised)
+    args = {"router": router(tmp_path / "router"), "models": [{"id": m, "engine": "vllm"} for m in POOL]}
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--config", str(serve_config(tmp_path, args)), "--simulate"])
+    assert done.value.code == 0 and seen == [True] and list(temp.iterdir()) == []
+    args["models"].append({"id": "acme/new-model-9b", "engine": "vllm"})  # one the router does not know
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--config", str(serve_config(tmp_path, args)), "--simulate"])
+    assert done.value.code == 2 and list(temp.iterdir()) == []

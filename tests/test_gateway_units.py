@@ -578,10 +578,10 @@ def test_a_relayed_request_reached_its_endpoint_only_once_its_headers_went_out(m
             s.close()
 
 
-def test_a_keys_report_coarsens_distances_to_other_keys_references_and_hides_the_shared_lambda():
+def test_a_keys_report_coarsens_distances_to_other_keys_references_and_shows_its_own_budget():
     """What a key of the keys file is shown: the outlier score and the evidence's distances to 2 decimals, no
-    reference's query id (a hash of its text) or row, and no λ the served budget's controller (moved by every key's
-    traffic) set; the app's own key sees them whole."""
+    reference's query id (a hash of its text) or row, no router path; the served budget's λ and state, which are its
+    own controller's (tests/test_serve_policy.py); the app's own key sees them whole."""
     import copy
 
     from proxray.serve.request.report import completed
@@ -593,6 +593,7 @@ def test_a_keys_report_coarsens_distances_to_other_keys_references_and_hides_the
     completed(whole, 0.1, {}, "r1", None, None, keyed=False)
     assert whole["outlier_score"] == 0.123456 and whole["evidence"]["elements"][0]["query_id"] == "q-3f2a"
     completed(report, 0.1, {}, "r1", None, {"name": "k"}, keyed=True)
-    assert report["outlier_score"] == 0.12 and report["lam"] is None and "budget" not in report
+    assert report["outlier_score"] == 0.12 and "router_path" not in report
+    assert report["lam"] == 0.7312 and report["budget"] == {"x": 1}
     (element,) = report["evidence"]["elements"]
     assert element == {"task": "gsm8k", "distance": 0.12, "weight": 0.5} and report["evidence"]["outlier_score"] == 0.12

@@ -194,8 +194,10 @@ def _gpu_resolution(folder):
               folder / "report.json", "-c", ROOT / "constraints" / "gpu.txt", f"{ROOT}[gpu]"]], env, folder)
 
 
-# it waits on the package index for ~100 s: started in the background about that long before the test
-background.declare("gpu-lock", ["tests/test_locks.py::test_the_gpu_lock"], _gpu_resolution, seconds=100)
+# it waits on the package index for ~100 s: started in the background beside the unit tests from the commands' on,
+# ahead of the head-loss test (which waits for what still runs, tests/background.py)
+background.declare("gpu-lock", ["tests/test_locks.py::test_the_gpu_lock"], _gpu_resolution, seconds=100,
+                   start_with="tests/test_commands.py")
 
 
 @pytest.mark.slow
@@ -250,7 +252,8 @@ def _v100_resolution(folder):
 
 
 # ~30 s on the package index
-background.declare("v100-lock", ["tests/test_locks.py::test_the_v100_lock"], _v100_resolution, seconds=30)
+background.declare("v100-lock", ["tests/test_locks.py::test_the_v100_lock"], _v100_resolution, seconds=30,
+                   start_with="tests/test_front.py")
 
 
 @pytest.mark.slow

@@ -23,11 +23,11 @@ def _rehearsal(folder):
         folder
 
 
-# a process of its own, with a Ray of its own: it runs in the background beside the Serve apps' HTTP tests from the
-# gateway's on, which leave a core idle much of their time (tests/background.py) — not beside the head-loss test,
-# whose 1-s failover a saturated machine misses
+# a process of its own, with a Ray of its own: it runs in the background beside the modules after the node-loss test
+# (the serve stop checks, the user's paths), which leave a core idle much of their time, and this module runs last
+# (tests/conftest.py's LAST); beside the reliability soak it cost the soak 10 of its 600 answers once
 background.declare("rehearsal", ["tests/test_rehearsal.py::test_the_shipped_gpu_configs_rehearsed_on_a_cpu"],
-                   _rehearsal, seconds=110, start_with="tests/test_gateway.py")
+                   _rehearsal, seconds=110, start_with="tests/test_openai_engine.py")
 
 
 def test_the_shipped_gpu_configs_rehearsed_on_a_cpu():

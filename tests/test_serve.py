@@ -170,13 +170,21 @@ def test_keys_with_their_own_policy(server):
     with pytest.raises(RateLimitError, match="2 requests a minute") as e:
         rate.chat.completions.create(**ask)
     assert 1 <= int(e.value.response.headers["retry-after"]) <= 60
-    # then refused at the door until its retry-after has passed: its body is not read, so a malformed one (a 400
-    # otherwise) and one over the app's 1-MiB limit (a 413 otherwise) are 429s too, and another key's is not
-    for body in ({"model": "proxray", "messages": "not a list"},
-                 {"model": "proxray", "messages": [{"role": "user", "content": "x" * (2 << 20)}]}):
-        r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30,
+    # then refused at the door until its retry-after has passed, on every protocol: its body is not read, so a
+    # malformed one (a 400 otherwise) and one over the app's 1-MiB limit (a 413 otherwise) are 429s too, and another
+    # key's is not
+    big = [{"role": "user", "content": "x" * (2 << 20)}]
+    for path, body in (("chat/completions", {"model": "proxray", "messages": "not a list"}),
+                       ("chat/completions", {"model": "proxray", "messages": big}),
+                       ("completions", {"model": "proxray", "prompt": 5}),
+                       ("responses", {"model": "proxray", "input": [{"type": "message", "content": 5}]}),
+                       ("responses", {"model": "proxray", "input": big}),
+                       ("messages", {"model": "proxray", "max_tokens": 5, "messages": "not a list"}),
+                       ("messages/count_tokens", {"model": "proxray", "messages": big})):
+        r = httpx.post(f"{server}/v1/{path}", json=body, timeout=30,
                        headers={"Authorization": f"Bearer {KEYS['rate']}"})
-        assert r.status_code == 429 and "2 requests a minute" in r.text and int(r.headers["retry-after"]) >= 1, r.text
+        assert r.status_code == 429 and "2 requests a minute" in r.text and int(r.headers["retry-after"]) >= 1, \
+            (path, r.status_code, r.text[:300])
     r = httpx.post(f"{server}/v1/chat/completions", json={"model": "proxray", "messages": "not a list"}, timeout=30,
                    headers={"Authorization": f"Bearer {KEYS['weak']}"})
     assert r.status_code == 400 and "messages" in r.text

@@ -70,6 +70,31 @@ def test_a_budget_sets_lambda_counts_estimates_or_realised_cost(router):
     assert real.n == 1 and real.recent == pytest.approx((100 * 20.0 + 50 * 40.0) / 1e6)
 
 
+def test_each_key_has_a_budget_controller_of_its_own(router):
+    """A key's routed requests move its own λ and report its own controller; another key's, and requests without a
+    key, are untouched by them (on realised cost too: the answer counts toward the controller its plan came from)."""
+    from proxray.serve.request.policy import request_policy
+    from proxray.serve.tenancy.keys import KeySpec
+
+    r, X = router
+    prices = {m: PriceSpec(input_per_mtok=p, output_per_mtok=2 * p) for m, p in zip(MODELS, (1.0, 5.0, 20.0))}
+    for basis in ("estimated", "realised"):
+        app = BudgetController(1e-9, basis=basis, prices=prices)  # a target far below every model: each λ rises
+        policy = RoutingPolicy(r, "r0", {m: None for m in MODELS}, budget=app)
+        a, b = (KeySpec(name=n, sha256="0" * 64) for n in ("a", "b"))
+        lam0 = app.lam
+        for x in X[:20]:
+            p = policy.decide(x[None], request_policy(RoutingOptions(), a))
+            assert p.report["budget"] == app.of("a").report() and p.budget is app.of("a")
+            if basis == "realised":
+                policy.meter(p, p.candidates[0])({"prompt_tokens": 100, "completion_tokens": 50})
+        assert app.of("a").n == 20 and app.of("a").lam > lam0
+        assert app.n == 0 and app.lam == lam0 and "b" not in app.keys  # the app's and key b's: untouched
+        p = policy.decide(X[:1], request_policy(RoutingOptions(), b))
+        assert p.report["lam"] == lam0 and p.report["budget"]["requests"] == (basis == "estimated")
+        assert policy.decide(X[:1], RoutingOptions()).report["lam"] == lam0  # no key: the app's controller
+
+
 class Each(list):
     """A model's plans, one per time it is asked."""
 

@@ -73,8 +73,16 @@ def _cmd_check(a):
 
 def _cmd_serve(a):
     """``proxray check``'s checks first (a problem stops it before anything starts), then ``serve run``; with
-    ``--simulate`` the config's rehearsal, written beside the run's other files."""
-    raise SystemExit(run_supervised(*_serve_run(a.config, a.simulate)))
+    ``--simulate`` the config's rehearsal, written to a temp folder of its own that goes when the run ends."""
+    import shutil
+
+    cmd, env = _serve_run(a.config, a.simulate)
+    try:
+        code = run_supervised(cmd, env)
+    finally:
+        if a.simulate:
+            shutil.rmtree(os.path.dirname(cmd[-1]), ignore_errors=True)
+    raise SystemExit(code)
 
 
 def _serve_run(config: str, simulate: bool = False) -> tuple:
@@ -94,6 +102,10 @@ def _serve_run(config: str, simulate: bool = False) -> tuple:
     report = check(config)
     print(report.text(), file=sys.stderr)
     if not report.ok:
+        if simulate:
+            import shutil
+
+            shutil.rmtree(os.path.dirname(config), ignore_errors=True)
         raise SystemExit(2)
     serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
     # Ray's token auth stays as configured (on by default in Ray 2.60: the local cluster makes a token); a local

@@ -12,6 +12,9 @@ mean over about ``window`` requests of the counted cost, and λ moves in log spa
 ``log λ += gain · log(m / target)``: spending too much raises λ (cheaper models), too little lowers it.
 Mean cost falls monotonically as λ grows, so this settles where the recent mean meets the target. A
 request that sets its own ``proxray.lam`` uses it and is not counted.
+
+Each API key of the keys file has a controller of its own (``of``): a key's requests move its own λ, and its answers
+report its own controller, never another key's; requests without such a key share the app's.
 """
 from __future__ import annotations
 
@@ -26,6 +29,9 @@ class BudgetController:
         if not (cost_per_query > 0 and math.isfinite(cost_per_query)):
             raise ValueError(f"budget.cost_per_query={cost_per_query!r}: must be a finite number > 0")
         self.target = float(cost_per_query)
+        self.settings = dict(cost_per_query=cost_per_query, lam0=lam0, window=window, gain=gain, lam_max=lam_max,
+                             basis=basis, prices=prices)
+        self.keys: dict = {}  # key name -> its own controller (``of``)
         # start where an accuracy difference of 0.1 is worth the whole budget, unless told otherwise
         self.lam = float(lam0) if lam0 else 0.1 / self.target
         self.alpha, self.gain, self.lam_max = 1.0 / max(window, 1), gain, lam_max
@@ -36,6 +42,15 @@ class BudgetController:
         self.prices = prices or {}  # model -> pool.spec.PriceSpec, for ``answered`` (AppArgs requires them all)
         self.recent = None  # EWMA of the counted cost
         self.n = self.unmetered = 0
+
+    def of(self, key: str | None) -> "BudgetController":
+        """The controller of API key ``key`` (a name from the keys file: a bounded set), made on its first request
+        with this one's settings; this one for requests without a key."""
+        if key is None:
+            return self
+        if key not in self.keys:
+            self.keys[key] = BudgetController(**self.settings)
+        return self.keys[key]
 
     def observe(self, cost: float, metered: bool = True) -> None:
         """The cost of one request routed with ``self.lam`` (on the controller's basis; ``metered=False``:

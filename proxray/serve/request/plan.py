@@ -16,6 +16,7 @@ class Plan:
     candidates: list  # model ids, best first; fallbacks follow in order
     report: dict = field(default_factory=dict)  # what the response's "proxray" object shows
     on_budget: bool = False  # λ came from the served budget, so the answer counts toward it
+    budget: object = None  # then the controller it came from (the request's key's), which counts the answer
 
 
 def not_served(model: str, served) -> RequestError:

@@ -40,6 +40,7 @@ class RequestPolicy:
     max_cost: float | None = None
     conversation: str | None = None
     explain: bool = False
+    key: str | None = None  # the name of its API key of the keys file: the served budget's controller is that key's
 
     def over_budget(self) -> "RequestPolicy":
         """The same request with cost deciding among the models it may use (its key over budget, ``cheapest``)."""
@@ -63,7 +64,7 @@ def request_policy(opts, key=None, headers=None, alias=None) -> RequestPolicy:
     conversation = opts.conversation if opts.conversation is not None else \
         (headers.get("x-proxray-conversation") or "")[:256] or None
     explain = bool(opts.explain) or str(headers.get("x-proxray-explain", "")).lower() in TRUE
-    return RequestPolicy(lam, source, allowed, opts.max_cost, conversation, explain)
+    return RequestPolicy(lam, source, allowed, opts.max_cost, conversation, explain, key.name if key else None)
 
 
 class RoutingPolicy:
@@ -99,11 +100,11 @@ class RoutingPolicy:
 
     def lam_for(self, rp: RequestPolicy) -> tuple[float, bool]:
         """(λ, whether it is the budget's): the request policy's (the request's own or its key's), else the served
-        budget's, else the app's."""
+        budget's (its key's controller), else the app's."""
         if rp.lam is not None:
             return rp.lam, False
         if self.budget is not None:
-            return self.budget.lam, True
+            return self.budget.of(rp.key).lam, True
         return self.lam, False
 
     def decide(self, X, rp, refusals: dict | None = None, previous: str | None = None,
@@ -141,19 +142,20 @@ class RoutingPolicy:
             p.report["evidence"] = evidence(router, X, lam, p.candidates, visible=visible)
             p.report["evidence"]["explain_ms"] = round(1e3 * (time.perf_counter() - t0), 3)
         if on_budget:
-            if self.budget.basis == "estimated":  # known now; a realised cost when the answer is complete
-                self.budget.observe(c[router.models_.index(p.candidates[0])])
-            p.on_budget, p.report["budget"] = True, self.budget.report()
+            budget = self.budget.of(rp.key)
+            if budget.basis == "estimated":  # known now; a realised cost when the answer is complete
+                budget.observe(c[router.models_.index(p.candidates[0])])
+            p.on_budget, p.budget, p.report["budget"] = True, budget, budget.report()
         return p
 
     def meter(self, p: planning.Plan, model: str):
         """How ``model``'s answer to plan ``p`` counts toward a budget on realised cost: a function of the answer's
         usage, or None where nothing is counted at the end (no budget, λ given by the request, or a budget on
         estimated cost, counted when routed). An answer without usage counts at its estimate."""
-        if not p.on_budget or self.budget.basis != "realised":
+        if not p.on_budget or p.budget.basis != "realised":
             return None
         estimate = p.report["estimates"][model]["cost"]
-        return lambda usage: self.budget.answered(model, usage, estimate)
+        return lambda usage: p.budget.answered(model, usage, estimate)
 
 
 def budget_from(args):
