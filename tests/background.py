@@ -43,6 +43,7 @@ _works: dict = {}
 
 
 _plan: dict = {}  # module -> the works to start when its first test starts
+_quieted: set = set()  # the QUIET modules that have waited (``module_starts``)
 
 
 def declare(name, needed_by, make, seconds, start_with=None):
@@ -158,13 +159,13 @@ def module_starts(nodeid: str, timeout=1200):
     if module in QUIET and module not in _quieted:
         _quieted.add(module)
         deadline = time.monotonic() + timeout
-        while _running() and time.monotonic() < deadline:
-            time.sleep(0.5)
+        for work in _running():
+            try:
+                work.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
     for name in _plan.pop(module, []):
         _start(name)
-
-
-_quieted: set = set()
 
 
 def result(name, timeout=1200) -> Done:

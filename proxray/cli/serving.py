@@ -74,38 +74,29 @@ def _cmd_check(a):
 def _cmd_serve(a):
     """``proxray check``'s checks first (a problem stops it before anything starts), then ``serve run``; with
     ``--simulate`` the config's rehearsal, written to a temp folder of its own that goes when the run ends."""
-    import shutil
-
-    cmd, env = _serve_run(a.config, a.simulate)
-    try:
-        code = run_supervised(cmd, env)
-    finally:
-        if a.simulate:
-            shutil.rmtree(os.path.dirname(cmd[-1]), ignore_errors=True)
-    raise SystemExit(code)
-
-
-def _serve_run(config: str, simulate: bool = False) -> tuple:
-    """The ``serve run`` command of ``config`` and its environment, once ``proxray check`` passed it."""
+    import contextlib
     import tempfile
 
+    with tempfile.TemporaryDirectory(prefix="proxray-rehearsal-") if a.simulate else contextlib.nullcontext() as into:
+        raise SystemExit(run_supervised(*_serve_run(a.config, into)))
+
+
+def _serve_run(config: str, rehearsal_in: str | None = None) -> tuple:
+    """The ``serve run`` command of ``config`` and its environment, once ``proxray check`` passed it; ``rehearsal_in``:
+    a folder to write the config's rehearsal to (``--simulate``) and run that instead."""
     import yaml
 
     from proxray.check import check, simulated_serve_config
     from proxray.serve.front import front_env
 
-    if simulate:
+    if rehearsal_in is not None:
         raw = yaml.safe_load(open(config))
-        config = os.path.join(tempfile.mkdtemp(prefix="proxray-rehearsal-"), os.path.basename(config))
+        config = os.path.join(rehearsal_in, os.path.basename(config))
         with open(config, "w") as f:
             yaml.safe_dump(simulated_serve_config(raw), f, sort_keys=False)
     report = check(config)
     print(report.text(), file=sys.stderr)
     if not report.ok:
-        if simulate:
-            import shutil
-
-            shutil.rmtree(os.path.dirname(config), ignore_errors=True)
         raise SystemExit(2)
     serve_bin = os.path.join(os.path.dirname(sys.executable), "serve")
     # Ray's token auth stays as configured (on by default in Ray 2.60: the local cluster makes a token); a local

@@ -89,11 +89,12 @@ COARSE = 2  # decimals of a distance a key is shown: the router's references may
 
 
 def private(report: dict) -> None:
-    """What a key of the keys file is not shown of its own report: the app's router path, the encoder's batch, how long its text waited for the encoder (other
-    keys' load) and whether the cache held it (another key may have sent it) — ``report`` in place; its ``embed_ms`` is
-    the encoder pass alone. Distances to the router's references (the outlier score, the evidence's) are coarsened
-    and the evidence names no reference query: those the drift monitor absorbed are other keys' prompts, and an exact
-    distance, or a query's id (a hash of its text), would tell a key whether another sent a prompt it guesses."""
+    """What a key of the keys file is not shown of its own report: the app's router path, the encoder's batch, how long
+    its text waited for the encoder (other keys' load) and whether the cache held it (another key may have sent it) —
+    ``report`` in place; its ``embed_ms`` is the encoder pass alone. Distances to the router's references (the outlier
+    score, the evidence's) are coarsened and the evidence names no reference query: those the drift monitor absorbed
+    are other keys' prompts, and an exact distance, or a query's id (a hash of its text), would tell a key whether
+    another sent a prompt it guesses."""
     report.pop("router_path", None)  # the served budget's state and λ stay: the key's own controller's
     if isinstance(report.get("outlier_score"), float):
         report["outlier_score"] = round(report["outlier_score"], COARSE)
