@@ -56,6 +56,10 @@ def start_app(tmp, fit_encoder, models, request_timeout_s=60, app_name="proxray"
     from proxray.serve.app import build
 
     fit_router(tmp / "router", fit_encoder, [m["id"] for m in models], profile)
+    # a replica's heartbeat comes every 0.25 s, but on two cores shared with the suite's background work (each a Ray
+    # of its own) its beats can pause for over a second, and the app's 1-s default then gives a live replica up (a
+    # fallback, a route changed): a bound on a hang here, where a test bounds no failover (those set their own)
+    args.setdefault("failover_s", 5.0)
     port = _serve_for(request_timeout_s, metrics_port, env)
     serve.run(build({"router": str(tmp / "router"), "models": models, **args}, protocols, families), name=app_name,
               route_prefix="/")

@@ -21,13 +21,13 @@ pytestmark = pytest.mark.slow
 TASK = "gsm8k"
 
 # ``proxray demo drift``'s run, in a process of its own with a Ray of its own: each of the three runs below starts in
-# the background with a module of Serve apps whose tests leave a core idle most of their time (tests/background.py);
-# each test asserts on its run's result
+# the background with a module whose tests leave a core idle much of their time and bound no latency, far enough ahead
+# of the next quiet module that it seldom waits for the run (tests/background.py); each test asserts on its run's result
 DEMOS = {"drift-judge-killed": dict(n_inliers=60, timeout_s=240, kill_mid_evaluation=True),
          "drift-feedback": dict(n_inliers=20, timeout_s=300, labels="feedback"),
          "drift-inverted-feedback": dict(n_inliers=20, timeout_s=300, labels="feedback", poison="inverted-feedback")}
 BESIDE = {"drift-judge-killed": "tests/test_codex.py", "drift-feedback": "tests/test_endpoint_serve.py",
-          "drift-inverted-feedback": "tests/test_gateway.py"}
+          "drift-inverted-feedback": "tests/test_docs.py"}
 RUN = ("import json, sys; sys.path.insert(0, sys.argv[3]); import ray_ports; ray_ports.take_ray_ports_from_the_system(); "
        "from proxray.demos.drift import run; json.dump(run(**json.loads(sys.argv[1])), open(sys.argv[2], 'w'))")
 

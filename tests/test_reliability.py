@@ -26,7 +26,7 @@ def server(tmp_path_factory, encoder):
     models = [{"id": m, "engine": "sim", "autoscaling": one} for m in (WEAK, SLOW, STRONG)]
     # two router replicas (as in the paper_pool configs) and a proxy request timeout: the HA setup
     yield start_app(tmp_path_factory.mktemp("rel"), encoder, models, request_timeout_s=20, api_key_env="PROXRAY_TEST_KEY",
-                    timeout_s=3, max_prompt_chars=4000, router_replicas=2, router_num_cpus=0.25, app_name=APP)
+                    timeout_s=3, failover_s=1.0, max_prompt_chars=4000, router_replicas=2, router_num_cpus=0.25, app_name=APP)
     stop_app()
 
 
