@@ -21,6 +21,7 @@ class Flight:
     timings: dict = field(default_factory=dict)  # where the gateway's time went: read, parse, embed, estimate, model
     trace: Any = None  # its ``RequestTrace`` (nothing where tracing is off)
     key: Any = None  # its ``KeySpec`` (None: the app's single key, or no auth)
+    owner: str | None = None  # the key's tenancy (None for the app's single key, or no auth)
     req: Any = None  # the parsed request
     rp: Any = None  # its ``RequestPolicy``
     routed: bool = False  # sent to the router (``model: proxray`` or an alias that routes)
@@ -43,11 +44,6 @@ class Flight:
 
     def __post_init__(self):
         self.deadline = time.monotonic() + self.timeout_s
-
-    @property
-    def owner(self) -> str | None:
-        """The key's tenancy (None for the app's single key)."""
-        return self.key and self.key.owner
 
 
 class Stage:

@@ -21,8 +21,10 @@ class Hold(Stage):
         gw = self.gw
         f.held = Held(gw.gate, f.key)
         reach = gw.policy.reach(f.rp) if f.routed else [f.req.model]
+        budgeted = f.key is not None and f.key.budget is not None  # only a budget's hold needs the body measured
         f.key_report, past, f.first_hold = await gw.gate.admit_request(
-            f.key, lambda: bound(f, gw.args.default_max_tokens), f.held.take, reach, f.routed, gw.client.handles)
+            f.key, bound(f, gw.args.default_max_tokens) if budgeted else None, f.held.take, reach, f.routed,
+            gw.client.handles)
         if past:  # over a ``cheapest`` budget: cost decides its plan
             f.rp = f.rp.over_budget()
 
@@ -43,23 +45,26 @@ class Hold(Stage):
 class Rehold(Stage):
     async def before(self, f):
         gw = self.gw
-
-        async def replan():  # over a ``cheapest`` budget once the turn outgrew its admission: cost decides
-            return await gw.plan(f.req, f.rp.over_budget(), f.turn, f.timings, f.text, f.key, again=True)
-
-        f.plan, f.estimate, held = await gw.gate.hold_plan(
-            f.key, f.key_report, f.plan, lambda: bound(f, gw.args.default_max_tokens), f.held.ticket, f.first_hold,
-            lambda m: gw.estimate(f.text, m), gw.client.handles, replan=replan)
+        model = f.plan.candidates[0]
+        f.estimate = f.plan.report.get("estimates", {}).get(model, {}).get("cost")
         if f.key is None:
             return
-        bound(f, gw.args.default_max_tokens)  # what its answer is charged at without usage, and a relay's limit books
-        if f.key.budget:
-            first = f.plan.candidates[0]
+        turn_bound = bound(f, gw.args.default_max_tokens)  # what its answer is charged at, and a relay's limit books
+        if not f.key.budget:
+            return
+        if f.estimate is None and model not in gw.gate.prices:  # a named model with no price: the router's estimate
+            f.estimate = await gw.estimate(f.text, model)
+        held, again = await gw.gate.hold_plan(f.key, f.key_report, f.plan, turn_bound, f.held.ticket, f.first_hold,
+                                              f.estimate, gw.client.handles)
+        if again:  # over a ``cheapest`` budget once the turn outgrew its admission: cost decides
+            f.plan = await gw.plan(f.req, f.rp.over_budget(), f.turn, f.timings, f.text, f.key, again=True)
+            f.estimate = f.plan.report["estimates"][f.plan.candidates[0]]["cost"]
+        first = f.plan.candidates[0]
 
-            async def before_fallback(model):  # a dearer candidate after the first failed: held at its bound first
-                nonlocal held
-                if model != first:
-                    cost = f.plan.report.get("estimates", {}).get(model, {}).get("cost")
-                    held = await gw.gate.hold_fallback(f.key, f.held.ticket, model, f.bound, cost, held)
+        async def before_fallback(model):  # a dearer candidate after the first failed: held at its bound first
+            nonlocal held
+            if model != first:
+                cost = f.plan.report.get("estimates", {}).get(model, {}).get("cost")
+                held = await gw.gate.hold_fallback(f.key, f.held.ticket, model, f.bound, cost, held)
 
-            f.before_fallback = before_fallback
+        f.before_fallback = before_fallback

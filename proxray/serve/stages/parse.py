@@ -8,5 +8,6 @@ from proxray.serve.stages.base import Stage
 class Parse(Stage):
     async def before(self, f):
         f.key, f.req, f.rp = await self.gw.open(f.request, f.protocol.request, f.timings)
+        f.owner = f.key and f.key.owner
         f.routed = f.req.model == ROUTER_MODEL
         f.trace.requested(f.req.model, output_limit(f.req))

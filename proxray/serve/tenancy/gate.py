@@ -143,18 +143,18 @@ class KeyGate:
         self.requests.inc(1, {"key": spec.name, "outcome": "cheapest" if over else "ok"})
         return {"name": spec.name, "spent_usd": round(verdict["spent_usd"], 10), "over_budget": over}
 
-    async def admit_request(self, spec: KeySpec | None, bound_of, take, reach: list, routed: bool,
+    async def admit_request(self, spec: KeySpec | None, bound: TokenBound | None, take, reach: list, routed: bool,
                             served) -> tuple[dict | None, bool, float]:
         """The key's rate and budget before any work on the request — no history rebuilt, nothing embedded or planned,
         neither the served budget's λ nor the monitor told: a request past its key's rate or budget costs a parse. It
-        holds an upper bound of its cost, its body as sent (``bound_of()``: its ``TokenBound``, asked only for a key
-        with a budget) at the dearest priced model of ``reach`` (the models it may reach), until it is planned
+        holds an upper bound of its cost, its body as sent (``bound``: its ``TokenBound``, measured by the caller for a
+        key with a budget only) at the dearest priced model of ``reach`` (the models it may reach), until it is planned
         (``hold_plan``) and its answer settles it (``Held``). Returns (the key's report or None, whether it is past a
         ``cheapest`` budget and routed: cost decides its plan, the USD held). ``take()``: the hold's ticket, taken once
         the body is known good."""
         if spec is None:
             return None, False, 0.0
-        bound = bound_of() if spec.budget else TokenBound()
+        bound = bound if spec.budget and bound is not None else TokenBound()
         ticket = take()
         hold = max(self.holds(bound, [m for m in reach if m in self.prices]).values(), default=0.0) \
             if spec.budget else 0.0
@@ -162,37 +162,29 @@ class KeyGate:
         past = report["over_budget"] and self.rules.past_budget(spec, routed, reach[0] if reach else "", served)
         return report, past, hold
 
-    async def hold_plan(self, spec: KeySpec | None, report: dict | None, plan, bound_of, ticket: str | None,
-                        held_usd: float, estimate_of, served, replan):
-        """Once planned, the hold moves to the chosen model's bound on the turn's whole body (``hold`` of its
-        ``TokenBound``, ``bound_of()``, asked only for a key with a budget): lowered
-        without a wait, or — where the turn outgrew what was admitted (a stored conversation's history, an unpriced
-        model's estimate) — raised and the budget asked again (over a ``reject`` budget: 429; over ``cheapest``: a
-        routed request planned again, ``await replan()``). ``estimate_of(model)``: the router's estimate of a named
-        model with no price. Returns (the plan, the estimate its answer is charged at without usage, the USD held)."""
+    async def hold_plan(self, spec: KeySpec, report: dict, plan, bound: TokenBound, ticket: str | None,
+                        held_usd: float, estimate: float | None, served) -> tuple[float, bool]:
+        """Once planned, the hold of a key with a budget moves to the chosen model's bound on the turn's whole body
+        (``hold`` of its ``TokenBound``, ``bound``; ``estimate``: what that model's answer is estimated to cost, the
+        router's for a named model with no price): lowered without a wait, or — where the turn outgrew what was
+        admitted (a stored conversation's history, an unpriced model's estimate) — raised and the budget asked again
+        (over a ``reject`` budget: 429). Returns (the USD held, whether the request is to be planned again: routed, and
+        over a ``cheapest`` budget now)."""
         model = plan.candidates[0]
-        estimate = plan.report.get("estimates", {}).get(model, {}).get("cost")
-        if spec is None or not spec.budget:
-            return plan, estimate, held_usd
-        if estimate is None and model not in self.prices:  # a named model with no price
-            estimate = await estimate_of(model)
-        bound = bound_of()
         refuse_unpriced(self.prices.get(model), model, bound)
         hold = self.hold(model, bound, estimate)
         if hold <= held_usd:
             if hold < held_usd:
                 self.ledger.lower(spec, ticket, hold)
-            return plan, estimate, hold
+            return hold, False
         verdict = await self.ledger.rehold(spec, ticket, hold)
         if verdict["over_budget"] and not report["over_budget"]:
             report["over_budget"] = True
             if spec.budget.over_budget == "reject":
                 raise self._over_budget(spec, verdict, f"(held included), and this request may cost up to "
                                         f"{hold:.6g} USD")
-            if self.rules.past_budget(spec, plan.report["routed"], model, served):
-                plan = await replan()
-                estimate = plan.report["estimates"][plan.candidates[0]]["cost"]
-        return plan, estimate, hold
+            return hold, self.rules.past_budget(spec, plan.report["routed"], model, served)
+        return hold, False
 
     async def hold_fallback(self, spec: KeySpec | None, ticket: str | None, model: str, bound: TokenBound,
                             estimate: float | None, held_usd: float) -> float:
