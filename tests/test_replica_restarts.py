@@ -21,7 +21,8 @@ def demo(tmp_path_factory, encoder):
     args = yaml.safe_load((ROOT / "serve_configs/cpu_demo.yaml").read_text())["applications"][0]["args"]
     models = [{**m, "autoscaling": {"min_replicas": 1, "max_replicas": 1}} for m in args["models"]]
     yield start_app(tmp_path_factory.mktemp("restarts"), encoder, models, app_name=APP, timeout_s=args["timeout_s"],
-                    failover_s=args.get("failover_s", 1.0), request_timeout_s=60)  # the shipped demo's failover, [m["id"] for m in models], args["timeout_s"]
+                    failover_s=args.get("failover_s", 1.0),  # the shipped demo's failover
+                    request_timeout_s=60), [m["id"] for m in models], args["timeout_s"]
     stop_app()
 
 
