@@ -228,16 +228,24 @@ def test_an_upstream_refusal_a_client_provoked_takes_no_model_out(app, fault):
 
 def test_a_request_the_provider_refuses_keeps_none_of_its_limit_from_other_keys(app):
     """An endpoint's token limit (20,000 a minute) is shared by every key. A request whose ``max_tokens: 1000000``
-    books the whole of it is refused by the provider (400): its booking is given back, so another key's requests right
-    after are answered, not kept waiting for the minute to pass (past their own 30-s deadline: a 504, or refused)."""
+    books the whole of it is refused by the provider (400): its booking is given back, so another key's next five
+    requests are answered within 5 s each and charged what the provider billed, not kept waiting for the minute to pass
+    (past their own 30-s deadline: a 504, or refused)."""
+    import time
+
+    standin = app[1]
     huge = {"model": SHARED, "max_tokens": 1_000_000, "messages": ASK}
     for _ in range(3):
         r = post(app, "/v1/messages", huge, key="admin")  # the app's own key: no budget or rate of its own
         assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"], r.text
-    after = [post(app, "/v1/messages", {"model": SHARED, "max_tokens": 8, "messages": ASK}, key="other")
-             for _ in range(3)]
-    assert [a.status_code for a in after] == [200] * 3, [a.text for a in after]
-    assert all(a.json()["model"] == SHARED and not a.json()["proxray"]["fallback_from"] for a in after)
+    for _ in range(5):  # each answered at once and charged what the provider billed for it
+        before, n0, t0 = ledger("other")["spent_usd"], len(standin.billed), time.monotonic()
+        a = post(app, "/v1/messages", {"model": SHARED, "max_tokens": 8, "messages": ASK}, key="other")
+        took = time.monotonic() - t0
+        assert a.status_code == 200 and took < 5.0, (took, a.text[:300])
+        assert a.json()["model"] == SHARED and not a.json()["proxray"]["fallback_from"]
+        (usage,) = standin.billed[n0:]
+        assert ledger("other")["spent_usd"] - before == pytest.approx(bill(usage), rel=1e-6)
 
 
 def test_a_huge_token_count_keeps_none_of_the_endpoints_limit_from_other_keys(app):
