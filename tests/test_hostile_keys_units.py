@@ -92,14 +92,14 @@ def test_a_refused_request_is_released_and_one_past_its_deadline_charged_its_hol
     """A 4xx or a 503: nothing spent. A 504 once a model had the request: it may have been billed, so the hold at the
     model asked last is charged (the router's estimate where that model has no price), never 0; a 504 before any model
     had it (waiting for a connection): nothing."""
-    from types import SimpleNamespace
+    from proxray.serve.request.plan import Plan
 
     g = gate()
     g.ledger, g.spend = Ledger(), type("Counter", (), {"inc": lambda *a, **k: None})()
     spec = KeySpec(name="k", sha256="0" * 64, budget={"usd": 1.0})
     body = measure({"messages": [], "max_tokens": 10})
-    plan = SimpleNamespace(candidates=["m", "unpriced"], report={"failures": [{"model": "unpriced"}],
-                                                                 "estimates": {"unpriced": {"cost": 0.04}}})
+    plan = Plan(candidates=["m", "unpriced"], report={"failures": [{"model": "unpriced"}],
+                                                      "estimates": {"unpriced": {"cost": 0.04}}})
     for status, p, usd in ((400, None, 0.0), (503, plan, 0.0), (504, None, 0.0), (504, plan, 0.04)):
         held = Held(g, spec)
         held.take()
@@ -108,7 +108,7 @@ def test_a_refused_request_is_released_and_one_past_its_deadline_charged_its_hol
         assert g.ledger.settled[-1] == ("k", held.ticket, pytest.approx(usd)), status
     held = Held(g, spec)
     held.take()
-    held.refused(504, SimpleNamespace(candidates=["m"], report={}), body)  # no failure recorded: the first candidate
+    held.refused(504, Plan(candidates=["m"], report={}), body)  # no failure recorded: the first candidate
     assert g.ledger.settled[-1][2] == pytest.approx(g.hold("m", body, None)) and len(g.ledger.settled) == 5
     held = Held(g, spec)
     held.take()

@@ -18,6 +18,11 @@ class Plan:
     on_budget: bool = False  # λ came from the served budget, so the answer counts toward it
     budget: object = None  # then the controller it came from (the request's key's), which counts the answer
 
+    def cost_of(self, model: str) -> float | None:
+        """The router's estimated cost of ``model``'s answer (None where the plan holds no estimate of it: a named
+        model's plan)."""
+        return self.report.get("estimates", {}).get(model, {}).get("cost")
+
 
 def not_served(model: str, served) -> RequestError:
     return RequestError(404, f"model {model!r} is not served; use 'proxray' for routing or one of: "

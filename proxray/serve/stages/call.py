@@ -64,4 +64,5 @@ async def _settle(f, asked) -> None:
 
 def _estimate(f, model: str) -> float | None:
     """What ``model``'s answer to ``f`` is charged at without usage: the plan's estimate of it, else the request's."""
-    return f.plan.report.get("estimates", {}).get(model, {}).get("cost", f.estimate)
+    cost = f.plan.cost_of(model)
+    return cost if cost is not None else f.estimate

@@ -45,15 +45,15 @@ class Hold(Stage):
 class Rehold(Stage):
     async def before(self, f):
         gw = self.gw
-        model = f.plan.candidates[0]
-        f.estimate = f.plan.report.get("estimates", {}).get(model, {}).get("cost")
+        chosen = f.plan.candidates[0]
+        f.estimate = f.plan.cost_of(chosen)
         if f.key is None:
             return
         turn_bound = bound(f, gw.args.default_max_tokens)  # what its answer is charged at, and a relay's limit books
         if not f.key.budget:
             return
-        if f.estimate is None and model not in gw.gate.prices:  # a named model with no price: the router's estimate
-            f.estimate = await gw.estimate(f.text, model)
+        if f.estimate is None and chosen not in gw.gate.prices:  # a named model with no price: the router's estimate
+            f.estimate = await gw.estimate(f.text, chosen)
         held, again = await gw.gate.hold_plan(f.key, f.key_report, f.plan, turn_bound, f.held.ticket, f.first_hold,
                                               f.estimate, gw.client.handles)
         if again:  # over a ``cheapest`` budget once the turn outgrew its admission: cost decides
@@ -64,7 +64,6 @@ class Rehold(Stage):
         async def before_fallback(model):  # a dearer candidate after the first failed: held at its bound first
             nonlocal held
             if model != first:
-                cost = f.plan.report.get("estimates", {}).get(model, {}).get("cost")
-                held = await gw.gate.hold_fallback(f.key, f.held.ticket, model, f.bound, cost, held)
+                held = await gw.gate.hold_fallback(f.key, f.held.ticket, model, f.bound, f.plan.cost_of(model), held)
 
         f.before_fallback = before_fallback

@@ -154,7 +154,6 @@ class KeyGate:
         the body is known good."""
         if spec is None:
             return None, False, 0.0
-        bound = bound if spec.budget and bound is not None else TokenBound()
         ticket = take()
         hold = max(self.holds(bound, [m for m in reach if m in self.prices]).values(), default=0.0) \
             if spec.budget else 0.0
@@ -302,7 +301,7 @@ class Held:
         charged its hold at the model asked last, never 0. A 504 that never left the gateway is charged nothing."""
         if status == 504 and plan is not None and reached:
             last = (plan.report.get("failures") or [{}])[-1].get("model") or plan.candidates[0]
-            charge = self.charger(last, plan.report.get("estimates", {}).get(last, {}).get("cost"), bound)
+            charge = self.charger(last, plan.cost_of(last), bound)
             if charge is not None:
                 charge(None)
         else:
