@@ -102,6 +102,9 @@ MALFORMED = [  # (path, body, the field the 400 names)
     ("/v1/chat/completions", {"model": "proxray", "messages": [{"role": "user", "content": [5]}]}, "messages"),
     ("/v1/chat/completions", {"model": "proxray", "messages": ASK, "max_tokens": 5, "max_completion_tokens": 6},
      "max_completion_tokens"),
+    ("/v1/completions", {"model": "proxray", "prompt": [{"text": "hi"}]}, "prompt"),
+    ("/v1/completions", {"model": "proxray", "prompt": "hi", "n": "x"}, "n"),
+    ("/v1/completions", {"model": "proxray", "prompt": "hi", "max_tokens": "many"}, "max_tokens"),
 ]
 
 
