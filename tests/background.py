@@ -78,6 +78,19 @@ def front_of_its_own(haproxy_dir, index: int) -> dict:
     return out
 
 
+def free_ports_of_its_own(index: int, workers: int = 0) -> str:
+    """The range ``proxray.serve.front.free_port`` draws from (``PROXRAY_FREE_PORTS``) in one test worker of
+    ``workers`` (20000–23999 split between them) or, ``workers=0``, in the background work numbered ``index`` from 1
+    (24000–29999 in blocks of 500): a port one process chose is free until that process binds it, often a minute later
+    (a Serve's HTTP port after a job and a fit); another process drawing from the same range could choose it meanwhile
+    and then answer the first one's requests."""
+    if workers:
+        size = 4000 // workers
+        return f"{20000 + size * index}-{20000 + size * (index + 1) - 1}"
+    low = 24000 + 500 * ((index - 1) % 12)
+    return f"{low}-{low + 499}"
+
+
 def isolated_env(name: str, env: dict | None = None) -> dict:
     """``env`` (default this process's) for a work that runs its own Ray and Serve beside the suite's."""
     from proxray.serve.front import haproxy_ports
@@ -89,7 +102,8 @@ def isolated_env(name: str, env: dict | None = None) -> dict:
     # the test workers' own Serves take the first blocks of ingress ports (tests/conftest.py); HAProxy's stats and
     # metrics ports: free ones, not the suite's
     return {**(os.environ if env is None else env), MARK: name, "RAY_TMPDIR": str(folder),
-            **front_of_its_own(folder / "hs", 4 + index), **haproxy_ports()}
+            "PROXRAY_FREE_PORTS": free_ports_of_its_own(index), **front_of_its_own(folder / "hs", 4 + index),
+            **haproxy_ports()}
 
 
 def _start(name):

@@ -34,6 +34,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.makedirs(front_dir, exist_ok=True)
 _xdist = bool(os.environ.get("PYTEST_XDIST_WORKER"))
 _worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+# the ports free_port draws (Serve's HTTP port, HAProxy's, a dashboard's): this process's own range, so that no work
+# running beside it chooses one it chose before either binds it
+os.environ.setdefault("PROXRAY_FREE_PORTS", background.free_ports_of_its_own(_worker, workers=2 if _xdist else 1))
 for _name, _value in background.front_of_its_own(front_dir if _xdist else "", _worker).items():
     if _xdist or _name.startswith("RAY_SERVE_DIRECT_INGRESS"):  # one process alone keeps Serve's own HAProxy folder
         os.environ.setdefault(_name, _value)

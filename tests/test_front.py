@@ -49,6 +49,24 @@ def test_free_ports_come_from_outside_the_range_every_connection_and_bind_0_draw
             s.close()
 
 
+def test_processes_given_ranges_of_their_own_never_choose_the_same_free_port(monkeypatch):
+    """Two processes that start local clusters at once each choose ports that stay free until their process binds
+    them, often a minute later: drawn from one range, both could choose the same one, and the app that binds it second
+    finds the first one answering its requests. Given ranges of their own (PROXRAY_FREE_PORTS), they cannot."""
+    from proxray.serve import front
+
+    chosen = {}
+    for name, ports in (("one", "24000-24049"), ("two", "24050-24099")):
+        monkeypatch.setenv(front.FREE_PORTS, ports)
+        chosen[name] = {front.free_port() for _ in range(40)}
+    assert len(chosen["one"]) == len(chosen["two"]) == 40 and not chosen["one"] & chosen["two"]
+    assert chosen["one"] <= set(range(24000, 24050)) and chosen["two"] <= set(range(24050, 24100))
+    assert front.free_port_range({front.FREE_PORTS: " 24000-24000 "}) == range(24000, 24001)
+    for bad in ("24000", "24100-24000", "80-90", "a-b", "24000-70000"):
+        with pytest.raises(ValueError, match=f"PROXRAY_FREE_PORTS='{bad}': expected LOW-HIGH"):
+            front.free_port_range({front.FREE_PORTS: bad})
+
+
 def test_a_local_cluster_takes_ingress_ports_no_other_serve_on_the_machine_listens_on():
     """Serve's controller hands its ingress replicas ports from one range, lowest first, and they bind them with
     SO_REUSEPORT: two Serves on one machine on the same range would share ports and answer each other's requests. A

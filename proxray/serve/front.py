@@ -38,6 +38,9 @@ INGRESS_PORTS = tuple(f"RAY_SERVE_DIRECT_INGRESS_{end}_{proto}_PORT" for proto i
 # them — draws from: a port chosen there can be taken before the process it is meant for binds it.
 PORT_FLOOR, PORT_CEILING = 20000, 30000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# Several processes that start local clusters at once draw from the same range: a port one of them chose is free
+# until its process binds it, so another may choose it too. Each can be given a range of its own, "LOW-HIGH".
+FREE_PORTS = "PROXRAY_FREE_PORTS"
 _handed_out: set[int] = set()
 
 
@@ -57,14 +60,28 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
+def free_port_range(environ=None) -> range:
+    """Where :func:`free_port` draws from: the range :data:`FREE_PORTS` names in ``environ`` (default this process's
+    environment), "LOW-HIGH" with both ends included; else :data:`PORT_FLOOR` up to :data:`PORT_CEILING` or the
+    system's ephemeral range, whichever comes first."""
+    value = (os.environ if environ is None else environ).get(FREE_PORTS, "").strip()
+    if not value:
+        return range(PORT_FLOOR, min(PORT_CEILING, _ephemeral_floor()))
+    low, _, high = value.partition("-")
+    if not (low.strip().isdigit() and high.strip().isdigit() and 1024 <= int(low) <= int(high) <= 65535):
+        raise ValueError(f"{FREE_PORTS}={value!r}: expected LOW-HIGH, two ports from 1024 to 65535 with LOW <= HIGH, "
+                         f"e.g. 24000-24499")
+    return range(int(low), int(high) + 1)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` now, that nothing else is likely to take before its process binds it: drawn at
-    random from :data:`PORT_FLOOR` up to :data:`PORT_CEILING` or the system's ephemeral range, whichever comes first
-    (never one this process handed out already); the system's own choice only where that range is full."""
-    top = min(PORT_CEILING, _ephemeral_floor())
+    random from :func:`free_port_range` (never one this process handed out already); the system's own choice only
+    where that range is full."""
+    ports = free_port_range()
     rng = random.Random()
-    for _ in range(200) if top > PORT_FLOOR else ():
-        port = rng.randrange(PORT_FLOOR, top)
+    for _ in range(200) if len(ports) else ():
+        port = rng.choice(ports)
         if port not in _handed_out and _bindable(host, port):
             _handed_out.add(port)
             return port
