@@ -7,7 +7,11 @@ model that an agent (the Codex CLI) drives would answer:
 * after the tool's output: ``The command printed: <its first line>``;
 * anything else: ``The answer is 4.``
 
-Every request is recorded (``requests``: path, headers, body)."""
+It bills as OpenAI does: every answer reports the ``service_tier`` it ran at (the one asked, ``priority`` or ``flex``,
+else ``default``), billed at that tier's multiple of the base prices; a Responses request that offers the hosted
+``web_search`` tool gets a ``web_search_call`` item before its message for each ``[search]`` its prompt says, billed
+per call. Every request is recorded (``requests``: path, headers, body), and every answer's bill (``billed``: usage, tier,
+hosted calls; :func:`bill` prices one)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +23,21 @@ from http.server import ThreadingHTTPServer
 from standin_http import JSONHandler
 
 SHELL_TOOLS = ("exec_command", "shell")
+PRICES = {"input": 2.0, "output": 8.0, "web_search_call": 0.01}  # USD per million tokens; per call
+TIERS = {"priority": 2.0, "flex": 0.5, "default": 1.0}  # the published multiple of the base prices
+
+
+def bill(entry: tuple) -> float:
+    """USD the provider bills for one answer ``(usage, tier, hosted calls)`` (``billed``'s entries)."""
+    usage, tier, calls = entry
+    tokens = usage.get("prompt_tokens", usage.get("input_tokens", 0)) * PRICES["input"] + \
+        usage.get("completion_tokens", usage.get("output_tokens", 0)) * PRICES["output"]
+    return tokens * TIERS[tier] / 1e6 + calls * PRICES["web_search_call"]
+
+
+def _tier(body: dict) -> str:
+    asked = body.get("service_tier")
+    return asked if asked in ("priority", "flex") else "default"
 
 
 def _decide(turns: list, tools: list) -> tuple[str, str | None]:
@@ -62,6 +81,7 @@ def _responses_turns(body: dict) -> list:
 class AgentStandIn:
     def __init__(self):
         self.requests: list = []
+        self.billed: list = []
         self.lock = threading.Lock()
         outer = self
 
@@ -97,7 +117,10 @@ class AgentStandIn:
                 tools = [(t.get("function") or {}).get("name") for t in body.get("tools") or []]
                 kind, what = _decide(_chat_turns(body), tools)
                 usage = {"prompt_tokens": 1000, "completion_tokens": 20, "total_tokens": 1020}
-                head = {"id": "chatcmpl-" + uuid.uuid4().hex[:8], "model": body.get("model"), "created": 0}
+                head = {"id": "chatcmpl-" + uuid.uuid4().hex[:8], "model": body.get("model"), "created": 0,
+                        "service_tier": _tier(body)}
+                with outer.lock:
+                    outer.billed.append((usage, _tier(body), 0))
                 if kind == "call":
                     call = {"id": "call_" + uuid.uuid4().hex[:8], "type": "function",
                             "function": {"name": next(t for t in SHELL_TOOLS if t in tools),
@@ -126,28 +149,38 @@ class AgentStandIn:
                 else:
                     item = {"id": "msg_" + uuid.uuid4().hex[:8], "type": "message", "role": "assistant",
                             "status": "completed", "content": [{"type": "output_text", "text": what, "annotations": []}]}
+                offered = any(t.get("type") in ("web_search", "web_search_preview") for t in body.get("tools") or [])
+                searches = sum(text.count("[search]") for _, text in _responses_turns(body)) if offered else 0
+                items = [{"id": "ws_" + uuid.uuid4().hex[:8], "type": "web_search_call", "status": "completed",
+                          "action": {"type": "search", "query": f"the answer, part {i + 1}"}}
+                         for i in range(searches)] + [item]
+                usage = {"input_tokens": 1000, "output_tokens": 20, "total_tokens": 1020,
+                         "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+                with outer.lock:
+                    outer.billed.append((usage, _tier(body), len(items) - 1))
                 r = {"id": "resp_" + uuid.uuid4().hex[:8], "object": "response", "created_at": 0, "status": "completed",
-                     "model": body.get("model"), "output": [item], "error": None, "incomplete_details": None,
-                     "usage": {"input_tokens": 1000, "output_tokens": 20, "total_tokens": 1020,
-                               "input_tokens_details": {"cached_tokens": 0},
-                               "output_tokens_details": {"reasoning_tokens": 0}}}
+                     "model": body.get("model"), "output": items, "error": None, "incomplete_details": None,
+                     "service_tier": _tier(body), "usage": usage}
                 if not body.get("stream"):
                     return self._send(200, r)
                 seq = iter(range(100))
                 started = {**r, "status": "in_progress", "output": [], "usage": None}
                 events = [("response.created", {"type": "response.created", "sequence_number": next(seq),
-                                                "response": started}),
-                          ("response.output_item.added", {"type": "response.output_item.added", "output_index": 0,
-                                                          "sequence_number": next(seq), "item": item})]
-                if kind == "text":
-                    events.append(("response.output_text.delta", {"type": "response.output_text.delta",
-                                                                  "item_id": item["id"], "output_index": 0,
-                                                                  "content_index": 0, "delta": what,
-                                                                  "sequence_number": next(seq)}))
-                events += [("response.output_item.done", {"type": "response.output_item.done", "output_index": 0,
-                                                          "sequence_number": next(seq), "item": item}),
-                           ("response.completed", {"type": "response.completed", "sequence_number": next(seq),
-                                                   "response": r})]
+                                                "response": started})]
+                for index, it in enumerate(items):
+                    events.append(("response.output_item.added", {"type": "response.output_item.added",
+                                                                  "output_index": index, "sequence_number": next(seq),
+                                                                  "item": it}))
+                    if it["type"] == "message":
+                        events.append(("response.output_text.delta", {"type": "response.output_text.delta",
+                                                                      "item_id": it["id"], "output_index": index,
+                                                                      "content_index": 0, "delta": what,
+                                                                      "sequence_number": next(seq)}))
+                    events.append(("response.output_item.done", {"type": "response.output_item.done",
+                                                                 "output_index": index, "sequence_number": next(seq),
+                                                                 "item": it}))
+                events.append(("response.completed", {"type": "response.completed", "sequence_number": next(seq),
+                                                      "response": r}))
                 self._events(events)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

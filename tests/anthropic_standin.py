@@ -6,7 +6,10 @@ higher) the first time and reads it (``cache_read_input_tokens``) after — and 
 (``web_search``: one ``server_tool_use.web_search_requests`` per request that offers it). ``bill(usage)`` prices a usage
 at its published prices. Two faults a client's body can provoke: ``[echo-404]`` in the ask answers a 404 echoing an id
 ("Item with id 'rs_x-model' not found."), ``[policy-403]`` a 403 permission error; the key is never the cause.
-``[slow]`` in the ask: the answer is generated and billed at once and sent 3 s later, whoever still reads it."""
+``[slow]`` in the ask: the answer is generated and billed at once and sent 3 s later, whoever still reads it. Its
+long-context tier: a request with the ``context-1m`` beta whose prompt (cached or not) is over
+``LONG_CONTEXT["above_tokens"]`` is billed at that tier's multiples of every price (its record in ``billed`` says
+``long_context``)."""
 from __future__ import annotations
 
 import json
@@ -22,15 +25,18 @@ MAX_TOKENS = 64_000  # the most a request may ask of the model (a larger max_tok
 PRICES = {"input": 3.0, "output": 15.0, "cache_write": 3.75, "cache_write_1h": 6.0, "cache_read": 0.30,
           "web_search": 0.01}
 ANSWER = ["The", " answer", " is", " 42."]
+LONG_CONTEXT = {"above_tokens": 40, "input": 2.0, "output": 1.5}  # the stand-in's 200,000-token tier, made small
 
 
 def bill(usage: dict) -> float:
     """USD the provider bills for one answer's ``usage``."""
     hour = (usage.get("cache_creation") or {}).get("ephemeral_1h_input_tokens", 0)  # the one-hour cache's writes
-    return (usage.get("input_tokens", 0) * PRICES["input"] + usage.get("output_tokens", 0) * PRICES["output"]
-            + (usage.get("cache_creation_input_tokens", 0) - hour) * PRICES["cache_write"]
-            + hour * PRICES["cache_write_1h"]
-            + usage.get("cache_read_input_tokens", 0) * PRICES["cache_read"]) / 1e6 \
+    m_in, m_out = (LONG_CONTEXT["input"], LONG_CONTEXT["output"]) if usage.get("long_context") else (1.0, 1.0)
+    return ((usage.get("input_tokens", 0) * PRICES["input"]
+             + (usage.get("cache_creation_input_tokens", 0) - hour) * PRICES["cache_write"]
+             + hour * PRICES["cache_write_1h"]
+             + usage.get("cache_read_input_tokens", 0) * PRICES["cache_read"]) * m_in
+            + usage.get("output_tokens", 0) * PRICES["output"] * m_out) / 1e6 \
         + (usage.get("server_tool_use") or {}).get("web_search_requests", 0) * PRICES["web_search"]
 
 
@@ -99,8 +105,12 @@ class AnthropicStandIn:
                                                    "ephemeral_1h_input_tokens": cached if hour else 0}
                 if any(t.get("type", "").startswith("web_search") for t in body.get("tools") or []):
                     usage["server_tool_use"] = {"web_search_requests": 1}
-                with outer.lock:
-                    outer.billed.append(usage)  # generated whole, whether or not its reader stays to the end
+                prompt_tokens = sum(usage.get(k, 0) for k in ("input_tokens", "cache_creation_input_tokens",
+                                                               "cache_read_input_tokens"))
+                tiered = "context-1m" in (self.headers.get("anthropic-beta") or "") and \
+                    prompt_tokens > LONG_CONTEXT["above_tokens"]
+                with outer.lock:  # generated whole, whether or not its reader stays to the end
+                    outer.billed.append({**usage, "long_context": True} if tiered else usage)
                 message = {"id": "msg_standin", "type": "message", "role": "assistant", "model": MODEL,
                            "stop_reason": "end_turn", "stop_sequence": None}
                 if "[slow]" in prompt:

@@ -65,16 +65,18 @@ _isolated: list = []
 def front_of_its_own(haproxy_dir, index: int) -> dict:
     """The variables that give a Ray's Serve a front of its own on this machine: Serve's HAProxy files in
     ``haproxy_dir`` (its config, admin and metrics sockets and server state: /tmp/haproxy-serve by default, where one
-    Serve's reload would load another's config) and block ``index`` of 250 ingress replica ports (bound with
+    Serve's reload would load another's config) and block ``index`` (0–16) of 100 ingress replica ports (bound with
     SO_REUSEPORT: two Serves handing out the same port would answer each other's requests), outside the blocks that
-    the clusters proxray's commands start take (``proxray.serve.front.ingress_ports``: 30000–31000, 40000–41000)."""
+    the clusters proxray's commands start take (``proxray.serve.front.ingress_ports``: 30000–31000, 40000–41000) and
+    under the system's ephemeral range (32768 on, where any client connection may hold a port a replica then cannot
+    bind)."""
     out = {var: os.path.join(haproxy_dir, leaf).rstrip("/") for var, leaf in {
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg", "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "", "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
         "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock"}.items()}
     for proto, base in (("HTTP", 31000), ("GRPC", 41000)):
-        out[f"RAY_SERVE_DIRECT_INGRESS_MIN_{proto}_PORT"] = str(base + 250 * index)
-        out[f"RAY_SERVE_DIRECT_INGRESS_MAX_{proto}_PORT"] = str(base + 250 * index + 249)
+        out[f"RAY_SERVE_DIRECT_INGRESS_MIN_{proto}_PORT"] = str(base + 100 * index)
+        out[f"RAY_SERVE_DIRECT_INGRESS_MAX_{proto}_PORT"] = str(base + 100 * index + 99)
     return out
 
 
@@ -102,7 +104,7 @@ def isolated_env(name: str, env: dict | None = None) -> dict:
     # the test workers' own Serves take the first blocks of ingress ports (tests/conftest.py); HAProxy's stats and
     # metrics ports: free ones, not the suite's
     return {**(os.environ if env is None else env), MARK: name, "RAY_TMPDIR": str(folder),
-            "PROXRAY_FREE_PORTS": free_ports_of_its_own(index), **front_of_its_own(folder / "hs", 4 + index),
+            "PROXRAY_FREE_PORTS": free_ports_of_its_own(index), **front_of_its_own(folder / "hs", 5 + (index - 1) % 12),
             **haproxy_ports()}
 
 

@@ -67,6 +67,28 @@ def deploy_when_accepted(argv, timeout_s: float = 180) -> None:
     until("serve deploy accepted", accepted, timeout_s, 3.0)
 
 
+def listeners(port: int) -> list:
+    """The processes listening on TCP ``port`` of this machine: pid, command and the background work that started
+    them (tests/background.py), for a failure to name who answered."""
+    from proxray.serve.front import LISTENING_TABLES
+
+    inodes = {line.split()[9] for table in LISTENING_TABLES if table.exists()
+              for line in table.read_text().splitlines()[1:]
+              if line.split()[3] == "0A" and int(line.split()[1].rsplit(":", 1)[1], 16) == port}
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in {f"socket:[{i}]" for i in inodes}
+                   for fd in os.listdir(f"/proc/{pid}/fd")):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                work = next((v.decode().split("=", 1)[1] for v in env if v.startswith(b"PROXRAY_BACKGROUND_WORK=")), "")
+                found.append({"pid": int(pid), "cmd": cmd, "work": work})
+        except OSError:
+            continue
+    return found
+
+
 def cli(*args, timeout_s=600) -> str:
     with tempfile.TemporaryDirectory() as cwd:  # a working directory of its own: nothing read from the repo's
         r = subprocess.run([sys.executable, "-m", "proxray", *args], capture_output=True, text=True,
@@ -161,14 +183,32 @@ def main() -> None:
             except openai.APIError:
                 return None
 
-        until("the app answering", lambda: ask("Is the app up?"), 300, 2.0)
+        def answered_here():  # by this app's router: another app on the machine answering on this port is no answer
+            a = ask("Is the app up?")
+            return a is not None and a.model_extra["proxray"]["router_path"] == "s3://journey/router"
+
+        try:
+            until("the app answering", answered_here, 300, 2.0)
+        except TimeoutError as e:
+            raise AssertionError(f"{e}: port {http_port} held by {listeners(http_port)}") from None
         ray.init(address=cluster.address, log_to_driver=False)
         from ray._private.state import actors
 
         names = {cluster.head_node.node_id: "head", worker.node_id: "worker"}
-        ingress = [a for a in actors().values() if a["ActorClassName"].endswith("RouterIngress") and a["State"] == "ALIVE"]
-        seen["ingress_nodes"] = sorted(names[a["Address"]["NodeID"]] for a in ingress)
-        assert seen["ingress_nodes"] == ["head", "worker"], seen
+
+        def ingress_nodes():
+            table = actors().values()
+            alive = [a for a in table if a["ActorClassName"].endswith("RouterIngress") and a["State"] == "ALIVE"]
+            seen["ingress_nodes"] = sorted(names.get(a["Address"]["NodeID"], "elsewhere") for a in alive)
+            seen["serve_actors"] = sorted(f"{a['ActorClassName']}={a['State']}" for a in table
+                                          if a["ActorClassName"].startswith(("ServeReplica", "ServeController")))
+            return seen["ingress_nodes"] == ["head", "worker"]
+
+        try:  # both replicas placed and running: the state, not a moment of it
+            until("both ingress replicas alive, one on each node", ingress_nodes, 60, 1.0)
+        except TimeoutError as e:
+            raise AssertionError(f"{e}: {seen}; port {http_port} held by {listeners(http_port)}") from None
+        seen.pop("serve_actors")
         def replicas_answering(path, prompts):
             """The ingress replicas that answered ``prompts``, if every answer came from the router at ``path``."""
             answers = [ask(p) for p in prompts]

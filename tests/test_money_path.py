@@ -1,16 +1,19 @@
 """The money path of every protocol against keys that try, over HTTP on 127.0.0.1 (the CPU demo's simulated models, a
-keys file, and a stand-in Anthropic endpoint that bills its prompt cache and a hosted tool): malformed bodies are 4xx
-naming the field and leave the app healthy; a decoy output-limit field is refused, alone and in a burst; count_tokens
-counts toward the key's rate and books no output tokens on a rate-limited endpoint; cache writes, cache reads and a
-hosted tool's calls are charged as the provider bills them; an upstream 404 or 403 a client's body provoked takes no
-model out. Bounded in count and time."""
+keys file, a stand-in Anthropic endpoint that bills its prompt cache, a hosted tool and a long-context tier, and an
+OpenAI-style one that bills service tiers and hosted searches): malformed bodies are 4xx naming the field and leave
+the app healthy; a decoy output-limit field is refused, alone and in a burst; count_tokens counts toward the key's
+rate and books no output tokens on a rate-limited endpoint; cache writes, cache reads and a hosted tool's calls,
+service tiers and the long-context tier are charged as the provider bills them; an upstream 404 or 403 a client's
+body provoked takes no model out. Bounded in count and time."""
 import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from anthropic_standin import MODEL, PRICES, AnthropicStandIn, bill
+import agent_standin
+from agent_standin import AgentStandIn
+from anthropic_standin import LONG_CONTEXT, MODEL, PRICES, AnthropicStandIn, bill
 from openai_standin import key_file
 from serve_helpers import STRONG, WEAK, ledger, ray_address, start_app, stop_app
 
@@ -19,6 +22,8 @@ pytestmark = pytest.mark.slow
 CLAUDE = "claude-standin"
 UNPRICED_TOOLS = "claude-standin-unpriced-tools"
 SHARED = "claude-standin-shared-limit"  # the same model behind a token limit of its own, which one test fills
+LONG = "claude-standin-1m"  # the same model with its long-context tier priced
+TIERED = "hosted/tiered-coder"  # the agent stand-in's chat-coder: billed by service tier and per hosted search
 SIM_PRICES = {WEAK: {"input_per_mtok": 0.1, "output_per_mtok": 0.2}, STRONG: {"input_per_mtok": 3.0, "output_per_mtok": 15.0}}
 KEYS: dict = {}
 
@@ -29,7 +34,7 @@ def app(tmp_path_factory, encoder):
 
     tmp = tmp_path_factory.mktemp("money")
     upstream_key, upstream_file = key_file(tmp)
-    standin = AnthropicStandIn(upstream_key)
+    standin, agent = AnthropicStandIn(upstream_key), AgentStandIn()
     admin = tmp / "admin"
     admin.mkdir()
     KEYS["admin"], admin_file = key_file(admin)
@@ -41,6 +46,7 @@ def app(tmp_path_factory, encoder):
     KEYS["tight"] = new_key_entry(f, "tight", budget={"usd": 2e-4, "over_budget": "reject"})
     KEYS["limited"] = new_key_entry(f, "limited", requests_per_minute=2)
     KEYS["broke"] = new_key_entry(f, "broke", budget={"usd": 1e-12, "over_budget": "reject"})
+    KEYS["tiers"] = new_key_entry(f, "tiers", budget={"usd": 10.0})
     one = {"min_replicas": 1, "max_replicas": 1}
     models = [{"id": m, "engine": "sim", "autoscaling": one, "price": SIM_PRICES[m]} for m in (WEAK, STRONG)]
     models.append({"id": CLAUDE, "engine": "openai", "source": MODEL, "base_url": standin.url,
@@ -51,13 +57,24 @@ def app(tmp_path_factory, encoder):
     models.append({**models[-1], "id": UNPRICED_TOOLS, "rate_limit": None,  # the same model, its tools unpriced
                    "price": {"input_per_mtok": PRICES["input"], "output_per_mtok": PRICES["output"]}})
     models.append({**models[-2], "id": SHARED})
+    models.append({**models[-3], "id": LONG, "rate_limit": None,  # its 1M-token context's tier, as published
+                   "price": {**models[-3]["price"], "long_context": {
+                       "above_tokens": LONG_CONTEXT["above_tokens"], "input_multiplier": LONG_CONTEXT["input"],
+                       "output_multiplier": LONG_CONTEXT["output"]}}})
+    models.append({"id": TIERED, "engine": "openai", "source": "chat-coder", "base_url": agent.url,
+                   "api_key_file": str(upstream_file), "protocols": ["chat", "responses"],
+                   "price": {"input_per_mtok": agent_standin.PRICES["input"],
+                             "output_per_mtok": agent_standin.PRICES["output"],
+                             "tool_call_usd": {"web_search_call": agent_standin.PRICES["web_search_call"]}}})
     url = start_app(tmp, encoder, models, keys_file=str(f), api_key_file=str(admin_file), timeout_s=30,
                     budget={"cost_per_query": 1e-4},
                     monitor="proxray-monitor-money",  # reports counted even while no monitor runs
-                    profile={CLAUDE: (0.1, 1e-3), UNPRICED_TOOLS: (0.1, 1e-3), SHARED: (0.1, 1e-3)})
-    yield url, standin
+                    profile={CLAUDE: (0.1, 1e-3), UNPRICED_TOOLS: (0.1, 1e-3), SHARED: (0.1, 1e-3), LONG: (0.1, 1e-3),
+                             TIERED: (0.1, 1e-3)})
+    yield url, standin, agent
     stop_app()
     standin.stop()
+    agent.stop()
 
 
 def post(app, path, body, key="dev", timeout=60, **headers):
@@ -388,6 +405,75 @@ def test_a_key_is_charged_the_same_for_a_prompt_another_key_cached_and_for_a_fre
     _, hour = charge("other", system("lemon", ttl="1h"))
     assert standin.billed[-1]["cache_creation"]["ephemeral_1h_input_tokens"] > 0
     assert hour == pytest.approx(bill(standin.billed[-1]), rel=1e-6) and hour > miss  # 2x input, not 1.25x
+
+
+def _charged(key, before, expected):
+    """The key's spend since ``before`` once it reaches ``expected`` (a settlement lands after the answer), or what it
+    is after 10 s."""
+    import time
+
+    for _ in range(100):
+        charged = ledger(key)["spent_usd"] - before
+        if charged == pytest.approx(expected, rel=1e-6):
+            break
+        time.sleep(0.1)
+    return charged
+
+
+def _read(app, path, body, key, headers):
+    """A whole or streamed answer's status and body (a stream's: its events), read to its end."""
+    with httpx.stream("POST", f"{app[0]}{path}", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {KEYS[key]}", **headers}) as s:
+        if not body.get("stream"):
+            return s.status_code, json.loads(s.read())
+        lines = [line for line in s.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+        return s.status_code, [json.loads(line[6:]) for line in lines]
+
+
+def test_every_billed_tier_and_hosted_call_is_charged_as_the_provider_bills_it(app):
+    """Over HTTP, each request's charge to its key against the stand-in provider's own bill for the answer it
+    generated: chat at the ``priority`` and ``flex`` service tiers and at none (whole and streamed); a Responses
+    request whose model ran hosted web searches (``web_search_call`` items, billed per call: three, then one streamed); a
+    Messages request with the 1M-context beta whose prompt is over the long-context tier's size (every price at the
+    tier's multiples) and one under it."""
+    standin, agent = app[1], app[2]
+    long_ask = [{"role": "user", "content": "Summarise this: " + "a long document of many words " * 10}]
+    beta = {"anthropic-beta": "context-1m-2025-08-07"}
+    cases = [  # (what, path, body, headers)
+        ("chat priority", "/v1/chat/completions", {"model": TIERED, "messages": ASK, "service_tier": "priority"}, {}),
+        ("chat flex streamed", "/v1/chat/completions",
+         {"model": TIERED, "messages": ASK, "service_tier": "flex", "stream": True}, {}),
+        ("chat default", "/v1/chat/completions", {"model": TIERED, "messages": ASK}, {}),
+        ("responses searched", "/v1/responses", {"model": TIERED, "input": "Who won? [search] [search] [search]",
+                                                 "tools": [{"type": "web_search"}]}, {}),
+        ("responses searched streamed", "/v1/responses",
+         {"model": TIERED, "input": "Who won? [search]", "tools": [{"type": "web_search"}], "stream": True}, {}),
+        ("responses priority", "/v1/responses", {"model": TIERED, "input": "Hi", "service_tier": "priority"}, {}),
+        ("messages long", "/v1/messages", {"model": LONG, "max_tokens": 8, "messages": long_ask}, beta),
+        ("messages long streamed", "/v1/messages",
+         {"model": LONG, "max_tokens": 8, "messages": long_ask, "stream": True}, beta),
+        ("messages short", "/v1/messages", {"model": LONG, "max_tokens": 8, "messages": ASK}, beta),
+    ]
+    seen = {}
+    for what, path, body, headers in cases:
+        provider = standin if path == "/v1/messages" else agent
+        n, before = len(provider.billed), ledger("tiers")["spent_usd"]
+        status, answer = _read(app, path, body, "tiers", headers)
+        assert status == 200, (what, status, answer)
+        assert len(provider.billed) == n + 1, what
+        entry = provider.billed[-1]
+        billed = bill(entry) if provider is standin else agent_standin.bill(entry)
+        charged = _charged("tiers", before, billed)
+        seen[what] = {"charged_usd": charged, "billed_usd": billed}
+        assert charged == pytest.approx(billed, rel=1e-6), (what, seen[what])
+    print(json.dumps(seen))
+    base_chat = agent_standin.bill(({"prompt_tokens": 1000, "completion_tokens": 20}, "default", 0))
+    assert seen["chat priority"]["billed_usd"] == pytest.approx(2 * base_chat)
+    assert seen["chat flex streamed"]["billed_usd"] == pytest.approx(0.5 * base_chat)
+    searches = 3 * agent_standin.PRICES["web_search_call"]
+    assert seen["responses searched"]["billed_usd"] == pytest.approx(base_chat + searches)
+    assert standin.billed[-3].get("long_context") and standin.billed[-2].get("long_context")
+    assert not standin.billed[-1].get("long_context")
 
 
 def test_a_beta_that_turns_on_an_unpriced_price_tier_is_not_forwarded(app):
