@@ -117,10 +117,11 @@ class AgentStandIn:
                 tools = [(t.get("function") or {}).get("name") for t in body.get("tools") or []]
                 kind, what = _decide(_chat_turns(body), tools)
                 usage = {"prompt_tokens": 1000, "completion_tokens": 20, "total_tokens": 1020}
+                tier = _tier(body)
                 head = {"id": "chatcmpl-" + uuid.uuid4().hex[:8], "model": body.get("model"), "created": 0,
-                        "service_tier": _tier(body)}
+                        "service_tier": tier}
                 with outer.lock:
-                    outer.billed.append((usage, _tier(body), 0))
+                    outer.billed.append((usage, tier, 0))
                 if kind == "call":
                     call = {"id": "call_" + uuid.uuid4().hex[:8], "type": "function",
                             "function": {"name": next(t for t in SHELL_TOOLS if t in tools),
@@ -156,11 +157,12 @@ class AgentStandIn:
                          for i in range(searches)] + [item]
                 usage = {"input_tokens": 1000, "output_tokens": 20, "total_tokens": 1020,
                          "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+                tier = _tier(body)
                 with outer.lock:
-                    outer.billed.append((usage, _tier(body), len(items) - 1))
+                    outer.billed.append((usage, tier, searches))
                 r = {"id": "resp_" + uuid.uuid4().hex[:8], "object": "response", "created_at": 0, "status": "completed",
                      "model": body.get("model"), "output": items, "error": None, "incomplete_details": None,
-                     "service_tier": _tier(body), "usage": usage}
+                     "service_tier": tier, "usage": usage}
                 if not body.get("stream"):
                     return self._send(200, r)
                 seq = iter(range(100))

@@ -80,16 +80,19 @@ def front_of_its_own(haproxy_dir, index: int) -> dict:
     return out
 
 
+BACKGROUND_SLOTS = 12  # background works running at once with blocks of ports of their own
+
+
 def free_ports_of_its_own(index: int, workers: int = 0) -> str:
     """The range ``proxray.serve.front.free_port`` draws from (``PROXRAY_FREE_PORTS``) in one test worker of
-    ``workers`` (20000–23999 split between them) or, ``workers=0``, in the background work numbered ``index`` from 1
-    (24000–29999 in blocks of 500): a port one process chose is free until that process binds it, often a minute later
-    (a Serve's HTTP port after a job and a fit); another process drawing from the same range could choose it meanwhile
-    and then answer the first one's requests."""
+    ``workers`` (20000–23999 split between them) or, ``workers=0``, in background slot ``index`` (0 to
+    ``BACKGROUND_SLOTS`` - 1: 24000–29999 in blocks of 500): a port one process chose is free until that process binds
+    it, often a minute later (a Serve's HTTP port after a job and a fit); another process drawing from the same range
+    could choose it meanwhile and then answer the first one's requests."""
     if workers:
         size = 4000 // workers
         return f"{20000 + size * index}-{20000 + size * (index + 1) - 1}"
-    low = 24000 + 500 * ((index - 1) % 12)
+    low = 24000 + 500 * index
     return f"{low}-{low + 499}"
 
 
@@ -103,8 +106,9 @@ def isolated_env(name: str, env: dict | None = None) -> dict:
     (folder / "hs").mkdir()
     # the test workers' own Serves take the first blocks of ingress ports (tests/conftest.py); HAProxy's stats and
     # metrics ports: free ones, not the suite's
+    slot = (index - 1) % BACKGROUND_SLOTS  # its free ports and its ingress block (after the test workers' and spares)
     return {**(os.environ if env is None else env), MARK: name, "RAY_TMPDIR": str(folder),
-            "PROXRAY_FREE_PORTS": free_ports_of_its_own(index), **front_of_its_own(folder / "hs", 5 + (index - 1) % 12),
+            "PROXRAY_FREE_PORTS": free_ports_of_its_own(slot), **front_of_its_own(folder / "hs", 5 + slot),
             **haproxy_ports()}
 
 

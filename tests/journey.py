@@ -70,16 +70,13 @@ def deploy_when_accepted(argv, timeout_s: float = 180) -> None:
 def listeners(port: int) -> list:
     """The processes listening on TCP ``port`` of this machine: pid, command and the background work that started
     them (tests/background.py), for a failure to name who answered."""
-    from proxray.serve.front import LISTENING_TABLES
+    from proxray.serve.front import listening_sockets
 
-    inodes = {line.split()[9] for table in LISTENING_TABLES if table.exists()
-              for line in table.read_text().splitlines()[1:]
-              if line.split()[3] == "0A" and int(line.split()[1].rsplit(":", 1)[1], 16) == port}
+    links = {f"socket:[{inode}]" for inode in (listening_sockets() or {}).get(port, ())}
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in filter(str.isdigit, os.listdir("/proc")) if links else ():
         try:
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in {f"socket:[{i}]" for i in inodes}
-                   for fd in os.listdir(f"/proc/{pid}/fd")):
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in links for fd in os.listdir(f"/proc/{pid}/fd")):
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                 work = next((v.decode().split("=", 1)[1] for v in env if v.startswith(b"PROXRAY_BACKGROUND_WORK=")), "")
@@ -196,19 +193,21 @@ def main() -> None:
 
         names = {cluster.head_node.node_id: "head", worker.node_id: "worker"}
 
+        serve_actors = []  # what the last look found of Serve's actors: for the failure's message
+
         def ingress_nodes():
             table = actors().values()
             alive = [a for a in table if a["ActorClassName"].endswith("RouterIngress") and a["State"] == "ALIVE"]
             seen["ingress_nodes"] = sorted(names.get(a["Address"]["NodeID"], "elsewhere") for a in alive)
-            seen["serve_actors"] = sorted(f"{a['ActorClassName']}={a['State']}" for a in table
-                                          if a["ActorClassName"].startswith(("ServeReplica", "ServeController")))
+            serve_actors[:] = sorted(f"{a['ActorClassName']}={a['State']}" for a in table
+                                     if a["ActorClassName"].startswith(("ServeReplica", "ServeController")))
             return seen["ingress_nodes"] == ["head", "worker"]
 
         try:  # both replicas placed and running: the state, not a moment of it
             until("both ingress replicas alive, one on each node", ingress_nodes, 60, 1.0)
         except TimeoutError as e:
-            raise AssertionError(f"{e}: {seen}; port {http_port} held by {listeners(http_port)}") from None
-        seen.pop("serve_actors")
+            raise AssertionError(f"{e}: {seen}, Serve's actors {serve_actors}; port {http_port} held by "
+                                 f"{listeners(http_port)}") from None
         def replicas_answering(path, prompts):
             """The ingress replicas that answered ``prompts``, if every answer came from the router at ``path``."""
             answers = [ask(p) for p in prompts]

@@ -170,6 +170,19 @@ def test_count_tokens_counts_toward_the_rate_and_books_no_output_on_the_endpoint
     assert r.status_code == 200 and r.json()["model"] == CLAUDE  # the endpoint's token limit is not spent
 
 
+def charged_since(key, before, expected, rel=1e-6):
+    """The key's spend since ``before`` once it reaches ``expected`` within ``rel`` (a settlement can land after the
+    answer: a stream left early settles once the gateway has read it to its end), or what it is after 10 s."""
+    import time
+
+    for _ in range(100):
+        charged = ledger(key)["spent_usd"] - before
+        if charged == pytest.approx(expected, rel=rel):
+            break
+        time.sleep(0.1)
+    return charged
+
+
 def missed(usage: dict) -> dict:
     """``usage`` as a miss of the provider's cache would have been billed: its reads written instead (what a key is
     charged at a hosted provider, whose cache every key shares)."""
@@ -182,8 +195,6 @@ def test_cache_writes_reads_and_a_hosted_tools_calls_are_charged_as_billed(app):
     """Create, stream, a stream its client leaves after the first event, create: each charged what the stand-in's
     published prices bill for what it generated, its cache reads as the writes a miss would have been (the cache is
     every key's), never less than the bill (a stream left early is read on to its end for its usage)."""
-    import time
-
     standin = app[1]
     system = [{"type": "text", "text": "You are a careful assistant. " * 20, "cache_control": {"type": "ephemeral"}}]
     tools = [{"type": "web_search_20250305", "name": "web_search"}]
@@ -207,11 +218,7 @@ def test_cache_writes_reads_and_a_hosted_tools_calls_are_charged_as_billed(app):
     billed = sum(bill(u) for u in standin.billed[n0:])
     as_missed = sum(bill(missed(u)) for u in standin.billed[n0:])
     assert len(standin.billed) - n0 == 4
-    for _ in range(100):  # the stream left early settles once the gateway has read it to its end
-        charged = ledger("dev")["spent_usd"] - before
-        if charged == pytest.approx(as_missed, rel=0.01):
-            break
-        time.sleep(0.1)
+    charged = charged_since("dev", before, as_missed, rel=0.01)
     print(json.dumps({"charged_usd": charged, "billed_usd": billed, "as_missed_usd": as_missed}))
     assert charged == pytest.approx(as_missed, rel=0.01) and charged >= billed
     assert billed > 4 * bill({"input_tokens": 60, "output_tokens": 4})  # the cache and the tool are most of it
@@ -407,19 +414,6 @@ def test_a_key_is_charged_the_same_for_a_prompt_another_key_cached_and_for_a_fre
     assert hour == pytest.approx(bill(standin.billed[-1]), rel=1e-6) and hour > miss  # 2x input, not 1.25x
 
 
-def _charged(key, before, expected):
-    """The key's spend since ``before`` once it reaches ``expected`` (a settlement lands after the answer), or what it
-    is after 10 s."""
-    import time
-
-    for _ in range(100):
-        charged = ledger(key)["spent_usd"] - before
-        if charged == pytest.approx(expected, rel=1e-6):
-            break
-        time.sleep(0.1)
-    return charged
-
-
 def _read(app, path, body, key, headers):
     """A whole or streamed answer's status and body (a stream's: its events), read to its end."""
     with httpx.stream("POST", f"{app[0]}{path}", json=body, timeout=60,
@@ -463,7 +457,7 @@ def test_every_billed_tier_and_hosted_call_is_charged_as_the_provider_bills_it(a
         assert len(provider.billed) == n + 1, what
         entry = provider.billed[-1]
         billed = bill(entry) if provider is standin else agent_standin.bill(entry)
-        charged = _charged("tiers", before, billed)
+        charged = charged_since("tiers", before, billed)
         seen[what] = {"charged_usd": charged, "billed_usd": billed}
         assert charged == pytest.approx(billed, rel=1e-6), (what, seen[what])
     print(json.dumps(seen))

@@ -102,21 +102,29 @@ def front_env(environ=None, local: bool = False) -> dict:
 LISTENING_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 
 
-def listening_ports() -> set[int] | None:
-    """The TCP ports something listens on in this machine's network namespace (the kernel's socket tables), or None
-    where the tables cannot be read (not Linux). A port an outgoing connection holds, or one left in TIME_WAIT, is not
-    listening: the gRPC range (40000–41000) lies inside the system's ephemeral range, so such ports come and go."""
-    ports = set()
+def listening_sockets() -> dict[int, set[str]] | None:
+    """{port: the inodes of the sockets listening on it} in this machine's network namespace (the kernel's socket
+    tables; a process holds socket inode ``i`` where one of its ``/proc/<pid>/fd`` links reads ``socket:[i]``), or None
+    where the tables cannot be read (not Linux)."""
+    sockets: dict[int, set[str]] = {}
     try:
         for table in LISTENING_TABLES:
             if table.exists():
                 for line in table.read_text().splitlines()[1:]:
                     fields = line.split()
-                    if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
-                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+                    if len(fields) > 9 and fields[3] == "0A":  # TCP_LISTEN
+                        sockets.setdefault(int(fields[1].rsplit(":", 1)[1], 16), set()).add(fields[9])
     except (OSError, ValueError):
         return None
-    return ports
+    return sockets
+
+
+def listening_ports() -> set[int] | None:
+    """The TCP ports something listens on in this machine's network namespace (:func:`listening_sockets`), or None
+    where the tables cannot be read (not Linux). A port an outgoing connection holds, or one left in TIME_WAIT, is not
+    listening: the gRPC range (40000–41000) lies inside the system's ephemeral range, so such ports come and go."""
+    sockets = listening_sockets()
+    return None if sockets is None else set(sockets)
 
 
 def nothing_listens():
