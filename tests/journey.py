@@ -91,7 +91,8 @@ def cli(*args, timeout_s=600) -> str:
         r = subprocess.run([sys.executable, "-m", "proxray", *args], capture_output=True, text=True,
                            timeout=timeout_s, cwd=cwd)
     if r.returncode:
-        raise RuntimeError(f"proxray {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        err = r.stderr if len(r.stderr) <= 4000 else f"{r.stderr[:2000]}\n[…]\n{r.stderr[-2000:]}"  # a crash's reason
+        raise RuntimeError(f"proxray {' '.join(args)} failed ({r.returncode}):\n{err}")  # comes first, its stack last
     return r.stdout
 
 
