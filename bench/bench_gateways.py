@@ -11,7 +11,11 @@ Three ways to it, requests interleaved round by round at each concurrency:
 * **direct**: the client calls the upstream;
 * **LiteLLM**: its proxy (``litellm --config``, one worker, a master key), the upstream as an ``openai/`` model;
 * **proxray, named**: the CPU demo app with a keys file, the upstream an ``engine: openai`` pool member the request
-  names (a pure pass-through: key, policy, hold and charge, the relay).
+  names, sent with a key that has no rate or budget (a pure pass-through: key, policy, its charge, the relay);
+* **proxray, budgeted**: the same with a key that has a budget (admitted, held and settled on its replica's lease).
+
+Then a **saturation** phase (``--saturate``, default 32 clients for ``--saturate-s`` seconds each): requests a second
+through direct, LiteLLM and both proxray keys.
 
 Also measured, to say where the time goes: **Serve, empty app** (an application beside proxray's on the same Serve
 that reads the body and answers a fixed completion: what Serve's front costs by itself), **proxray, co-hosted** (a
@@ -101,11 +105,12 @@ def proxray_app(upstream: str, front: str) -> tuple[str, str, callable]:
 
     keys = os.path.join(tempfile.mkdtemp(), "keys.yaml")
     key = new_key_entry(keys, "bench", budget={"usd": 1e6})
+    open_key = new_key_entry(keys, "open")
     model = {"id": "standin", "engine": "openai", "base_url": upstream, "timeout_s": 10,
              "price": {"input_per_mtok": 1.0, "output_per_mtok": 1.0}}
     chat_url, _, stop = start_demo_app(encoder="static", extra_models=[model], new_models=["standin"], keys_file=keys)
     empty_app()
-    return chat_url.replace("/v1/chat/completions", ""), key, stop
+    return chat_url.replace("/v1/chat/completions", ""), key, open_key, stop
 
 
 def run(target: dict, n: int, concurrency: int) -> list:
@@ -117,6 +122,8 @@ def run(target: dict, n: int, concurrency: int) -> list:
         r = target["client"].post(target.get("path", "/v1/chat/completions"), content=body)
         total = 1e3 * (time.perf_counter() - t0)
         ok = r.status_code == 200
+        if not ok:
+            target.setdefault("failures", {}).setdefault(r.status_code, r.text[:300])
         if ok and "stages" in target:  # the ingress's own account: its time, and the model's (or relay's) in it
             report = r.json()["proxray"]
             target["stages"].append((total, 1e3 * report["latency_s"], report["timings"]))
@@ -141,6 +148,28 @@ def stages(samples: list, direct_p50: float) -> dict:
         if any(name in tm for _, _, tm in samples):
             out[name] = med([tm.get(name, 0.0) for _, _, tm in samples])
     return out
+
+
+def saturate(target: dict, clients: int, seconds: float) -> dict:
+    """``clients`` threads sending back to back for ``seconds``: answers a second and failures."""
+    body = json.dumps({"model": target["model"], "messages": [{"role": "user", "content": "What is 17 * 23?"}],
+                       "max_tokens": 8}).encode()
+    end = time.perf_counter() + seconds
+
+    def loop(_):
+        ok = bad = 0
+        while time.perf_counter() < end:
+            r = target["client"].post(target.get("path", "/v1/chat/completions"), content=body)
+            ok, bad = ok + (r.status_code == 200), bad + (r.status_code != 200)
+            if r.status_code != 200:
+                target.setdefault("failures", {}).setdefault(r.status_code, r.text[:300])
+        return ok, bad
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        res = list(pool.map(loop, range(clients)))
+    took = time.perf_counter() - t0
+    return {"per_s": round(sum(ok for ok, _ in res) / took, 1), "errors": sum(bad for _, bad in res)}
 
 
 def pct(lat, q):
@@ -187,12 +216,14 @@ def main(argv=None):
     p.add_argument("--nagle", action="store_true", help="the upstream writes with Nagle on (default: TCP_NODELAY)")
     p.add_argument("--front", default="haproxy", choices=["haproxy", "proxy"],
                    help="how HTTP reaches Serve's replicas: its HAProxy ingress (proxray's default) or its Python proxy")
+    p.add_argument("--saturate", type=int, default=32, help="clients of the saturation phase (0: none)")
+    p.add_argument("--saturate-s", type=float, default=5.0, help="seconds of the saturation phase, per target")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     upstream = f"http://127.0.0.1:{standin(nodelay=not a.nagle)}/v1"
     lite_url, lite = litellm_proxy(a.litellm, upstream)
-    base, key, stop = proxray_app(upstream, a.front)
-    auth = {"Authorization": f"Bearer {key}"}
+    base, key, open_key, stop = proxray_app(upstream, a.front)
+    auth, unrestricted = {"Authorization": f"Bearer {key}"}, {"Authorization": f"Bearer {open_key}"}
 
     def client(url, headers=None):
         return httpx.Client(base_url=url, headers=headers, timeout=30, transport=sync_transport(
@@ -201,7 +232,8 @@ def main(argv=None):
     targets = {"direct": {"client": client(upstream.removesuffix("/v1")), "model": "standin"},
                "LiteLLM": {"client": client(lite_url, {"Authorization": f"Bearer {MASTER}"}), "model": "standin"},
                "Serve, empty app": {"client": client(base), "model": "standin", "path": "/empty/v1/chat/completions"},
-               "proxray, named": {"client": client(base, auth), "model": "standin", "stages": []},
+               "proxray, named": {"client": client(base, unrestricted), "model": "standin", "stages": []},
+               "proxray, budgeted": {"client": client(base, auth), "model": "standin", "stages": []},
                "proxray, co-hosted": {"client": client(base, auth), "model": SIM, "stages": []},
                "proxray, routed": {"client": client(base, auth), "model": "proxray", "stages": []}}
     results = {"hardware": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, {platform.system()}",
@@ -238,13 +270,25 @@ def main(argv=None):
                       f"{r['added_p95_ms']} | {r['errors']} |")
             lp, pp = rows["LiteLLM"]["added_p50_ms"], rows["proxray, named"]["added_p50_ms"]
             print(f"proxray named ÷ LiteLLM, added p50: {pp / lp:.2f}" if lp > 0 else "")
+            bp = rows["proxray, budgeted"]["added_p50_ms"]
+            print(f"proxray budgeted ÷ named, added p50: {bp / pp:.2f}" if pp > 0 else "")
             for name, r in rows.items():
                 if "stages" in r:
                     print(f"  where {name}'s time goes (medians, ms): "
                           + ", ".join(f"{k.removesuffix('_ms')} {v}" for k, v in r["stages"].items()))
+        if a.saturate:
+            sat = {name: saturate(targets[name], a.saturate, a.saturate_s)
+                   for name in ("direct", "LiteLLM", "proxray, named", "proxray, budgeted")}
+            results["saturation"] = {"clients": a.saturate, "seconds": a.saturate_s, **sat}
+            print(f"\nsaturation, {a.saturate} clients: " + ", ".join(
+                f"{name} {r['per_s']}/s ({r['errors']} failed)" for name, r in sat.items()))
     finally:
         stop()
         os.killpg(lite.pid, 15)
+    failures = {name: t["failures"] for name, t in targets.items() if t.get("failures")}
+    if failures:
+        results["failures"] = failures
+        print("failures, the first of each status:", json.dumps(failures, indent=1))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

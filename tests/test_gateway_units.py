@@ -314,6 +314,38 @@ def test_the_answer_book_is_bounded_expires_and_answers_only_the_key_that_asked(
         FeedbackRequest.model_validate({"id": "a1", "score": float("nan")})
 
 
+def test_answers_are_remembered_in_batches_and_feedback_finds_one_still_in_its_batch():
+    """A replica's remembered answers reach the answer book in one call a batch (``later``), and feedback on an answer
+    given a moment before — its record still in the batch — finds it rather than a 404."""
+    import asyncio
+    import types
+
+    from proxray.serve.tenancy.feedback import AnswerBook, FeedbackClient, FeedbackRequest
+
+    book, calls = AnswerBook(), []
+
+    class InProcess(FeedbackClient):
+        async def call(self, method, *args, **_):
+            calls.append(method)
+            return getattr(book, method)(*args)
+
+    spec = types.SimpleNamespace(enabled=True, retention_s=86400.0)
+    client = InProcess("app", spec)
+    metrics = types.SimpleNamespace(feedback=lambda *a: None)
+
+    async def main():
+        for i in range(50):
+            client.recorder(f"a{i}", f"q{i}", "m", "team", None, 0.0)(None)
+        found = await client.take(FeedbackRequest(id="a49", score=1.0), "team", metrics, None)
+        with pytest.raises(RequestError) as missing:
+            await client.take(FeedbackRequest(id="nope", score=1.0), "team", metrics, None)
+        return found, missing.value.status
+
+    found, status = asyncio.run(main())
+    assert found["model"] == "m" and status == 404
+    assert calls.count("many") == 1 and book.stats()["answers"] == 50, calls
+
+
 def test_a_refused_request_books_nothing_so_the_limiter_recovers_after_overload():
     """Overloaded 3x for 20 s (3 requests a second at 60 a minute), then, 10 s later, a quarter of the limit: every
     one of those is let through at once. A refusal takes no slot."""

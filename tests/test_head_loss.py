@@ -209,7 +209,12 @@ def test_the_head_lost_under_keyed_load_and_restarted_on_its_redis(redis, tmp_pa
         stop.set()
         for t in threads:
             t.join()
-        after = state(c.address, env)  # every answer settled
+        deadline = time.time() + 15  # every answer settled and the replicas' leases given back (idle 1 s)
+        while True:
+            after = state(c.address, env)
+            if all(after["report"][k]["held_usd"] == 0 for k in keys) or time.time() > deadline:
+                break
+            time.sleep(0.5)
 
         phases = {"before": [r for r in results if r["t1"] < killed_at],
                   "outage": [r for r in results if killed_at <= r["t0"] and r["t1"] < restarted_at],

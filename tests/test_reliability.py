@@ -19,15 +19,55 @@ CHAT = "/v1/chat/completions"
 APP = "proxray-rel"  # its own app name: replica processes are told apart by it
 
 
+BURST = {}  # the key of the two replicas' burst
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, encoder):
+    from proxray.serve.tenancy.keys import new_key_entry
+
     os.environ["PROXRAY_TEST_KEY"] = KEY
     one = {"min_replicas": 1, "max_replicas": 1}
     models = [{"id": m, "engine": "sim", "autoscaling": one} for m in (WEAK, SLOW, STRONG)]
+    models[1]["price"] = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}  # the burst's model
+    tmp = tmp_path_factory.mktemp("rel")
+    # beside the single key, a keys file with one budgeted key, admitted on each replica's lease
+    BURST["key"] = new_key_entry(tmp / "keys.yaml", "burst", budget={"usd": BURST_BUDGET_USD, "over_budget": "reject"},
+                                 max_concurrent=64)
     # two router replicas (as in the paper_pool configs) and a proxy request timeout: the HA setup
-    yield start_app(tmp_path_factory.mktemp("rel"), encoder, models, request_timeout_s=20, api_key_env="PROXRAY_TEST_KEY",
-                    timeout_s=3, failover_s=1.0, max_prompt_chars=4000, router_replicas=2, router_num_cpus=0.25, app_name=APP)
+    yield start_app(tmp, encoder, models, request_timeout_s=20, api_key_env="PROXRAY_TEST_KEY",
+                    keys_file=str(tmp / "keys.yaml"), timeout_s=3, failover_s=1.0, max_prompt_chars=4000,
+                    router_replicas=2, router_num_cpus=0.25, app_name=APP)
     stop_app()
+
+
+BURST_BODY = {"model": SLOW, "max_tokens": 100, "messages": [{"role": "user", "content": "Name a colour."}]}
+BURST_BUDGET_USD = 3 * (len(json.dumps(BURST_BODY)) / 3 * 1.0 + 100 * 2.0) / 1e6  # about three requests' holds
+
+
+def test_a_burst_over_two_replicas_on_leases_answers_within_its_budget(server):
+    """40 requests at once from one key whose budget holds about three of them, over the two ingress replicas, each
+    admitting on its own lease: the rest refused 429 insufficient_quota, and the key's spend is what its answers
+    cost — never past its budget."""
+    import ray
+
+    with ThreadPoolExecutor(40) as pool:
+        answers = list(pool.map(lambda _: post(server + CHAT, json.dumps(BURST_BODY), key=BURST["key"]), range(40)))
+    codes = [r.status_code for r in answers]
+    ok = [r.json() for r in answers if r.status_code == 200]
+    assert set(codes) <= {200, 429} and ok and codes.count(429), codes
+    assert all(r.json()["error"]["type"] == "insufficient_quota" for r in answers if r.status_code == 429)
+    cost = sum((a["usage"]["prompt_tokens"] * 1.0 + a["usage"]["completion_tokens"] * 2.0) / 1e6 for a in ok)
+    ledger = ray.get_actor(f"proxray-keys-{APP}", namespace="proxray")
+    for _ in range(100):  # the batches sent and both leases given back (idle 1 s)
+        rep = ray.get(ledger.report.remote())["burst"]
+        if rep["held_usd"] == 0:
+            break
+        time.sleep(0.1)
+    assert rep["held_usd"] == 0 and rep["spent_usd"] == pytest.approx(cost, rel=1e-6)
+    assert rep["spent_usd"] <= BURST_BUDGET_USD * (1 + 1e-9)
+    print(json.dumps({"two_replicas_burst_answered": len(ok), "refused": codes.count(429), "spent_usd": cost,
+                      "budget_usd": BURST_BUDGET_USD}))
 
 
 def post(url, content, key=KEY, timeout=20):

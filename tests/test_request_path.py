@@ -172,3 +172,25 @@ def test_a_keyed_routed_request_never_calls_back_into_a_module_on_its_path(repli
     returns = trace.returns()
     print(json.dumps({"kind": kind, "calls": len(trace.calls), "rooms": len(rooms), "returns": returns}))
     assert returns == [], returns
+
+
+def test_a_whole_answer_gives_its_relay_slot_back_with_the_answer(replica):
+    """A keyed whole answer from an endpoint relayed from the replica: the relay's slot (``max_ongoing_requests``)
+    is free once the answer is, not once the garbage collector finds the request (its stages' state holds cycles)."""
+    import gc
+
+    handle, built, chat, token = replica
+    me = built["up"]
+    relay = me.gateway.client.handles[DEAR]
+    body = {"model": DEAR, "messages": [{"role": "user", "content": "What is 6 times 7?"}], "max_tokens": 8}
+
+    async def three():  # the slots read before the loop ends (which closes every generator left open)
+        answers = [await _drain(await handle(me, _request(body, token), chat)) for _ in range(3)]
+        return answers, relay.slots._value
+
+    gc.disable()
+    try:
+        answers, free = asyncio.run(three())
+    finally:
+        gc.enable()
+    assert [r.status_code for r in answers] == [200] * 3 and free == relay.cap, (free, relay.cap)

@@ -67,10 +67,13 @@ class SharedActorClient:
     creates = True
     retry_s = 2.0
 
+    batch_s = 0.05  # what ``later`` sends waits at most this long for others to go with it
+
     def __init__(self, app_name: str, spec=None, name: str | None = None):
         self.name, self.spec, self._handle = name or f"{self.prefix}-{app_name}", spec, None
         self._next_lookup = 0.0
         self.background: set = set()  # fire-and-forget calls in flight (kept until done)
+        self._queued, self._batcher = [], None  # ``later``'s calls not sent yet, and the task that sends them
 
     def actor_args(self) -> tuple:
         return ()
@@ -137,6 +140,33 @@ class SharedActorClient:
         task = asyncio.get_running_loop().create_task(send())
         self.background.add(task)
         task.add_done_callback(self.background.discard)
+
+
+    def later(self, method: str, *args) -> None:
+        """``method(*args)`` without waiting for it (from the event loop), sent with every other ``later`` call of the
+        next ``batch_s`` in one actor call (``Batched.many``): a busy replica's fire-and-forget writes cost one call
+        a batch, not one each. A failure is logged, never raised."""
+        self._queued.append((method, args))
+        if self._batcher is None:
+            self._batcher = asyncio.get_running_loop().create_task(self._send_later())
+            self.background.add(self._batcher)
+            self._batcher.add_done_callback(self.background.discard)
+
+    async def _send_later(self) -> None:
+        await asyncio.sleep(self.batch_s)
+        calls, self._queued, self._batcher = self._queued, [], None  # what comes from now on goes in the next batch
+        try:
+            await self.call("many", calls)
+        except SharedStateDown as e:
+            logger.warning("proxray: %s: %d calls not recorded: %s", self.name, len(calls), e.why)
+
+
+class Batched:
+    """Mixed into a shared actor that takes ``SharedActorClient.later``'s batches."""
+
+    def many(self, calls: list) -> None:
+        for method, args in calls:
+            getattr(self, method)(*args)
 
 
 class Checkpointed:

@@ -165,6 +165,11 @@ class Gateway:
         """For probes and load balancers, without a key (``Readiness.health``)."""
         return await self.readiness.health()
 
+    async def close(self) -> None:
+        """The replica is stopping (its requests drained): the keys' last charges sent and their leases given back."""
+        if self.gate.ledger is not None:
+            await self.gate.ledger.close()
+
     def counts(self) -> dict:
         """What this replica did for the requests it took: texts embedded, requests planned, bodies measured for their
         token bound, reports made to the monitor, and the served budget's requests counted and λ."""

@@ -70,6 +70,10 @@ class RouterIngress:
     def __serve_build_asgi_app__(self) -> FastAPI:
         return gateway_api(self.gateway, self.endpoint)
 
+    async def __del__(self):
+        """Serve's graceful stop, once the replica's requests drained (``Gateway.close``)."""
+        await self.gateway.close()
+
     def counts(self) -> dict:
         """What this replica did for the requests it took (through a Serve handle, for operators' tools and tests;
         never over HTTP): ``Gateway.counts``."""

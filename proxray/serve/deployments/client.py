@@ -46,6 +46,11 @@ class LocalStream:
     def __anext__(self):
         return self.gen.__anext__()
 
+    async def done(self) -> None:
+        """A whole answer was taken: the stream closed now, so the relay's slot and connection go back with the
+        answer, not when the garbage collector finds the request."""
+        await self.gen.aclose()
+
     def cancel(self) -> None:
         """Close the stream (the relay's request to its endpoint with it), soon, from the running loop."""
         async def close():

@@ -21,6 +21,9 @@ async def respond(f, counts: list, gw):
         events = await answer_stream(turn, head, f.gen, report, counts, lambda: gw.metrics.error(502),
                                      read_on_until=f.deadline if relayed else None, view=view)
         return StreamingResponse(events, media_type="text/event-stream", headers=response_headers(report))
+    done = getattr(f.gen, "done", None)  # an endpoint relayed from here: its slot given back with the answer
+    if done is not None:
+        await done()
     for count in counts:
         count(turn.usage(head[0]))
     shown = view(head[0]) if view is not None else head[0]

@@ -3,14 +3,16 @@ completion or response this endpoint returned) and a ``score`` in [0, 1], option
 
 Every answer the endpoint gives is remembered for ``retention_s`` — its routing text, the model that answered, the
 cost of the answer at that model's price and which key asked — in one actor per app (``AnswerBook``, named,
-namespace ``proxray``) that every ingress replica writes to fire-and-forget, so feedback may reach any replica. The
-book is bounded (``max_answers``, the oldest dropped first). Feedback on an id the book does not hold (never given,
+namespace ``proxray``) that every ingress replica writes to fire-and-forget, in batches of up to 50 ms
+(``SharedActorClient.later``), so feedback may reach any replica (feedback on an id not found is asked again after
+two batches' time, before its 404). The book is bounded (``max_answers``, the oldest dropped first). Feedback on an id the book does not hold (never given,
 expired, or given to another key) is a 404; a bad body a 400 naming the field. Accepted feedback is counted per model
 (``proxray_feedback``, ``proxray_feedback_score_sum``) and handed to the drift monitor, which takes the score as that
 model's label for that query (``grader: feedback`` in the tables it writes) and grows the router with it.
 """
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
 import time
@@ -19,7 +21,7 @@ from collections import OrderedDict
 from pydantic import Field, field_validator
 
 from proxray.common.pricing import answer_cost
-from proxray.common.shared_actor import SharedActorClient, SharedStateDown
+from proxray.common.shared_actor import Batched, SharedActorClient, SharedStateDown
 from proxray.common.yamlconfig import StrictModel
 from proxray.serve.errors import RequestError
 
@@ -48,7 +50,7 @@ def record_bytes(record: dict) -> int:
     return sys.getsizeof(record.get("text") or "") + RECORD_BYTES
 
 
-class AnswerBook:
+class AnswerBook(Batched):
     """(key, answer id) → what feedback on it needs (routing text, model, cost, key), bounded in count and bytes, each
     key to its share of both, and expiring (the app's shared actor). One key's traffic cannot evict another's answers,
     nor overwrite one: an upstream id that repeats is another entry under another key."""
@@ -151,7 +153,7 @@ class FeedbackClient(SharedActorClient):
         def remember(usage):
             cost, _ = answer_cost(price, usage, estimate)
             record = {"text": text, "model": model, "key": key, "cost": cost}
-            self.tell("remember", answer_id, record)  # fails open: an answer not remembered cannot be scored
+            self.later("remember", answer_id, record)  # fails open: an answer not remembered cannot be scored
 
         return remember
 
@@ -169,6 +171,9 @@ class FeedbackClient(SharedActorClient):
 
         try:
             record = await self.call("find", fb.id, key)
+            if record is None:  # an answer given a moment ago may still be in a replica's batch (``later``)
+                await asyncio.sleep(2 * self.batch_s)
+                record = await self.call("find", fb.id, key)
         except SharedStateDown:
             raise RequestError(503, "feedback cannot be taken right now (the answer book is restarting); retry in a "
                                "few seconds", kind="service_unavailable", headers={"retry-after": "2"}) from None

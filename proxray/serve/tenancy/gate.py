@@ -11,6 +11,7 @@ import time
 from proxray.common.pricing import TokenBound, Usage, answer_cost, as_missed
 from proxray.serve.errors import RequestError
 from proxray.serve.tenancy.keys import KeyRing, KeySpec
+from proxray.serve.tenancy.leases import LeasedLedger
 from proxray.serve.tenancy.ledger import LedgerClient
 from proxray.serve.tenancy.rules import KeyRules
 
@@ -76,7 +77,7 @@ class KeyGate:
         self.api_key, self.prices = api_key, prices
         self.rules = KeyRules(prices)  # every rule of a key: the request policy, listing, feedback, evidence ask it
         self.inflight: dict = {}  # key name -> its requests in flight on this replica (``enter``)
-        self.ledger = LedgerClient(app_name, ledger_shards) if keys_file else None
+        self.ledger = LeasedLedger(LedgerClient(app_name, ledger_shards)) if keys_file else None  # on leases
         self.requests = metric("proxray_key_requests")
         self.door = RateDoor(self.requests)  # a key past its rate, refused before its body is read
         self.spend = metric("proxray_key_spend_usd")

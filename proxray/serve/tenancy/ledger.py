@@ -21,6 +21,7 @@ import re
 from proxray.common.shared_actor import SharedActorClient, SharedStateDown
 from proxray.serve.errors import RequestError
 from proxray.serve.tenancy.keys import KeyLedger, KeySpec
+from proxray.serve.tenancy.leases import Leasing
 
 PREFIX = "proxray-keys"
 MAX_SHARDS = 64
@@ -60,9 +61,9 @@ def merged_state(states: list[dict], owns) -> dict:
     return out
 
 
-class ShardedKeyLedger(KeyLedger):
+class ShardedKeyLedger(Leasing, KeyLedger):
     """Shard ``shard`` of ``shards`` of app ``app_name``'s ledgers: a ``KeyLedger`` that starts from every layout's
-    checkpoints, keeping the keys it owns."""
+    checkpoints, keeping the keys it owns, and grants the replicas leases (``proxray.serve.tenancy.leases``)."""
 
     def __init__(self, checkpoint: str = "", shard: int = 0, shards: int = 1, app_name: str | None = None):
         self.shard, self.shards, self.app_name = shard, shards, app_name
@@ -114,10 +115,11 @@ class LedgerClient:
     def of(self, name: str) -> LedgerShard:
         return self.shards[shard_of(name, len(self.shards))]
 
-    async def admit(self, spec: KeySpec, hold_usd: float = 0.0, ticket: str | None = None) -> dict:
-        """The ledger's verdict; a ledger that does not answer fails closed: a 503 naming it (retry shortly)."""
+    async def admit(self, spec: KeySpec, hold_usd: float = 0.0, ticket: str | None = None, rate: bool = True) -> dict:
+        """The ledger's verdict (``rate=False``: the request's start counted already, on a lease); a ledger that does
+        not answer fails closed: a 503 naming it (retry shortly)."""
         try:
-            return await self.of(spec.name).call("admit", spec.name, spec.requests_per_minute,
+            return await self.of(spec.name).call("admit", spec.name, spec.requests_per_minute if rate else None,
                                                  spec.budget.model_dump() if spec.budget else None, hold_usd, ticket)
         except SharedStateDown as e:
             raise RequestError(503, f"key {spec.name!r}: its rate and budget cannot be checked right now (the keys "
