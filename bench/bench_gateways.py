@@ -15,7 +15,8 @@ Three ways to it, requests interleaved round by round at each concurrency:
 * **proxray, budgeted**: the same with a key that has a budget (admitted, held and settled on its replica's lease).
 
 Then a **saturation** phase (``--saturate``, default 32 clients for ``--saturate-s`` seconds each): requests a second
-through direct, LiteLLM and both proxray keys.
+through direct, LiteLLM, Serve's empty app (the ceiling of Serve's front and this client on the machine) and both
+proxray keys.
 
 Also measured, to say where the time goes: **Serve, empty app** (an application beside proxray's on the same Serve
 that reads the body and answers a fixed completion: what Serve's front costs by itself), **proxray, co-hosted** (a
@@ -278,7 +279,7 @@ def main(argv=None):
                           + ", ".join(f"{k.removesuffix('_ms')} {v}" for k, v in r["stages"].items()))
         if a.saturate:
             sat = {name: saturate(targets[name], a.saturate, a.saturate_s)
-                   for name in ("direct", "LiteLLM", "proxray, named", "proxray, budgeted")}
+                   for name in ("direct", "LiteLLM", "Serve, empty app", "proxray, named", "proxray, budgeted")}
             results["saturation"] = {"clients": a.saturate, "seconds": a.saturate_s, **sat}
             print(f"\nsaturation, {a.saturate} clients: " + ", ".join(
                 f"{name} {r['per_s']}/s ({r['errors']} failed)" for name, r in sat.items()))

@@ -34,6 +34,8 @@ def server(tmp_path_factory, encoder):
     # beside the single key, a keys file with one budgeted key, admitted on each replica's lease
     BURST["key"] = new_key_entry(tmp / "keys.yaml", "burst", budget={"usd": BURST_BUDGET_USD, "over_budget": "reject"},
                                  max_concurrent=64)
+    BURST["changed"] = new_key_entry(tmp / "keys.yaml", "changed", budget={"usd": 1.0, "over_budget": "reject"})
+    BURST["file"] = tmp / "keys.yaml"
     # two router replicas (as in the paper_pool configs) and a proxy request timeout: the HA setup
     yield start_app(tmp, encoder, models, request_timeout_s=20, api_key_env="PROXRAY_TEST_KEY",
                     keys_file=str(tmp / "keys.yaml"), timeout_s=3, failover_s=1.0, max_prompt_chars=4000,
@@ -212,3 +214,40 @@ def test_faults_under_load_every_request_answered_or_clearly_refused(server):
             pass
         time.sleep(1)
     assert post(server + CHAT, body).status_code == 200
+
+
+def test_a_key_changed_or_revoked_in_the_keys_file_takes_effect_on_both_replicas_within_its_reload(server):
+    """A key served on both replicas' leases: its budget cut in the keys file, then the key removed. Each takes effect
+    within the file's reload (2 s) and a request: the lease taken under the old budget admits nothing more."""
+    import yaml
+
+    from proxray.serve.tenancy.keys import RELOAD_EVERY_S, read_keys
+
+    body = json.dumps({"model": SLOW, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi."}]})
+    assert all(post(server + CHAT, body, key=BURST["changed"]).status_code == 200 for _ in range(6))
+
+    def rewrite(change):
+        keys = read_keys(BURST["file"]).keys
+        kept = [k.model_dump(exclude_none=True) for k in keys]
+        change(kept)
+        tmp = BURST["file"].with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump({"keys": kept}, sort_keys=False))
+        os.replace(tmp, BURST["file"])
+        return time.monotonic()
+
+    def until(status):  # the first answer with ``status``, and when (every answer before it a 200 or a 429)
+        for _ in range(400):
+            r = post(server + CHAT, body, key=BURST["changed"])
+            if r.status_code == status:
+                return time.monotonic(), r
+            assert r.status_code in (200, 429), r.text
+            time.sleep(0.02)
+        raise AssertionError(f"never {status}")
+
+    cut = rewrite(lambda keys: next(k for k in keys if k["name"] == "changed")["budget"].update(usd=1e-9))
+    refused, r = until(429)
+    assert r.json()["error"]["type"] == "insufficient_quota" and refused - cut < RELOAD_EVERY_S + 3.0, refused - cut
+    gone = rewrite(lambda keys: keys.remove(next(k for k in keys if k["name"] == "changed")))
+    revoked, _ = until(401)
+    assert revoked - gone < RELOAD_EVERY_S + 3.0, revoked - gone
+    print(json.dumps({"budget_cut_took_s": round(refused - cut, 2), "revocation_took_s": round(revoked - gone, 2)}))

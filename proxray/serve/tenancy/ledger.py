@@ -1,8 +1,9 @@
 """The keys ledger of an app, in one actor or split over ``keys_ledger_shards`` of them by key.
 
-One ``KeyLedger`` actor answers ~1,300–1,900 calls a second on a 2-core machine (``bench/bench_actors.py``): an
-admission and a settle per keyed request, so ~600–900 keyed requests a second for the whole app, whatever its
-number of ingress replicas. Past that an app splits its keys over ``n`` ledgers: a key's every call (admit, rehold,
+One ``KeyLedger`` actor answers ~1,300–1,900 calls a second on a 2-core machine (``bench/bench_actors.py``). The
+replicas admit a busy key on leases (``proxray.serve.tenancy.leases``): a lease's growth and ~5 batches a second per
+replica, whatever the key's rate; a key with a slower rate than ``RATE_LEASE_MIN`` costs an admission and a settle per
+request. Past what one ledger carries an app splits its keys over ``n`` ledgers: a key's every call (admit, rehold,
 settle, charge) goes to the ledger its name hashes to (``shard_of``: SHA-256, the same in every replica and every
 process), so a key's rate and budget are kept whole by one actor and stay exactly what one ledger keeps — no
 budget is split, summed or reconciled across shards. The ledgers are ``proxray-keys-<app>`` for one shard and
