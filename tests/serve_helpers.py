@@ -161,11 +161,24 @@ def stop_app():
     try:
         for name in list(serve.status().applications):
             serve.delete(name)
-        for actor in ray.util.list_named_actors(all_namespaces=True):
-            if actor["namespace"] == NAMESPACE:
-                ray.kill(ray.get_actor(actor["name"], namespace=NAMESPACE), no_restart=True)
-        for k in _internal_kv_list(b"", namespace=NAMESPACE):
-            _internal_kv_del(k, namespace=NAMESPACE)
+        # the replicas gone first: a stopping replica gives its keys' leases back and sends its last charges to the
+        # app's ledger (creating it anew where it is gone), which must not outlive the app into the next module's
+        deadline = time.monotonic() + 60
+        while _replicas_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        while time.monotonic() < deadline:  # every actor and checkpoint gone, a checkpoint written late included
+            named = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]
+            kept = _internal_kv_list(b"", namespace=NAMESPACE)
+            if not named and not kept:
+                break
+            for actor in named:
+                try:
+                    ray.kill(ray.get_actor(actor, namespace=NAMESPACE), no_restart=True)
+                except ValueError:  # gone meanwhile
+                    pass
+            for k in kept:
+                _internal_kv_del(k, namespace=NAMESPACE)
+            time.sleep(0.1)
         deadline = time.monotonic() + 60  # replicas and actors stop after the calls above return
         while ray.available_resources().get("CPU", 0.0) < _SHARED["cpus"] and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -174,6 +187,14 @@ def stop_app():
     except Exception:  # anything left half-deleted: the next start_app starts afresh
         release()
         raise
+
+
+def _replicas_alive() -> bool:
+    """Whether a Serve replica of an application still runs in this Ray (Serve names each one
+    ``SERVE_REPLICA::<app>#<deployment>#<id>``; its controller and proxies aside)."""
+    import ray
+
+    return any(a["name"].startswith("SERVE_REPLICA::") for a in ray.util.list_named_actors(all_namespaces=True))
 
 
 def ledger(name, app_name="proxray"):

@@ -55,14 +55,18 @@ class InProcess:
     """A ledger shard's client calling a real ledger in this process, every call counted; ``down`` refuses them."""
 
     def __init__(self, ledger):
-        self.ledger, self.calls, self.down = ledger, [], False
+        self.ledger, self.calls, self.down, self.lost = ledger, [], False, 0
 
     async def call(self, method, *args, **_):
         await asyncio.sleep(0)
         if self.down:
             raise SharedStateDown("proxray-keys-test", "down for this test")
         self.calls.append(method)
-        return getattr(self.ledger, method)(*args)
+        out = getattr(self.ledger, method)(*args)
+        if self.lost and method == "flush":  # carried out, but its answer never came back (a call past its timeout)
+            self.lost -= 1
+            raise SharedStateDown("proxray-keys-test", "no answer within 2 s")
+        return out
 
     def tell(self, method, *args):
         asyncio.get_running_loop().create_task(self.call(method, *args))
@@ -131,7 +135,7 @@ def test_a_steady_key_is_admitted_without_a_ledger_call_per_request():
 def test_charges_made_while_the_ledger_is_down_reach_it_once_it_answers():
     ledger = ShardedKeyLedger()
     (rep,), shard = replicas(1, ledger)
-    spec, plain = key(budget={"usd": 10.0, "window_s": 3600}), key("plain")
+    spec = key(budget={"usd": 10.0, "window_s": 3600})
 
     async def main():
         for i in range(5):
@@ -171,6 +175,33 @@ def test_a_ledger_restarted_from_an_older_checkpoint_is_believed_where_it_holds_
 
     asyncio.run(main())
     assert ledger.report()["k"]["held_usd"] == 0.0 and ledger.report()["k"]["spent_usd"] == pytest.approx(0.05)
+
+
+def test_a_batch_whose_answer_was_lost_is_sent_again_and_charged_once():
+    """The ledger carries out a batch, and its answer never comes (a call past its timeout): the replica sends it again
+    until it is acknowledged, and the ledger applies it once — with a lease and without one."""
+    ledger = ShardedKeyLedger()
+    (rep,), shard = replicas(1, ledger)
+    budgeted = key(budget={"usd": 10.0, "window_s": 3600})
+
+    async def main():
+        verdicts = await asyncio.gather(*(rep.admit(budgeted, 0.1, f"t{i}") for i in range(4)))
+        assert all(v["ok"] for v in verdicts)
+        shard.lost = 4  # the next batches arrive, their answers do not
+        for i in range(4):
+            rep.settle("k", f"t{i}", 0.05)
+            rep.settle("plain", None, 0.01)
+        await asyncio.sleep(4 * FLUSH_S)
+        rep.settle("plain", None, 0.01)
+        await rep.close()
+
+    asyncio.run(main())
+    out = ledger.report()
+    assert out["k"]["spent_usd"] == pytest.approx(0.2) and out["k"]["held_usd"] == 0.0
+    assert out["plain"]["spent_usd"] == pytest.approx(0.05) and shard.lost == 0
+    ledger.flush("k", None, None, 1.0, stream="s", seq=1)  # a stream's first batch...
+    ledger.flush("k", None, None, 1.0, stream="s", seq=1)  # ...sent twice
+    assert ledger.report()["k"]["spent_usd"] == pytest.approx(1.2)
 
 
 def test_a_changed_budget_takes_a_new_lease_and_a_hold_past_the_lease_is_held_by_the_ledger_alone():

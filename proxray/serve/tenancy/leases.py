@@ -3,7 +3,9 @@
 An ingress replica holds, for each key it is serving, a **lease**: a slice of the key's budget (USD the ledger holds
 for the replica, as one hold among the key's others) and of its rate (request starts the ledger counted for it). The
 replica admits, holds and settles that key's requests against its lease without a call; what its answers cost reaches
-the ledger in batches (``FLUSH_S``), each batch lowering the lease by what it charged. A lease that cannot cover a
+the ledger in batches (``FLUSH_S``), each batch lowering the lease by what it charged; a batch is numbered and sent
+until the ledger acknowledges it, and the ledger applies each number once (a call past its timeout that the ledger did
+carry out charges nothing twice). A lease that cannot cover a
 request is grown by one call (``Ledger.lease``: granted only where what the key spent and holds, every lease included,
 leaves room for it — the same rule a request's own hold meets); one the ledger cannot grow leaves that request to the
 ledger alone, exactly as before leases (``LedgerClient.admit``). A lease idle for ``LEASE_IDLE_S`` is given back.
@@ -43,6 +45,18 @@ class Leasing:
             self.leased_starts = {}  # name -> {lease_id: the start times it was granted}
         return self.leased_starts
 
+    def _applied(self) -> dict:
+        if not hasattr(self, "applied"):
+            self.applied = {}  # name -> {batch stream: [the last batch applied, when]}, checkpointed with the rest
+        return self.applied
+
+    def _state(self) -> dict:
+        return {**super()._state(), "applied": self._applied()}
+
+    def _load(self, state: dict) -> None:
+        super()._load(state)
+        self.applied = {n: {b: list(v) for b, v in streams.items()} for n, streams in state.get("applied", {}).items()}
+
     def lease(self, name: str, rpm: float | None, budget: dict | None, lease_id: str, usd: float = 0.0,
               need_usd: float = 0.0, requests: int = 0, now: float | None = None) -> dict:
         """Grow lease ``lease_id`` of key ``name`` by up to ``requests`` request starts (within ``rpm``) and up to
@@ -79,13 +93,24 @@ class Leasing:
         return out
 
     def flush(self, name: str, lease_id: str | None, budget: dict | None, charged: float, tokens=None,
-              give_back: bool = False, unused: int = 0, now: float | None = None) -> dict:
+              give_back: bool = False, unused: int = 0, now: float | None = None, stream: str | None = None,
+              seq: int = 0) -> dict:
         """A batch of key ``name``'s answers settled on lease ``lease_id`` (None: a key charged without one): ``charged``
         USD charged and the lease lowered by as much, its time renewed — or, ``give_back``, the lease ended and its
         ``unused`` request starts given back. A lease that had expired (charged in full) is credited: what it charges
         now counts against that charge. ``{"gone", "spent_usd", "usd"}``: ``gone`` where the lease is no longer held,
-        ``usd`` what it holds now."""
+        ``usd`` what it holds now. Batch ``seq`` of ``stream`` is applied once: a batch sent again (its answer lost, a
+        call past its timeout that the ledger did carry out) changes nothing."""
         now = time.time() if now is None else now
+        if stream is not None:
+            seen = self._applied().setdefault(name, {})
+            if seen.get(stream, [-1])[0] >= seq:
+                spent = self._spent(name, budget, now) if budget else 0.0
+                return {"gone": False, "spent_usd": spent, "usd": (self.holds.get(name) or {}).get(lease_id, (0.0,))[0]}
+            seen[stream] = [seq, now]
+            for other, (_, when) in list(seen.items()):  # a stream silent for a day sends no more
+                if when < now - 86400:
+                    del seen[other]
         holds, leased = self.holds.get(name) or {}, self._leased().get(name, {})
         gone = False
         if lease_id is not None and (lease_id in holds or lease_id in leased):
@@ -122,6 +147,7 @@ class Lease:
         self.spent, self.per_s, self.count = 0.0, 0.0, 0  # the ledger's last word; the key's recent requests a second
         self.used = self.renewed = time.monotonic()
         self.gone, self.growing, self.grown = False, None, 0  # a growth in flight; growths made
+        self.seq, self.unsent = 0, None  # the last batch's number; a batch not known to have arrived, sent again
         self.closed_until = 0.0  # the rate had no start left: refused here until then, without a call
 
     def free(self) -> float:
@@ -161,6 +187,8 @@ class LeasedLedger:
         self.leases: set = set()  # every lease not given back yet (retired ones settle their requests in flight)
         self.tickets: dict = {}  # ticket -> the lease holding it
         self.pending: dict = {}  # key name -> [USD, prompt tokens, cached] charged without a lease, not sent yet
+        self.unsent: dict = {}  # key name -> (its batch's number, USD, tokens) sent without a lease, not known to arrive
+        self.stream, self.seq = "replica-" + uuid.uuid4().hex, 0  # this replica's charges without a lease, numbered
         self.task = None
 
     @staticmethod
@@ -287,44 +315,55 @@ class LeasedLedger:
                 logger.exception("proxray: keys ledger batch failed")
 
     async def flush(self, closing: bool = False) -> None:
-        """Send every charge not sent yet; renew leases in use, give back those idle (all of them, ``closing``)."""
+        """Send every charge not sent yet; renew leases in use, give back those idle (all of them, ``closing``). A
+        batch whose arrival is not known (the ledger did not answer) is sent again as it was before any new one."""
         now = time.monotonic()
         calls = []
-        for name in list(self.pending):
-            usd, prompt, cached = self.pending.pop(name)
-            calls.append(self._send(name, None, usd, [prompt, cached]))
+        for name in set(self.pending) | set(self.unsent):
+            if name not in self.unsent:
+                usd, prompt, cached = self.pending.pop(name)
+                self.seq += 1
+                self.unsent[name] = (self.seq, usd, [prompt, cached])
+            calls.append(self._send_charges(name))
         for lease in list(self.leases):
             lease.per_s, lease.count = 0.5 * lease.per_s + 0.5 * lease.count / FLUSH_S, 0
-            retired = self.current.get(lease.name) is not lease
-            back = not lease.inflight and (closing or retired or now - lease.used >= LEASE_IDLE_S)
-            if not (back or lease.charged or lease.tokens != [0, 0] or now - lease.renewed >= LEASE_TTL_S / 3):
-                continue
-            if back and self.current.get(lease.name) is lease:
-                del self.current[lease.name]  # nothing is admitted on it while it is given back
-            usd, tokens = lease.charged, lease.tokens
-            lease.charged, lease.tokens, lease.usd = 0.0, [0, 0], lease.usd - usd
-            calls.append(self._send(lease.name, lease, usd, tokens, back))
+            if lease.unsent is None:
+                retired = self.current.get(lease.name) is not lease
+                back = not lease.inflight and (closing or retired or now - lease.used >= LEASE_IDLE_S)
+                if not (back or lease.charged or lease.tokens != [0, 0] or now - lease.renewed >= LEASE_TTL_S / 3):
+                    continue
+                if back and self.current.get(lease.name) is lease:
+                    del self.current[lease.name]  # nothing is admitted on it while it is given back
+                lease.seq += 1
+                lease.unsent = (lease.seq, lease.charged, lease.tokens, back)
+                lease.charged, lease.tokens, lease.usd = 0.0, [0, 0], lease.usd - lease.unsent[1]
+            calls.append(self._send(lease))
         if calls:
             await asyncio.gather(*calls)
 
-    async def _send(self, name: str, lease: Lease | None, usd: float, tokens: list, back: bool = False) -> None:
-        """One batch of key ``name``'s charges (on ``lease``, or without one), kept for the next where the ledger does
-        not answer; ``back``: the lease given back with its unused request starts."""
-        steady = lease.grown if lease is not None and lease.growing is None else -1  # no growth crossing this batch
+    async def _send_charges(self, name: str) -> None:
+        """Key ``name``'s batch of charges made without a lease; kept to be sent again where the ledger did not
+        answer."""
+        seq, usd, tokens = self.unsent[name]
         try:
-            out = await self.client.of(name).call("flush", name, lease.id if lease else None,
-                                                  lease.budget if lease else None, usd, tokens if any(tokens) else None,
-                                                  back, lease.rate if lease else 0)
-        except SharedStateDown:  # kept for the next batch: nothing charged is dropped
-            if lease is None:
-                p = self.pending.setdefault(name, [0.0, 0, 0])
-                p[0], p[1], p[2] = p[0] + usd, p[1] + tokens[0], p[2] + tokens[1]
-            else:
-                lease.charged, lease.usd = lease.charged + usd, lease.usd + usd
-                lease.tokens = [lease.tokens[0] + tokens[0], lease.tokens[1] + tokens[1]]
+            await self.client.of(name).call("flush", name, None, None, usd, tokens if any(tokens) else None, False, 0,
+                                            None, self.stream, seq)
+        except SharedStateDown:
             return
-        if lease is None:
+        del self.unsent[name]
+
+    async def _send(self, lease: Lease) -> None:
+        """``lease``'s batch (its charges, or its return with its unused request starts), sent until the ledger says
+        it has it: nothing charged is dropped, nothing charged twice."""
+        seq, usd, tokens, back = lease.unsent
+        steady = lease.grown if lease.growing is None else -1  # no growth crossing this batch
+        try:
+            out = await self.client.of(lease.name).call("flush", lease.name, lease.id, lease.budget, usd,
+                                                        tokens if any(tokens) else None, back, lease.rate, None,
+                                                        lease.id, seq)
+        except SharedStateDown:
             return
+        lease.unsent = None
         lease.renewed, lease.spent = time.monotonic(), out["spent_usd"] or lease.spent
         if back:
             self.leases.discard(lease)
@@ -337,4 +376,7 @@ class LeasedLedger:
         """The replica is stopping: every charge sent, every lease given back."""
         if self.task is not None:
             self.task.cancel()
-        await self.flush(closing=True)
+        for _ in range(3):  # a batch sent again first, then what came after it
+            await self.flush(closing=True)
+            if not (self.leases or self.pending or self.unsent):
+                break

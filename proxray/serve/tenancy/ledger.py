@@ -46,7 +46,7 @@ def is_ledger_of(app_name: str, name: str) -> bool:
 def merged_state(states: list[dict], owns) -> dict:
     """One ledger's state from the checkpoints of every layout: each key ``owns(name)`` accepts, taken whole from the
     checkpoint that saved it last (``saved_at``; a checkpoint without one is older than any with one)."""
-    parts = ("starts", "windows", "holds", "totals", "expired", "tokens")
+    parts = ("starts", "windows", "holds", "totals", "expired", "tokens", "applied")
     latest: dict = {}  # name -> (saved_at, state)
     for st in states:
         at = float(st.get("saved_at", 0.0))
