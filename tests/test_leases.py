@@ -72,14 +72,16 @@ class InProcess:
         asyncio.get_running_loop().create_task(self.call(method, *args))
 
 
-def replicas(n, ledger):
+def replicas(n):
+    """A real ledger, ``n`` replicas' ``LeasedLedger``s over it and the shard client they share."""
+    ledger = ShardedKeyLedger()
     shard = InProcess(ledger)
     out = []
     for _ in range(n):
         client = LedgerClient.__new__(LedgerClient)
         client.shards = [shard]
         out.append(LeasedLedger(client))
-    return out, shard
+    return ledger, out, shard
 
 
 def key(name="k", **kw):
@@ -89,8 +91,7 @@ def key(name="k", **kw):
 def test_a_burst_over_two_replicas_spends_no_more_than_its_budget_and_costs_few_ledger_calls():
     """40 requests at once, each holding 0.1 and costing 0.1, on a 0.5 budget over two replicas: at most 5 answered,
     each replica's requests admitted on its lease; spend equals what was settled once both gave their leases back."""
-    ledger = ShardedKeyLedger()
-    (a, b), shard = replicas(2, ledger)
+    ledger, (a, b), shard = replicas(2)
     spec = key(budget={"usd": 0.5, "window_s": 3600})
 
     async def one(rep, i):
@@ -112,8 +113,7 @@ def test_a_burst_over_two_replicas_spends_no_more_than_its_budget_and_costs_few_
 
 
 def test_a_steady_key_is_admitted_without_a_ledger_call_per_request():
-    ledger = ShardedKeyLedger()
-    (rep,), shard = replicas(1, ledger)
+    ledger, (rep,), shard = replicas(1)
     spec = key(budget={"usd": 100.0, "window_s": 3600})
 
     async def main():
@@ -133,8 +133,7 @@ def test_a_steady_key_is_admitted_without_a_ledger_call_per_request():
 
 
 def test_charges_made_while_the_ledger_is_down_reach_it_once_it_answers():
-    ledger = ShardedKeyLedger()
-    (rep,), shard = replicas(1, ledger)
+    ledger, (rep,), shard = replicas(1)
     spec = key(budget={"usd": 10.0, "window_s": 3600})
 
     async def main():
@@ -159,8 +158,7 @@ def test_charges_made_while_the_ledger_is_down_reach_it_once_it_answers():
 
 
 def test_a_ledger_restarted_from_an_older_checkpoint_is_believed_where_it_holds_less():
-    ledger = ShardedKeyLedger()
-    (rep,), shard = replicas(1, ledger)
+    ledger, (rep,), shard = replicas(1)
     spec = key(budget={"usd": 1.0, "window_s": 3600})
 
     async def main():
@@ -180,8 +178,7 @@ def test_a_ledger_restarted_from_an_older_checkpoint_is_believed_where_it_holds_
 def test_a_batch_whose_answer_was_lost_is_sent_again_and_charged_once():
     """The ledger carries out a batch, and its answer never comes (a call past its timeout): the replica sends it again
     until it is acknowledged, and the ledger applies it once — with a lease and without one."""
-    ledger = ShardedKeyLedger()
-    (rep,), shard = replicas(1, ledger)
+    ledger, (rep,), shard = replicas(1)
     budgeted = key(budget={"usd": 10.0, "window_s": 3600})
 
     async def main():
@@ -205,8 +202,7 @@ def test_a_batch_whose_answer_was_lost_is_sent_again_and_charged_once():
 
 
 def test_a_changed_budget_takes_a_new_lease_and_a_hold_past_the_lease_is_held_by_the_ledger_alone():
-    ledger = ShardedKeyLedger()
-    (rep,), shard = replicas(1, ledger)
+    ledger, (rep,), shard = replicas(1)
     old, new = key(budget={"usd": 1.0, "window_s": 3600}), key(budget={"usd": 0.5, "window_s": 3600})
 
     async def main():
@@ -225,8 +221,7 @@ def test_a_changed_budget_takes_a_new_lease_and_a_hold_past_the_lease_is_held_by
 
 
 def test_a_fast_rate_is_leased_and_never_passed_over_two_replicas():
-    ledger = ShardedKeyLedger()
-    (a, b), shard = replicas(2, ledger)
+    ledger, (a, b), shard = replicas(2)
     spec = key(requests_per_minute=120)
 
     async def main():

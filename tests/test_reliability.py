@@ -221,6 +221,7 @@ def test_a_key_changed_or_revoked_in_the_keys_file_takes_effect_on_both_replicas
     within the file's reload (2 s) and a request: the lease taken under the old budget admits nothing more."""
     import yaml
 
+    from proxray.common.storage import replace_atomically
     from proxray.serve.tenancy.keys import RELOAD_EVERY_S, read_keys
 
     body = json.dumps({"model": SLOW, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi."}]})
@@ -230,9 +231,7 @@ def test_a_key_changed_or_revoked_in_the_keys_file_takes_effect_on_both_replicas
         keys = read_keys(BURST["file"]).keys
         kept = [k.model_dump(exclude_none=True) for k in keys]
         change(kept)
-        tmp = BURST["file"].with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump({"keys": kept}, sort_keys=False))
-        os.replace(tmp, BURST["file"])
+        replace_atomically(BURST["file"], yaml.safe_dump({"keys": kept}, sort_keys=False).encode())
         return time.monotonic()
 
     def until(status):  # the first answer with ``status``, and when (every answer before it a 200 or a 429)
