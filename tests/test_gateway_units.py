@@ -372,6 +372,20 @@ def test_a_refused_request_books_no_tokens():
     assert [lim.reserve(200, 5.0, now=130.0 + 16 * i) for i in range(5)] == [0.0] * 5
 
 
+def test_start_times_are_moments_so_answers_that_arrive_late_do_not_send_together(monkeypatch):
+    """Five reservations 10 ms apart at 600 a minute: the moments they may start are 0.1 s apart from the first, and a
+    caller that got its answer late (here: all of them at once, 1 s on) still sends on those moments, where sleeping
+    the waits from the answer's arrival would have sent the first at once with the others each 0.1 s after the last."""
+    import proxray.pool.openai_engine as oe
+
+    clock = iter(100.0 + 0.01 * i for i in range(6))
+    monkeypatch.setattr(oe.time, "time", lambda: next(clock))
+    lim = oe.RateLimiter(600, None)
+    starts = [lim.start_at(10) for _ in range(5)]
+    assert starts == pytest.approx([100.0, 100.1, 100.2, 100.3, 100.4])
+    assert lim.start_at(10, max_wait=0.0, limits=(600, None)) is None  # past its wait: refused, as reserve refuses
+
+
 def test_retry_waits_honour_retry_after_else_back_off():
     from proxray.pool.upstream import retry_wait
 

@@ -87,6 +87,14 @@ class RateLimiter:
         self.next_start = start + self.interval
         return start - now
 
+    def start_at(self, tokens: int, max_wait: float | None = None, limits: tuple | None = None) -> float | None:
+        """Reserve as ``reserve`` does, and return the moment (``time.time()``) the request may start rather than a wait:
+        a caller that sleeps until that moment starts on time however late the answer reached it, where a wait counted
+        from the answer's arrival would let answers delayed by different amounts send their requests together."""
+        now = time.time()
+        delay = self.reserve(tokens, max_wait, now, limits)
+        return None if delay is None else now + delay
+
     def correct(self, reserved: int, used: int) -> None:
         """Replace a reservation's estimate by what the answer really used."""
         for i in range(len(self.spent) - 1, -1, -1):
@@ -117,7 +125,7 @@ class OpenAIEngine:
         if self.limiter is not None:
             import ray
 
-            delay = ray.get(self.limiter.reserve.remote(tokens))
+            delay = ray.get(self.limiter.start_at.remote(tokens)) - time.time()  # the nodes' clocks agree (NTP)
             if delay > 0:
                 time.sleep(delay)
 

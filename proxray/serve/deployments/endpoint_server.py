@@ -319,8 +319,9 @@ class LimiterClient(SharedActorClient):
             self.tell("correct", reserved, int(used))
 
     async def reserve(self, tokens: int, max_wait: float) -> float | None:
-        try:
-            return await self.call("reserve", tokens, max_wait, None, self.limits)
+        try:  # the wait counted from now, not from when the limiter answered (RateLimiter.start_at)
+            at = await self.call("start_at", tokens, max_wait, self.limits)
+            return None if at is None else at - time.time()
         except SharedStateDown as e:
             logger.warning("proxray: %s: %s; the request goes without it", self.name, e.why)
             return 0.0
