@@ -25,7 +25,7 @@ def test_the_http_page_lists_the_routes_the_app_serves():
         return {}
 
     gateway = SimpleNamespace(args=SimpleNamespace(docs=False, cors_origins=None), protocols=PROTOCOLS,
-                              feedback=handler, health=handler, store=None, gate=None, metrics=None,
+                              feedback=handler, health=handler, store=None, gate=None, metrics=None, cache=None,
                               listing=SimpleNamespace(list=handler, get=handler))
     app = gateway_api(gateway, lambda protocol: handler)
     served = {(m, r.path) for r in app.routes for m in getattr(r, "methods", ()) if m != "HEAD"}

@@ -68,6 +68,10 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("proxray_key_prompt_tokens", "counter", "prompt tokens of the answers given to each key, by whether the "
            "provider read them from its prompt cache (`cached`: `true`): the cached share", ("key", "cached"),
            when=_KEYS),
+    Metric("proxray_cache_hits", "counter", "requests answered from the response cache, by kind (`exact`, "
+           "`semantic`)", ("kind",), when="a `response_cache` hit"),
+    Metric("proxray_cache_saved_usd", "counter", "USD the response cache's hits saved (what their answers cost when "
+           "the model gave them)", when="a `response_cache` hit"),
     Metric("proxray_endpoint_latency_s", "histogram", "seconds to an external endpoint's answer or first chunk",
            ("model",), "relay", _RELAY, LATENCY_S_BOUNDARIES),
     Metric("proxray_endpoint_answers", "counter", "external endpoint calls, by model and HTTP status (0: no answer)",

@@ -113,6 +113,30 @@ class ResponsesSpec(StrictModel):
                                    "hold: past it, 413 naming the limit (rebuilding it would hold the event loop)")
 
 
+class ResponseCacheSpec(StrictModel):
+    """``response_cache:`` of the app args: answers served again to a repeated request (exact) or a paraphrase of one
+    (semantic), within the asking key's scope (``proxray.serve.stages.cache``; docs/guides/serve.md)."""
+
+    exact: bool = Field(True, description="answer a request that repeats a cached one (the same model, the same "
+                        "request as sent, JSON order and whitespace aside) from the cache")
+    semantic: bool = Field(True, description="answer a request whose ask is a cached request's written otherwise — in "
+                           "other case, runs of spaces or sentence-ending punctuation — the rest of the request the "
+                           "same, from the cache (and, with similarity, one whose routing embedding is that close)")
+    similarity: float | None = Field(None, gt=0, le=1, description=(
+        "also answer a routed request from the cached request whose routing embedding is nearest, where their cosine "
+        "similarity reaches this; off by default: on the shipped tables even 0.995 answers 1,041 of 26,727 distinct "
+        "questions with another's answer (the shipped MiniLM reads 256 tokens; bench/bench_cache.py)"))
+    max_user_turns: int = Field(1, ge=1, description="requests with more user turns than this are not cached")
+    deterministic_only: bool = Field(True, description="only requests with temperature 0 or a seed are cached")
+    ttl_s: float = Field(3600.0, gt=0, description="a cached answer is served this long after it was kept")
+    max_entries: int = Field(50_000, ge=1, description="cached answers at most, the least recently used dropped first")
+    max_bytes: int = Field(256 * 2**20, ge=2**20, description="bytes of cached answers (their JSON, plus 1024 each) "
+                           "at most, the least recently used dropped first")
+    scope_share: float = Field(0.25, gt=0, le=1, description="the share of max_entries and max_bytes one scope (a "
+                               "key, or a keys-file cache group) may take: past it, that scope's own least recently "
+                               "used answers are dropped, never another scope's")
+
+
 class AppArgs(StrictModel):
     """``args`` of the Serve application (``import_path: proxray.serve.app:build_app``)."""
 
@@ -186,6 +210,9 @@ class AppArgs(StrictModel):
     responses: ResponsesSpec = Field(default_factory=ResponsesSpec, description=(
         "stored responses of POST /v1/responses, shared by every ingress replica: GET /v1/responses/{id}, DELETE, "
         "input_items and previous_response_id (proxray.serve.tenancy.responses)"))
+    response_cache: ResponseCacheSpec | None = Field(None, description=(
+        "serve repeated requests and paraphrases from a cache of answers, per key (or per keys-file cache group), "
+        "billed nothing; off by default (proxray.serve.stages.cache)"))
     docs: bool = Field(False, description="serve /docs and /openapi.json")
     cors_origins: list[str] = Field([], max_length=64, description=(
         "origins whose web pages may call the endpoint from a browser (CORS), e.g. https://app.example.com, "

@@ -36,6 +36,7 @@ from proxray.serve.request.turn_cost import TurnFacts
 from proxray.serve.tenancy.conversations import ConversationClient
 from proxray.serve.tenancy.feedback import FeedbackClient, FeedbackRequest
 from proxray.serve.tenancy.gate import KeyGate
+from proxray.serve.tenancy.response_cache import ResponseCache
 from proxray.serve.tenancy.responses import ResponseStore
 
 logger = logging.getLogger("ray.serve")
@@ -84,6 +85,7 @@ class Gateway:
         self.replica = serve.get_replica_context().replica_id.unique_id  # which ingress replica answered
         self.metrics = GatewayMetrics()
         self.store = ResponseStore(app_name, a.responses)  # responses kept for retrieval and previous_response_id
+        self.cache = ResponseCache(app_name, a.response_cache) if a.response_cache else None  # answers served once
         self.tracing = tracing_enabled()  # OpenTelemetry spans: only where the OTEL_* environment names an endpoint
         self.monitor = None
         if a.monitor:
@@ -126,6 +128,7 @@ class Gateway:
         p = self.policy.decide(X, rp, refusals, previous, self.gate.rules.visible(key), turn.tool_loop, session,
                                facts)
         p.candidates = self.client.liveness.order(p.candidates)  # those lost or slow to take requests tried last
+        p.vector = X[0]  # the routing embedding: what the response cache's semantic lookup compares
         timings["estimate_ms"] = 1e3 * (time.perf_counter() - t1)
         p.report["route_ms"] = 1e3 * (time.perf_counter() - t0)
         self.metrics.routed(p.report["route_ms"], p.report["outlier_score"])

@@ -18,6 +18,8 @@ class GatewayMetrics:
         self.errors = metric("proxray_request_errors")
         self.feedbacks = metric("proxray_feedback")
         self.feedback_score = metric("proxray_feedback_score_sum")
+        self.cache_hits = metric("proxray_cache_hits")
+        self.cache_saved = metric("proxray_cache_saved_usd")
         self.planned = 0  # routed requests planned by this replica (the routing histogram's count, kept here too)
 
     def answered(self, model: str, routed: bool) -> None:
@@ -27,6 +29,11 @@ class GatewayMetrics:
         self.planned += 1
         self.routing_ms.observe(ms)
         self.outlier.observe(outlier)
+
+    def cache_hit(self, kind: str, saved_usd: float | None) -> None:
+        self.cache_hits.inc(1, {"kind": kind})
+        if saved_usd:
+            self.cache_saved.inc(float(saved_usd))
 
     def fallback(self, model: str) -> None:
         self.fallbacks.inc(1, {"model": model})

@@ -38,6 +38,7 @@ class RoutingOptions(StrictModel):
                           "(the 10 nearest training queries or clusters with the most weight, every model's estimate "
                           "and objective, the winner's margin, the outlier score against the router's threshold); "
                           "also the header x-proxray-explain: 1")
+    cache: bool | None = Field(None, description="false: not answered from the response cache, nor kept in it")
     conversation: str | None = Field(None, min_length=1, max_length=256, description="a conversation id: its turns "
                                      "keep the model that answered the last one unless another's gain beats the "
                                      "prompt cache a switch gives up (the app's conversations rule); also the header "

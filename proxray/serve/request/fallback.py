@@ -103,14 +103,19 @@ async def _one_pass(client, p: Plan, body, upstream, stream, deadline, on_failur
             _failed(p, model, "the model returned nothing", on_failure)
             seen.lost = False
             continue
-        p.report.update({"model": model, "fallback_from": list(dict.fromkeys(  # each model once, asked again or not
-            f["model"] for f in p.report.get("failures", [])))})
-        p.report.setdefault("failures", [])
-        if p.report.get("routed"):
-            p.report["estimated_accuracy"] = p.report["estimates"][model]["accuracy"]
-            p.report["estimated_cost"] = p.report["estimates"][model]["cost"]
+        answered_by(p, model)
         return model, head, gen
     return None
+
+
+def answered_by(p: Plan, model: str) -> None:
+    """The plan's report once ``model`` answered (a model asked, or the response cache's answer of it)."""
+    p.report.update({"model": model, "fallback_from": list(dict.fromkeys(  # each model once, asked again or not
+        f["model"] for f in p.report.get("failures", [])))})
+    p.report.setdefault("failures", [])
+    if p.report.get("routed"):
+        p.report["estimated_accuracy"] = p.report["estimates"][model]["accuracy"]
+        p.report["estimated_cost"] = p.report["estimates"][model]["cost"]
 
 
 def _with_retries(candidates: list, seen: _Pass):

@@ -17,6 +17,7 @@ class Plan:
     report: dict = field(default_factory=dict)  # what the response's "proxray" object shows
     on_budget: bool = False  # λ came from the served budget, so the answer counts toward it
     budget: object = None  # then the controller it came from (the request's key's), which counts the answer
+    vector: object = None  # the routing embedding of a routed request (what the response cache compares)
 
     def cost_of(self, model: str) -> float | None:
         """The router's estimated cost of ``model``'s answer (None where the plan holds no estimate of it: a named

@@ -148,12 +148,15 @@ class RoutingPolicy:
             p.on_budget, p.budget, p.report["budget"] = True, budget, budget.report()
         return p
 
-    def meter(self, p: planning.Plan, model: str):
+    def meter(self, p: planning.Plan, model: str, free: bool = False):
         """How ``model``'s answer to plan ``p`` counts toward a budget on realised cost: a function of the answer's
         usage, or None where nothing is counted at the end (no budget, λ given by the request, or a budget on
-        estimated cost, counted when routed). An answer without usage counts at its estimate."""
+        estimated cost, counted when routed). An answer without usage counts at its estimate; a ``free`` one (the
+        response cache's) at 0."""
         if not p.on_budget or p.budget.basis != "realised":
             return None
+        if free:
+            return lambda usage: p.budget.answered(model, None, 0.0)
         estimate = p.report["estimates"][model]["cost"]
         return lambda usage: p.budget.answered(model, usage, estimate)
 

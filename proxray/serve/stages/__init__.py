@@ -3,6 +3,7 @@
 per-key rule or a new count of answers is one stage module and one row of ``PATH``. No stage names a protocol."""
 from proxray.serve.stages.answer import respond
 from proxray.serve.stages.base import Flight, Stage, run
+from proxray.serve.stages.cache import Keep, Lookup
 from proxray.serve.stages.call import Call
 from proxray.serve.stages.conversation import Conversation
 from proxray.serve.stages.counters import Counters
@@ -18,8 +19,10 @@ from proxray.serve.stages.turn import Begin
 
 # the order every request crosses them: the spans and counters first (every refusal is on them), the body read and
 # checked, the key's slot and its admission before any work on the request, the turn begun, its conversation, the
-# plan, the hold moved to the chosen model, the call; on an answer, the report completed and what counts its usage
-PATH = (Trace, Counters, Parse, Slot, Hold, Begin, Conversation, Plan, Rehold, Call, Report, BudgetMeter, Remember)
+# plan, the hold moved to the chosen model, the response cache asked, the call; on an answer, the report completed and
+# what counts its usage, the answer kept in the cache last (it reads the stream the others are shown)
+PATH = (Trace, Counters, Parse, Slot, Hold, Begin, Conversation, Plan, Rehold, Lookup, Call, Report, BudgetMeter,
+        Remember, Keep)
 
 
 def path(gw, stages=PATH) -> list:

@@ -38,6 +38,8 @@ class Flight:
     before_fallback: Any = None  # awaited with each candidate before it is asked (the key's hold raised for it)
     reached: Any = None  # whether it reached a model (``wire.Reached``): a 504 before that is charged nothing
     read_on: bool = False  # its client left and its answer is read on to charge its key (``stages.call``)
+    cache: dict | None = None  # where a miss's answer is kept (``stages.cache``): its scope, keys and embedding
+    hit: str | None = None  # answered from the response cache: how (exact, semantic); charged nothing
     model: str | None = None  # the model that answered
     head: Any = None  # its answer, or its stream's first content
     gen: Any = None  # the rest of its stream

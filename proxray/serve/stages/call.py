@@ -14,6 +14,8 @@ _reading: set = set()  # the answers read on after their clients left (a referen
 
 class Call(Stage):
     async def before(self, f):
+        if f.head is not None:  # answered from the response cache (``stages.cache``)
+            return
         gw, p = self.gw, f.plan
         t_model = time.perf_counter()
         f.trace.calling()  # its traceparent goes to an endpoint relayed from here

@@ -39,6 +39,9 @@ class Hold(Stage):
             f.held.release()
 
     def answered(self, f):  # a hosted provider's prompt cache is every key's: charged as if it had missed
+        if f.hit is not None:  # answered from the response cache: nothing spent
+            f.held.release()
+            return None
         return f.held.charger(f.model, f.estimate, f.bound, shared_cache=self.gw.client.relayed(f.model))
 
 

@@ -4,4 +4,4 @@ from proxray.serve.stages.base import Stage
 
 class BudgetMeter(Stage):
     def answered(self, f):
-        return self.gw.policy.meter(f.plan, f.model)
+        return self.gw.policy.meter(f.plan, f.model, free=f.hit is not None)

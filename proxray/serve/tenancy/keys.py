@@ -40,6 +40,15 @@ class KeyBudget(StrictModel):
                                                         "cheapest model the key allows")
 
 
+class KeyCache(StrictModel):
+    """A key's part of the app's ``response_cache``."""
+
+    group: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description=(
+        "a tenant group: the keys that name it share their cached answers; without one, a key's answers are its own"))
+    exact: bool = Field(True, description="false: its requests are never answered from the exact cache")
+    semantic: bool = Field(True, description="false: never answered from the semantic cache")
+
+
 class KeySpec(StrictModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="the key's name in "
                       "metrics, logs and reports")
@@ -53,6 +62,8 @@ class KeySpec(StrictModel):
         "its requests in flight at once on one ingress replica (a stream until it ends); past it a 429 at once. "
         "Default: half the replica's router_max_ongoing_requests (32 of 64), so one key's slow requests leave the "
         "other keys room on the slots they share (the replica's, and each endpoint's max_ongoing_requests)"))
+    cache: KeyCache | None = Field(None, description="its share of the response cache (group, kinds); default: "
+                                   "its own scope, both kinds")
     feedback: Literal["train", "record", "off"] = Field("record", description=(
         "its POST /v1/feedback: train (the drift monitor learns from its scores), record (counted in the metrics, "
         "never trains the shared router: the default, so a careless or hostile key cannot steer it) or off (403)"))

@@ -10,7 +10,8 @@ from proxray.serve.protocols.responses.turn import NamedEvents, begin, has_conte
 
 
 def _stored(route: str):
-    return lambda gateway: getattr(StoredResponses(gateway.store, gateway.gate, gateway.metrics), route)
+    return lambda gateway: getattr(StoredResponses(gateway.store, gateway.gate, gateway.metrics, gateway.cache),
+                                   route)
 
 
 RESPONSES = Protocol("responses", "/v1/responses", ResponsesRequest, begin, "/responses", NamedEvents, has_content,

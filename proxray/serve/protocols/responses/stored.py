@@ -6,20 +6,21 @@ from __future__ import annotations
 from fastapi import Request
 
 from proxray.serve.errors import RequestError
+from proxray.serve.request.cache import scope_of
 from proxray.serve.request.http import error_response
 
 
 class StoredResponses:
     """Each route: the caller's key (its rate counted, as for feedback), then the store; errors in OpenAI's shape."""
 
-    def __init__(self, store, gate, metrics):
-        self.store, self.gate, self.metrics = store, gate, metrics
+    def __init__(self, store, gate, metrics, cache=None):
+        self.store, self.gate, self.metrics, self.cache = store, gate, metrics, cache
 
-    async def _route(self, request, act):
+    async def _route(self, request, act, whole_key: bool = False):
         try:
             key = self.gate.identify(request)
             await self.gate.admit(key, 0.0, None, budget=False)
-            return await act(key and key.owner)
+            return await act(key if whole_key else key and key.owner)
         except RequestError as e:
             self.metrics.error(e.status)
             return error_response(e)
@@ -34,7 +35,7 @@ class StoredResponses:
 
     async def remove(self, response_id: str, request: Request):
         """``DELETE /v1/responses/{id}``."""
-        return await self._route(request, lambda key: self.delete(response_id, key))
+        return await self._route(request, lambda key: self.delete(response_id, key), whole_key=True)
 
     async def retrieve(self, rid: str, key: str | None, query) -> dict:
         if query.get("stream", "false").lower() in ("1", "true"):
@@ -50,8 +51,12 @@ class StoredResponses:
         return input_items_page(await self.store.get(rid, key), rid, limit, query.get("order", "desc"),
                                 query.get("after"))
 
-    async def delete(self, rid: str, key: str | None) -> dict:
-        await self.store.delete(rid, key)
+    async def delete(self, rid: str, key) -> dict:
+        """The stored response of ``key`` (its ``KeySpec``, None for the app's single key) deleted, and the response
+        cache's answer that was it, where the cache kept one."""
+        await self.store.delete(rid, key and key.owner)
+        if self.cache is not None:
+            self.cache.forget(scope_of(key), rid)
         return {"id": rid, "object": "response", "deleted": True}
 
 
