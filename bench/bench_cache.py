@@ -1,7 +1,7 @@
 """The response cache measured: its semantic tier's false and true hits on the shipped routing tables, and (``--http``)
 what a hit costs and saves on a replayed trace.
 
-    python bench/bench_cache.py [--json out.json] [--http] [--data ../shared/data]
+    python bench/bench_cache.py [--json out.json] [--http [--bounds 10000]] [--data ../shared/data]
 
 **False hits** (offline): every distinct question of the shipped tables (``../shared/data``: RouterBench's slice,
 RouterDC's, BBH's) in one scope, embedded with the routing encoder (the shipped MiniLM); a question is a false hit at
@@ -18,7 +18,9 @@ trace of the tables' questions with repeats and paraphrases (each question once,
 then a sixth paraphrased), sent one at a time: p50/p95 ms of a miss, an exact hit and a semantic hit; with the cache
 off (``proxray: {cache: false}``), of new questions (what a miss is compared with: both embed a new text) and of the
 trace's questions asked again (what an exact hit is compared with: both find the text's embedding in the replica's
-cache); the hit rate and the USD the hits saved.
+cache); the hit rate and the USD the hits saved. ``--bounds 10000``: then 10,000 distinct requests of one key against
+a cache of 2,000 answers (a scope's share: 500), after another key's 20 answers: the entries held, the largest
+scope's, and whether the other key's answers are still exact hits.
 """
 from __future__ import annotations
 
@@ -115,8 +117,9 @@ def offline(data: Path, cache_dir: Path | None, seed: int = 0) -> dict:
     return out
 
 
-def over_http(data: Path, n: int = 150, seed: int = 0) -> dict:
-    """The trace over HTTP on a local app (see the module's docstring)."""
+def over_http(data: Path, n: int = 150, seed: int = 0, bounds: int = 0) -> dict:
+    """The trace over HTTP on a local app (see the module's docstring); ``bounds``: then that many distinct requests
+    of one key, against a cache of 2,000 answers (a scope's share 500), and another key's answers kept."""
     import tempfile
 
     import httpx
@@ -140,7 +143,12 @@ def over_http(data: Path, n: int = 150, seed: int = 0) -> dict:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     one = {"min_replicas": 1, "max_replicas": 1}
-    serve.run(build({"router": str(tmp / "router"), "response_cache": {}, "models": [
+    from proxray.serve.tenancy.keys import new_key_entry
+
+    keys = {name: new_key_entry(tmp / "keys.yaml", name) for name in ("trace", "busy", "other")}
+    cache = {"max_entries": 2000, "scope_share": 0.25}
+    serve.run(build({"router": str(tmp / "router"), "keys_file": str(tmp / "keys.yaml"), "response_cache": cache,
+                     "models": [
         {"id": m, "engine": "sim", "autoscaling": one, "price": {"input_per_mtok": i, "output_per_mtok": o}}
         for m, i, o in models]}), name="proxray", route_prefix="/")
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -150,12 +158,12 @@ def over_http(data: Path, n: int = 150, seed: int = 0) -> dict:
             break
         time.sleep(0.2)
 
-    def ask(text, cache=True):
+    def ask(text, cache=True, key="trace"):
         body = {"model": "proxray", "temperature": 0, "max_tokens": 32, "messages": [{"role": "user", "content": text}]}
         if not cache:
             body["proxray"] = {"cache": False}
         t0 = time.perf_counter()
-        r = client.post(url, json=body)
+        r = client.post(url, json=body, headers={"Authorization": f"Bearer {keys[key]}"})
         ms = 1e3 * (time.perf_counter() - t0)
         r.raise_for_status()
         return ms, r.json()["proxray"].get("cache", {})
@@ -172,13 +180,49 @@ def over_http(data: Path, n: int = 150, seed: int = 0) -> dict:
         times["off, new"].append(ask(q, cache=False)[0])
     for q in picked[: n // 3]:  # the same requests again with the cache off: what an exact hit is compared with
         times["off, repeated"].append(ask(q, cache=False)[0])
+    # what the store's lookup costs the replica: one actor call, against the same lookup in the caller's process
+    from proxray.serve.tenancy.response_cache import CacheStore
+
+    actor = ray.get_actor("proxray-cache-proxray", namespace="proxray")
+    vec = np.ones(384, dtype=np.float32)
+    calls = []
+    for i in range(300):
+        t0 = time.perf_counter()
+        ray.get(actor.get.remote("scope", f"absent-{i}", "c", vec, 0.99, "t"))
+        calls.append(1e3 * (time.perf_counter() - t0))
+    local, store = [], CacheStore()
+    for i in range(300):
+        t0 = time.perf_counter()
+        store.get("scope", f"absent-{i}", "c", vec, 0.99, "t")
+        local.append(1e3 * (time.perf_counter() - t0))
+    lookup = {"actor_call_p50_ms": round(float(np.percentile(calls, 50)), 3),
+              "actor_call_p95_ms": round(float(np.percentile(calls, 95)), 3),
+              "in_process_p50_ms": round(float(np.percentile(local, 50)), 4)}
+    held = {}
+    if bounds:
+        kept = picked[:20]
+        for q in kept:
+            ask(q, key="other")
+        t0, last = time.perf_counter(), []
+        for i in range(bounds):
+            ms, _ = ask(f"Request {i} of a key that never repeats itself: {qs[i % len(qs)][:200]}", key="busy")
+            if i >= bounds - 200:
+                last.append(ms)
+            if i and i % 1000 == 0:
+                print(f"bounds: {i}/{bounds} requests, {time.perf_counter() - t0:.0f} s", flush=True)
+        rep = ray.get(ray.get_actor("proxray-cache-proxray", namespace="proxray").report.remote())
+        again = [ask(q, key="other")[1].get("kind") for q in kept]
+        held = {"requests": bounds, "entries": rep["entries"], "bytes": rep["bytes"], "evicted": rep["evicted"],
+                "largest_scope_entries": max(s["entries"] for s in rep["scopes"].values()),
+                "other_key_exact_hits": f"{again.count('exact')}/{len(kept)}",
+                "last_200_p50_ms": round(float(np.percentile(last, 50)), 2)}
     serve.shutdown()
     ray.shutdown()
     pct = {k: {"n": len(v), "p50_ms": round(float(np.percentile(v, 50)), 2), "p95_ms": round(float(np.percentile(v, 95)), 2)}
            for k, v in times.items() if v}
     hits = sum(len(times[k]) for k in ("exact", "semantic"))
     return {"requests": len(trace), "latency": pct, "hit_rate": round(hits / len(trace), 4),
-            "saved_usd": round(saved, 6)}
+            "saved_usd": round(saved, 6), "lookup": lookup, **({"bounds": held} if held else {})}
 
 
 def fit_router(path: Path, encoder, models: list[str]) -> None:
@@ -203,6 +247,7 @@ def main(argv=None) -> int:
     p.add_argument("--cache-dir", type=Path, help="keep the questions' embeddings here between runs")
     p.add_argument("--http", action="store_true", help="also the trace over HTTP on a local app")
     p.add_argument("--http-only", action="store_true", help="the trace alone (the offline figures kept from --json)")
+    p.add_argument("--bounds", type=int, default=0, help="then this many distinct requests of one key (10000)")
     a = p.parse_args(argv)
     if a.cache_dir:
         a.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -210,7 +255,7 @@ def main(argv=None) -> int:
     if not a.http_only:
         out["offline"] = offline(a.data, a.cache_dir)
     if a.http or a.http_only:
-        out["http"] = over_http(a.data)
+        out["http"] = over_http(a.data, bounds=a.bounds)
     text = json.dumps(out, indent=1)
     print(text)
     if a.json:

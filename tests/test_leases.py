@@ -112,6 +112,36 @@ def test_a_burst_over_two_replicas_spends_no_more_than_its_budget_and_costs_few_
     assert answered == 5 and rep["spent_usd"] == pytest.approx(0.5) and rep["held_usd"] == pytest.approx(0.0)
 
 
+def test_a_first_request_whose_lease_takes_longer_than_the_idle_time_to_grow_is_charged():
+    """The first request of a key waits on the call that grows its new lease (here 1.5 s: a ledger actor starting on a
+    loaded node), while the replica's batches run every 0.2 s. The lease is not given back as idle meanwhile: the
+    request is admitted on it and its charge reaches the ledger (it was lost before: a lease given back while it grew
+    took the request's charge with it)."""
+    from proxray.serve.tenancy.leases import LEASE_IDLE_S
+
+    ledger, (rep,), shard = replicas(1)
+    spec = key(budget={"usd": 10.0, "window_s": 3600})
+    call = shard.call
+
+    async def slow(method, *args, **kw):
+        if method == "lease":
+            await asyncio.sleep(LEASE_IDLE_S * 1.5)
+        return await call(method, *args, **kw)
+
+    shard.call = slow
+
+    async def main():
+        v = await rep.admit(spec, 0.1, "t1")
+        assert v["ok"] and v["reason"] is None
+        rep.settle("k", "t1", 0.07)
+        await asyncio.sleep(3 * FLUSH_S)
+        await rep.close()
+
+    asyncio.run(main())
+    out = ledger.report()["k"]
+    assert out["spent_usd"] == pytest.approx(0.07) and out["held_usd"] == 0.0, out
+
+
 def test_a_steady_key_is_admitted_without_a_ledger_call_per_request():
     ledger, (rep,), shard = replicas(1)
     spec = key(budget={"usd": 100.0, "window_s": 3600})

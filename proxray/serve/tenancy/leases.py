@@ -295,9 +295,9 @@ class LeasedLedger:
     def settle(self, name: str, ticket: str | None, usd: float, tokens: tuple | None = None) -> None:
         """An answer's charge: to its lease, or (a key charged without a hold) to the next batch."""
         lease = self.tickets.pop(ticket, None) if ticket is not None else None
-        if lease is not None:
+        if lease is not None and lease in self.leases:
             lease.settle(ticket, usd, tokens)
-        elif ticket is None:
+        elif ticket is None or lease is not None:  # no hold, or its lease already given back: the next batch
             p = self.pending.setdefault(name, [0.0, 0, 0])
             p[0] += usd
             if tokens:
@@ -329,11 +329,16 @@ class LeasedLedger:
             lease.per_s, lease.count = 0.5 * lease.per_s + 0.5 * lease.count / FLUSH_S, 0
             if lease.unsent is None:
                 retired = self.current.get(lease.name) is not lease
-                back = not lease.inflight and (closing or retired or now - lease.used >= LEASE_IDLE_S)
+                # a lease still growing is not idle: its first request waits on the call that grows it (the ledger's
+                # start, on a first request, can take seconds), and is admitted on it once the call returns
+                back = not lease.inflight and lease.growing is None and \
+                    (closing or retired or now - lease.used >= LEASE_IDLE_S)
                 if not (back or lease.charged or lease.tokens != [0, 0] or now - lease.renewed >= LEASE_TTL_S / 3):
                     continue
-                if back and self.current.get(lease.name) is lease:
-                    del self.current[lease.name]  # nothing is admitted on it while it is given back
+                if back:
+                    lease.gone = True  # nothing is admitted on it while it is given back
+                    if self.current.get(lease.name) is lease:
+                        del self.current[lease.name]
                 lease.seq += 1
                 lease.unsent = (lease.seq, lease.charged, lease.tokens, back)
                 lease.charged, lease.tokens, lease.usd = 0.0, [0, 0], lease.usd - lease.unsent[1]
