@@ -38,6 +38,7 @@ class CacheStore:
         self.entries: OrderedDict = OrderedDict()  # (scope, exact key) -> entry, least recently used first
         self.by_scope: dict = {}  # scope -> {exact key: None}, insertion-ordered (its own LRU follows self.entries)
         self.sizes: dict = {}  # scope -> bytes held
+        self.by_text: dict = {}  # (scope, constraint, text key) -> the exact key of the entry kept last under them
         self.total = 0
         self.stats = {"hits_exact": 0, "hits_semantic": 0, "misses": 0, "stored": 0, "evicted": 0, "expired": 0}
 
@@ -67,21 +68,18 @@ class CacheStore:
 
     def _semantic(self, scope: str, constraint: str, vector, threshold: float | None, text: str | None, now: float):
         """(entry, how it matched, its embedding's similarity) of the semantic lookup, or (None, None, 0)."""
-        candidates = [self.entries[(scope, e)] for e in self.by_scope.get(scope, ())]
-        candidates = [c for c in candidates if c["constraint"] == constraint and c["expires"] > now]
         if vector is not None:
             vector = np.asarray(vector, dtype=np.float32)
             vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
-
-        def sim(c):
-            return float(c["vector"] @ vector) if vector is not None and c["vector"] is not None else 1.0
-
-        same = [c for c in candidates if text is not None and c.get("text") == text]
-        if same:
-            best = max(same, key=sim)
-            return best, "text", sim(best)
-        with_vectors = [c for c in candidates if c["vector"] is not None]
-        if threshold is None or vector is None or not with_vectors:
+        same = self.entries.get((scope, self.by_text.get((scope, constraint, text), "")))
+        if text is not None and same is not None and same["expires"] > now:  # one dictionary lookup
+            sim = float(same["vector"] @ vector) if vector is not None and same["vector"] is not None else 1.0
+            return same, "text", sim
+        if threshold is None or vector is None:
+            return None, None, 0.0
+        with_vectors = [c for c in (self.entries[(scope, e)] for e in self.by_scope.get(scope, ()))
+                        if c["constraint"] == constraint and c["vector"] is not None and c["expires"] > now]
+        if not with_vectors:
             return None, None, 0.0
         sims = np.stack([c["vector"] for c in with_vectors]) @ vector
         best = int(np.argmax(sims))
@@ -106,6 +104,8 @@ class CacheStore:
         self.entries[(scope, exact)] = {**record, "vector": vector, "scope": scope, "exact": exact, "size": size, "hits": 0,
                                         "expires": now + ttl_s}
         self.by_scope.setdefault(scope, {})[exact] = None
+        if record.get("text") is not None and record.get("constraint") is not None:
+            self.by_text[(scope, record["constraint"], record["text"])] = exact
         self.sizes[scope] = self.sizes.get(scope, 0) + size
         self.total += size
         self.stats["stored"] += 1
@@ -129,6 +129,9 @@ class CacheStore:
             return
         own = self.by_scope[scope]
         own.pop(exact, None)
+        texts = (scope, entry.get("constraint"), entry.get("text"))
+        if self.by_text.get(texts) == exact:
+            del self.by_text[texts]
         self.sizes[scope] -= entry["size"]
         self.total -= entry["size"]
         if not own:
