@@ -226,18 +226,13 @@ def over_http(data: Path, n: int = 150, seed: int = 0, bounds: int = 0) -> dict:
 
 
 def fit_router(path: Path, encoder, models: list[str]) -> None:
-    """A kNN router over the synthetic table (the weak model right a third of the time, the strong nine in ten)."""
-    from proxray import KNNRouter, RoutingTable
-    from proxray.data.synthetic import generate_queries
+    """A kNN router over the embedded default table, restricted to ``models``."""
+    from proxray import KNNRouter
+    from proxray.pool.simulated import make_table
 
-    q = generate_queries(8, seed=1)
-    rng = np.random.default_rng(0)
-    acc = np.stack([rng.uniform(size=len(q)) < p for p in (0.3, 0.9)], 1).astype(float)
-    cost = np.tile([1e-6, 3e-5], (len(q), 1))
-    table = RoutingTable.from_matrices(acc, cost, models=models, prompts=list(q.prompt), tasks=list(q.task),
-                                       query_ids=list(q.query_id))
+    table = make_table(8)
     KNNRouter(k=10).fit(encoder.encode(table.prompts), *table.matrices(models=models), models=models,
-                        encoder_id=encoder.id, query_ids=list(q.query_id), tasks=list(q.task)).save(path)
+                        encoder_id=encoder.id).save(path)
 
 
 def main(argv=None) -> int:

@@ -2,13 +2,16 @@
 protocol, whole and streamed, with its usage zeroed and its key charged nothing; a paraphrase answered from the
 semantic cache; a key never given another key's answer unless both are in one cache group; tools, opted-out and
 non-deterministic requests never served from it; a deleted stored response taking its entry with it; the store's
-bounds per scope (in process: 10,000 distinct answers of one scope). Bounded in count and time; waits on state."""
+bounds per scope (in process: 10,000 distinct answers of one scope); many clients at once, and the store killed under
+them. Bounded in count and time; waits on state."""
 import json
+import threading
+import time
 
 import httpx
 import pytest
 
-from serve_helpers import STRONG, WEAK, ledger, start_app, stop_app
+from serve_helpers import STRONG, WEAK, kill_under_load, ledger, start_app, stop_app
 
 PRICES = {WEAK: {"input_per_mtok": 0.1, "output_per_mtok": 0.2}, STRONG: {"input_per_mtok": 3.0, "output_per_mtok": 15.0}}
 KEYS: dict = {}
@@ -27,6 +30,7 @@ def app(tmp_path_factory, encoder):
     KEYS["a2"] = new_key_entry(f, "team-two", cache={"group": "team"})
     KEYS["b"] = new_key_entry(f, "alone")
     KEYS["exact-only"] = new_key_entry(f, "exact-only", cache={"semantic": False})
+    KEYS["load"] = new_key_entry(f, "load", budget={"usd": 1.0})
     # small bounds, so that one key filling its share is seen over HTTP: 40 answers, 20 a scope; the embedding tier on
     cache = {"max_entries": 40, "scope_share": 0.5, "similarity": 0.98}
     url = start_app(tmp, encoder, models, keys_file=str(f), response_cache=cache, timeout_s=30)
@@ -214,6 +218,60 @@ def test_one_key_filling_its_share_drops_its_own_answers_never_another_scopes(ap
     assert report(post(app, path, "a2", kept))["cache"]["kind"] == "exact"  # the group's answer still there
 
 
+QUESTIONS = [f"Under load: what is {i} plus {i}?" for i in range(6)]
+
+
+def _load(app, stop, seen):
+    """One client asking the same few questions until ``stop``: (time, status, cache kind, answer's cost)."""
+    i = 0
+    while not stop.is_set():
+        i += 1
+        body = {"model": "proxray", "temperature": 0, "max_tokens": 8,
+                "messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]}
+        try:
+            r = httpx.post(app + "/v1/chat/completions", json=body, timeout=60,
+                           headers={"Authorization": f"Bearer {KEYS['load']}"})
+        except httpx.HTTPError as e:  # a reset or a hang: as bad as a 500
+            seen.append((time.monotonic(), type(e).__name__, None, 0.0))
+            continue
+        if r.status_code != 200:
+            seen.append((time.monotonic(), r.status_code, None, 0.0))
+            continue
+        a = r.json()
+        rep, price, used = a["proxray"], PRICES[a["model"]], a["usage"]
+        cost = (used["prompt_tokens"] * price["input_per_mtok"] + used["completion_tokens"] * price["output_per_mtok"]) / 1e6
+        seen.append((time.monotonic(), 200, rep["cache"]["kind"], cost))
+
+
+@pytest.mark.slow
+def test_many_clients_at_once_and_the_store_killed_under_them_lose_no_request_and_no_charge(app):
+    """Six clients repeating six questions: every request answered 200 — before, while and after the cache's store is
+    killed (a lookup that finds it gone is a miss, answered by the model) — every hit charged nothing and every miss its
+    usage, the key's ledger the sum of what its answers were charged; the store, started anew by Ray, fills again."""
+    import ray
+
+    stop, seen = threading.Event(), []
+    clients = [threading.Thread(target=_load, args=(app, stop, seen)) for _ in range(6)]
+    for t in clients:
+        t.start()
+    try:  # killed once hits come, until hits come again after the kill
+        killed = kill_under_load("proxray-cache-proxray", seen, lambda s: sum(e[2] == "exact" for e in s) >= 12,
+                                 lambda e: e[2] == "exact", 1.0, window=12)
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(60)
+    assert not [e for e in seen if e[1] != 200], [e for e in seen if e[1] != 200][:5]
+    before, after = [e for e in seen if e[0] < killed], [e for e in seen if e[0] > killed + 0.5]
+    assert sum(e[2] == "exact" for e in before) >= 12 and sum(e[2] == "exact" for e in after) >= 1
+    assert all(e[3] == 0 for e in seen if e[2] == "exact") and all(e[3] > 0 for e in seen if e[2] == "miss")
+    assert ledger("load")["spent_usd"] == pytest.approx(sum(e[3] for e in seen), rel=1e-6)
+    rep = ray.get(ray.get_actor("proxray-cache-proxray", namespace="proxray").report.remote())
+    assert rep["entries"] >= 1
+    print(json.dumps({"requests": len(seen), "hits": sum(e[2] == "exact" for e in seen),
+                      "misses": sum(e[2] == "miss" for e in seen), "after_kill": len(after)}))
+
+
 def test_the_store_holds_its_bounds_under_10000_distinct_answers_of_one_scope():
     """In process: one scope's 10,000 answers keep it at its share; another scope's entries stay; expired ones go."""
     import numpy as np
@@ -262,18 +320,25 @@ def test_what_a_request_is_keyed_on():
     from types import SimpleNamespace
 
     from proxray.serve.config import ResponseCacheSpec
-    from proxray.serve.request.cache import constraint_key, exact_key, replayed, why_not, zero_usage
+    from proxray.serve.request.cache import keys_of, replayed, why_not, zero_usage
 
     body = {"model": "a", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
             "temperature": 0, "user": "u1"}
     same = {"temperature": 0, "messages": body["messages"], "model": "b", "user": "u2"}
-    assert exact_key("chat", False, "m", body) == exact_key("chat", False, "m", same)
-    assert exact_key("chat", False, "m", body) != exact_key("chat", True, "m", body)
-    assert exact_key("chat", False, "m", body) != exact_key("chat", False, "n", body)
+    exact = lambda *a: keys_of(*a)[0]  # noqa: E731
+    constraint = lambda *a: keys_of(*a)[1]  # noqa: E731
+    assert exact("chat", False, "m", body) == exact("chat", False, "m", same)
+    assert exact("chat", False, "m", body) != exact("chat", True, "m", body)
+    assert exact("chat", False, "m", body) != exact("chat", False, "n", body)
     other_ask = {**body, "messages": [body["messages"][0], {"role": "user", "content": "Hello"}]}
     other_system = {**body, "messages": [{"role": "system", "content": "Be long."}, body["messages"][1]]}
-    assert constraint_key("chat", False, "m", body) == constraint_key("chat", False, "m", other_ask)
-    assert constraint_key("chat", False, "m", body) != constraint_key("chat", False, "m", other_system)
+    assert constraint("chat", False, "m", body) == constraint("chat", False, "m", other_ask)
+    assert constraint("chat", False, "m", body) != constraint("chat", False, "m", other_system)
+    assert exact("chat", False, "m", body) != exact("chat", False, "m", other_ask)
+    # the text taken out is keyed where it was: the same words as the system's or the user's are two requests
+    moved = {**body, "messages": [{"role": "system", "content": "Hi"}, {"role": "user", "content": "Be brief."}]}
+    assert exact("chat", False, "m", body) != exact("chat", False, "m", moved)
+    assert exact("responses", False, "m", {"input": "Hi"}) != exact("responses", False, "m", {"input": "Ho"})
     turn = SimpleNamespace(tool_loop=False, grown=False)
     spec = ResponseCacheSpec()
     assert why_not(body, turn, spec, False) is None

@@ -2,11 +2,13 @@
 co-hosted engine answers: OpenAI chat completions and completions), and the headers a protocol asks the relay to send
 an endpoint that serves it itself (``UpstreamHeaders``), the fields a body names its output limit in
 (``LIMIT_FIELDS``), and a body's token bound, measured once (``measure``) and carried to the relay's rate limiter
-(``BOUND``) with the request's deadline (``DEADLINE``), and whether the request reached a model (``REACHED``)."""
+(``BOUND``) with the request's deadline (``DEADLINE``), and whether the request reached a model (``REACHED``); and
+the ids of the objects the gateway makes (``new_id``)."""
 from __future__ import annotations
 
 import contextvars
 import json
+import uuid
 
 from proxray.common.pricing import TokenBound, hosted_tools, writes_cache
 
@@ -27,6 +29,11 @@ DEADLINE: contextvars.ContextVar = contextvars.ContextVar("proxray_deadline", de
 # the request's ``Reached`` where the gateway follows it: marked where the request leaves for a model
 REACHED: contextvars.ContextVar = contextvars.ContextVar("proxray_reached", default=None)
 measured = 0  # bodies measured in this process (``Gateway.counts``)
+
+
+def new_id(prefix: str, sep: str = "_") -> str:
+    """A fresh id of an object the gateway makes (``resp_…``, ``msg_…``, ``fc_…``, ``toolu_…``; ``chatcmpl-…``)."""
+    return f"{prefix}{sep}{uuid.uuid4().hex[:24]}"
 
 
 class Reached:

@@ -6,18 +6,13 @@ models that do not serve it, and the stream helpers (one object as a stream, a s
 No HTTP and no Ray: dicts in, dicts out."""
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 
 from proxray.common.pricing import Usage  # noqa: F401 - the usage record every protocol reads and writes
 from proxray.serve.errors import RequestError, error, is_error
 from proxray.serve.wire import CHAT_PATH as CHAT_UPSTREAM  # the internal request: the chat form every model takes
 from proxray.serve.wire import COUNTS, LIMIT_FIELDS
-
-
-def new_id(prefix: str) -> str:
-    """A fresh id of an object the gateway makes (``resp_…``, ``msg_…``, ``fc_…``, ``toolu_…``)."""
-    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+from proxray.serve.wire import new_id  # noqa: F401 - the ids every protocol makes
 
 
 # ---- usage: the one record (``proxray.common.pricing.Usage``), read and written in each protocol's words there ------

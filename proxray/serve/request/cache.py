@@ -19,7 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import uuid
+
+from proxray.serve.wire import new_id
 
 SKIPPED = ("model", "user", "metadata", "store", "prompt_cache_key", "safety_identifier", "proxray")
 TEXT_FIELDS = ("messages", "input")
@@ -68,26 +69,33 @@ def _digest(protocol: str, stream: bool, model: str, body: dict) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def exact_key(protocol: str, stream: bool, model: str, body: dict) -> str:
-    return _digest(protocol, stream, model, body)
-
-
-def constraint_key(protocol: str, stream: bool, model: str, body: dict) -> str:
-    """The exact key of the request without its last user message's text."""
-    rest = dict(body)
+def _without_ask(body: dict) -> tuple[dict, list]:
+    """The body without its last user message's text, and what was taken out (where, and what), from which the body
+    is made again: two bodies differ in one of the two."""
+    rest, ask = dict(body), []
     for field in TEXT_FIELDS:
         items = rest.get(field)
         if isinstance(items, str):
-            rest[field] = ""
+            rest[field], ask = "", [*ask, [field, items]]
         elif isinstance(items, list):
             last = max((i for i, x in enumerate(items) if isinstance(x, dict) and x.get("role") == "user"), default=None)
-            if last is not None:
+            if last is not None and "content" in items[last]:
                 items = list(items)
+                ask.append([field, last, items[last]["content"]])
                 items[last] = {k: v for k, v in items[last].items() if k != "content"}
                 rest[field] = items
     if isinstance(rest.get("prompt"), str):
-        rest["prompt"] = ""
-    return _digest(protocol, stream, model, rest)
+        rest["prompt"], ask = "", [*ask, ["prompt", body["prompt"]]]
+    return rest, ask
+
+
+def keys_of(protocol: str, stream: bool, model: str, body: dict) -> tuple[str, str]:
+    """(exact key, constraint) in one pass over the body: the constraint is the digest of the request without its last
+    user message's text, the exact key that digest's with the text taken out."""
+    rest, ask = _without_ask(body)
+    constraint = _digest(protocol, stream, model, rest)
+    raw = json.dumps(ask, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(f"{constraint}:{raw}".encode()).hexdigest(), constraint
 
 
 _SPACES = re.compile(r"[ \t\f\v]+")
@@ -139,8 +147,8 @@ def replayed(objects: str, ids: list[str]) -> list:
     """A kept answer's objects with fresh ids (the same prefix: ``chatcmpl-``, ``msg_``, ``resp_``)."""
     for old in ids:
         cut = max(old.find("-"), old.find("_"))
-        prefix = old[:cut + 1] if cut >= 0 else ""
-        objects = objects.replace(json.dumps(old), json.dumps(prefix + uuid.uuid4().hex))
+        fresh = new_id(old[:cut], old[cut]) if cut >= 0 else new_id("", "")
+        objects = objects.replace(json.dumps(old), json.dumps(fresh))
     return json.loads(objects)
 
 

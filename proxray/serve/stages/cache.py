@@ -5,8 +5,9 @@ the same; or, where ``similarity`` is set, the routed request whose routing embe
 ``Keep`` stores a miss's answer once it ended whole. A hit is the
 answering model's kept answer, replayed through the same protocol turn as a model's own (whole or streamed), with its
 usage zeroed: its key is charged nothing, and its report says ``cache``."""
-from proxray.serve.request.cache import (Recorder, Replay, constraint_key, exact_key, ids_of, kinds_for, replayed,
-                                         scope_of, text_key, why_not, zero_usage)
+from proxray.common.pricing import answer_cost
+from proxray.serve.request.cache import (Recorder, Replay, ids_of, keys_of, kinds_for, replayed, scope_of, text_key,
+                                         why_not, zero_usage)
 from proxray.serve.request.fallback import answered_by
 from proxray.serve.stages.base import Stage
 from proxray.serve.tenancy.response_cache import objects_json
@@ -25,11 +26,11 @@ class Lookup(Stage):
             f.plan.report["cache"] = {"kind": "off", "why": why}
             return
         model, proto, stream = f.plan.candidates[0], f.protocol.name, bool(f.req.stream)
-        f.cache = {"scope": scope_of(f.key), "exact": exact_key(proto, stream, model, f.turn.body),
-                   "constraint": constraint_key(proto, stream, model, f.turn.body) if semantic_on else None,
-                   "vector": getattr(f.plan, "vector", None) if semantic_on and spec.similarity else None,
+        exact, constraint = keys_of(proto, stream, model, f.turn.body)
+        f.cache = {"scope": scope_of(f.key), "exact": exact, "constraint": constraint if semantic_on else None,
+                   "vector": f.plan.vector if semantic_on and spec.similarity else None,
                    "text": text_key(f.text) if semantic_on else None}
-        hit = await gw.cache.get(f.cache["scope"], f.cache["exact"] if exact_on else "-", f.cache["constraint"],
+        hit = await gw.cache.get(f.cache["scope"], exact if exact_on else None, f.cache["constraint"],
                                  f.cache["vector"], spec.similarity, f.cache["text"])
         if hit is None:
             f.plan.report["cache"] = {"kind": "miss"}
@@ -56,8 +57,6 @@ class Keep(Stage):
         price = gw.gate.prices.get(f.model)
 
         def keep(usage):
-            from proxray.common.pricing import answer_cost
-
             if usage is None or (stream and not recorder.complete):  # ended early, or without its usage
                 return
             objects = head + (recorder.seen if stream else [])

@@ -16,26 +16,27 @@ class StoredResponses:
     def __init__(self, store, gate, metrics, cache=None):
         self.store, self.gate, self.metrics, self.cache = store, gate, metrics, cache
 
-    async def _route(self, request, act, whole_key: bool = False):
+    async def _route(self, request, act):
+        """``act`` on the caller's key (its ``KeySpec``; None for the app's single key)."""
         try:
             key = self.gate.identify(request)
             await self.gate.admit(key, 0.0, None, budget=False)
-            return await act(key if whole_key else key and key.owner)
+            return await act(key)
         except RequestError as e:
             self.metrics.error(e.status)
             return error_response(e)
 
     async def get(self, response_id: str, request: Request):
         """``GET /v1/responses/{id}``: a stored response of this key."""
-        return await self._route(request, lambda key: self.retrieve(response_id, key, request.query_params))
+        return await self._route(request, lambda key: self.retrieve(response_id, key and key.owner, request.query_params))
 
     async def items(self, response_id: str, request: Request):
         """``GET /v1/responses/{id}/input_items``: a page of a stored response's own input items."""
-        return await self._route(request, lambda key: self.input_items(response_id, key, request.query_params))
+        return await self._route(request, lambda key: self.input_items(response_id, key and key.owner, request.query_params))
 
     async def remove(self, response_id: str, request: Request):
         """``DELETE /v1/responses/{id}``."""
-        return await self._route(request, lambda key: self.delete(response_id, key), whole_key=True)
+        return await self._route(request, lambda key: self.delete(response_id, key))
 
     async def retrieve(self, rid: str, key: str | None, query) -> dict:
         if query.get("stream", "false").lower() in ("1", "true"):
