@@ -19,10 +19,11 @@ def _journey(folder):
     return [[sys.executable, Path(__file__).with_name("journey.py")]], background.isolated_env("journey", env), folder
 
 
-# a process of its own, with a Ray of its own: it runs in the background from the first module of the unit tests on,
-# whose single process leaves the second core idle (tests/background.py)
+# a process of its own, with a Ray of its own: it runs in the background beside the Serve apps' modules that start a
+# Ray of their own and bound no latency (~140 s, about one core busy), not beside the unit tests, whose torch and ONNX
+# threads keep both cores busy (tests/background.py)
 background.declare("journey", ["tests/test_journey.py::test_the_cluster_journey_end_to_end"], _journey, seconds=70,
-                   start_with="tests/test_commands.py")
+                   start_with="tests/test_gateway.py")
 
 
 def test_the_cluster_journey_end_to_end():

@@ -27,7 +27,7 @@ DEMOS = {"drift-judge-killed": dict(n_inliers=60, timeout_s=240, kill_mid_evalua
          "drift-feedback": dict(n_inliers=20, timeout_s=300, labels="feedback"),
          "drift-inverted-feedback": dict(n_inliers=20, timeout_s=300, labels="feedback", poison="inverted-feedback")}
 BESIDE = {"drift-judge-killed": "tests/test_codex.py", "drift-feedback": "tests/test_endpoint_serve.py",
-          "drift-inverted-feedback": "tests/test_docs.py"}
+          "drift-inverted-feedback": "tests/test_response_cache.py"}
 RUN = ("import json, sys; sys.path.insert(0, sys.argv[3]); import ray_ports; ray_ports.take_ray_ports_from_the_system(); "
        "from proxray.demos.drift import run; json.dump(run(**json.loads(sys.argv[1])), open(sys.argv[2], 'w'))")
 
