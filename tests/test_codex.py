@@ -36,10 +36,12 @@ MINIMAL = ["-c", 'web_search="disabled"', "--disable", "multi_agent", "--disable
            "--disable", "apps", "--disable", "image_generation"]
 
 
-# the installs wait on npm and the package index: all three start in the background with the module's first test, so
-# the pip installs run while the Codex tests do
+# the installs wait on npm and the package index: the Codex CLI's from the suite's first modules on (~30 s, over before
+# the quiet two-node module that follows them, which waits for it), so that the module's first test finds it done; the
+# two pip installs with the module's first test, so that they run while the Codex tests do
 background.declare("codex", ["tests/test_codex.py::test_codex"], lambda folder: (
-    [["npm", "install", "--prefix", folder, "--no-audit", "--no-fund", CODEX]], None, folder), seconds=0)
+    [["npm", "install", "--prefix", folder, "--no-audit", "--no-fund", CODEX]], None, folder), seconds=30,
+    start_with="tests/test_baselines.py")
 background.declare("agents-sdk", ["tests/test_codex.py::test_the_agents_sdk"], lambda folder: (
     [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", folder, *AGENTS_SDK]], None, folder),
     seconds=0)
