@@ -218,6 +218,40 @@ def test_one_key_filling_its_share_drops_its_own_answers_never_another_scopes(ap
     assert report(post(app, path, "a2", kept))["cache"]["kind"] == "exact"  # the group's answer still there
 
 
+@pytest.mark.slow
+def test_the_openai_and_anthropic_sdks_read_a_hit_as_a_models_answer(app):
+    """A hit, whole and streamed, parsed by the clients users point at the gateway: the same text as the miss, usage 0,
+    the report's ``cache`` among the extra fields; on chat completions, the Responses API and the Messages API."""
+    from anthropic import Anthropic
+    from openai import OpenAI
+
+    oa = OpenAI(base_url=f"{app}/v1", api_key=KEYS["b"], max_retries=0, timeout=60)
+    ask = {"model": "proxray", "temperature": 0, "max_tokens": 16,
+           "messages": [{"role": "user", "content": "Which ocean is the largest? (SDK)"}]}
+    miss, hit = oa.chat.completions.create(**ask), oa.chat.completions.create(**ask)
+    assert miss.model_extra["proxray"]["cache"]["kind"] == "miss" and hit.model_extra["proxray"]["cache"]["kind"] == "exact"
+    assert hit.choices[0].message.content == miss.choices[0].message.content and hit.usage.total_tokens == 0
+    assert hit.id != miss.id
+    list(oa.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))  # a stream's own miss
+    chunks = list(oa.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == miss.choices[0].message.content
+    assert chunks[-1].usage.total_tokens == 0
+    body = {"model": "proxray", "temperature": 0, "max_output_tokens": 16, "input": "Which desert is the largest? (SDK)"}
+    first, again = oa.responses.create(**body), oa.responses.create(**body)
+    assert again.model_extra["proxray"]["cache"]["kind"] == "exact" and again.output_text == first.output_text
+    assert again.usage.output_tokens == 0 and again.id != first.id
+    claude = Anthropic(base_url=app, api_key=KEYS["b"], max_retries=0, timeout=60)
+    said = {"model": "proxray", "max_tokens": 16, "extra_body": {"temperature": 0},
+            "messages": [{"role": "user", "content": "Which river is the longest? (SDK)"}]}
+    m1, m2 = claude.messages.create(**said), claude.messages.create(**said)
+    assert m2.model_extra["proxray"]["cache"]["kind"] == "exact" and m2.content[0].text == m1.content[0].text
+    assert m2.usage.output_tokens == 0 and m2.id != m1.id
+    for _ in range(2):  # a stream's own miss, then its hit
+        with claude.messages.stream(**said) as stream:
+            streamed = stream.get_final_message()
+    assert streamed.content[0].text == m1.content[0].text and streamed.usage.output_tokens == 0
+
+
 QUESTIONS = [f"Under load: what is {i} plus {i}?" for i in range(6)]
 
 
