@@ -111,7 +111,8 @@ def test_a_replica_whose_constructor_runs_is_coming_and_one_with_no_room_is_not(
             return "loaded"
 
     # never placed: Serve's default would wait 20 s for it to finish before giving it up when the app is deleted
-    @serve.deployment(ray_actor_options={"num_cpus": 0, "resources": {"no_such_node": 1}}, graceful_shutdown_timeout_s=1)
+    @serve.deployment(ray_actor_options={"num_cpus": 0, "resources": {"no_such_node": 1}},
+                      graceful_shutdown_timeout_s=1)
     class Roomless:
         def __call__(self, request):
             return "never"

@@ -229,14 +229,16 @@ def test_the_openai_and_anthropic_sdks_read_a_hit_as_a_models_answer(app):
     ask = {"model": "proxray", "temperature": 0, "max_tokens": 16,
            "messages": [{"role": "user", "content": "Which ocean is the largest? (SDK)"}]}
     miss, hit = oa.chat.completions.create(**ask), oa.chat.completions.create(**ask)
-    assert miss.model_extra["proxray"]["cache"]["kind"] == "miss" and hit.model_extra["proxray"]["cache"]["kind"] == "exact"
+    assert miss.model_extra["proxray"]["cache"]["kind"] == "miss"
+    assert hit.model_extra["proxray"]["cache"]["kind"] == "exact"
     assert hit.choices[0].message.content == miss.choices[0].message.content and hit.usage.total_tokens == 0
     assert hit.id != miss.id
     list(oa.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))  # a stream's own miss
     chunks = list(oa.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == miss.choices[0].message.content
     assert chunks[-1].usage.total_tokens == 0
-    body = {"model": "proxray", "temperature": 0, "max_output_tokens": 16, "input": "Which desert is the largest? (SDK)"}
+    body = {"model": "proxray", "temperature": 0, "max_output_tokens": 16,
+            "input": "Which desert is the largest? (SDK)"}
     first, again = oa.responses.create(**body), oa.responses.create(**body)
     assert again.model_extra["proxray"]["cache"]["kind"] == "exact" and again.output_text == first.output_text
     assert again.usage.output_tokens == 0 and again.id != first.id
@@ -273,7 +275,8 @@ def _load(app, stop, seen):
             continue
         a = r.json()
         rep, price, used = a["proxray"], PRICES[a["model"]], a["usage"]
-        cost = (used["prompt_tokens"] * price["input_per_mtok"] + used["completion_tokens"] * price["output_per_mtok"]) / 1e6
+        cost = (used["prompt_tokens"] * price["input_per_mtok"]
+                + used["completion_tokens"] * price["output_per_mtok"]) / 1e6
         seen.append((time.monotonic(), 200, rep["cache"]["kind"], cost))
 
 

@@ -32,7 +32,8 @@ measured = 0  # bodies measured in this process (``Gateway.counts``)
 
 
 def new_id(prefix: str, sep: str = "_") -> str:
-    """A fresh id of an object the gateway makes (``resp_…``, ``msg_…``, ``fc_…``, ``toolu_…``; ``chatcmpl-…``)."""
+    """A fresh id of an object the gateway makes (``resp_…``, ``msg_…``, ``fc_…``, ``toolu_…``; ``chatcmpl-…``
+    with ``sep="-"``)."""
     return f"{prefix}{sep}{uuid.uuid4().hex[:24]}"
 
 

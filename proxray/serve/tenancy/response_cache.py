@@ -45,13 +45,14 @@ class CacheStore:
     # ---- lookups ------------------------------------------------------------------------------------------------
     def get(self, scope: str, exact: str | None, constraint: str | None = None, vector=None,
             threshold: float | None = None, text: str | None = None, now: float | None = None) -> dict | None:
-        """The entry of ``scope`` under ``exact`` (None: no exact lookup); else one of the same ``constraint`` whose ``text`` (its routing
-        text's ``text_key``) is the same; else, where ``threshold`` is set, the one whose embedding is nearest
+        """The entry of ``scope`` under ``exact`` (None: no exact lookup); else one of the same ``constraint`` whose
+        ``text`` (its routing text's ``text_key``) is the same; else, where ``threshold`` is set, the one whose embedding is nearest
         ``vector`` with cosine similarity ``threshold`` at least; None on a miss. ``{"kind": "exact" | "semantic",
         "match": "text" | "embedding", "similarity", "model", "objects", "head", "ids", "cost_usd"}``."""
         now = time.time() if now is None else now
         self._expire(now)
-        entry, kind, match, similarity = self._live(self.entries.get((scope, exact)) if exact else None, now), "exact", None, 1.0
+        entry = self._live(self.entries.get((scope, exact)) if exact else None, now)
+        kind, match, similarity = "exact", None, 1.0
         if entry is None and constraint is not None:
             entry, match, similarity = self._semantic(scope, constraint, vector, threshold, text, now)
             kind = "semantic"

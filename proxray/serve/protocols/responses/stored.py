@@ -28,28 +28,29 @@ class StoredResponses:
 
     async def get(self, response_id: str, request: Request):
         """``GET /v1/responses/{id}``: a stored response of this key."""
-        return await self._route(request, lambda key: self.retrieve(response_id, key and key.owner, request.query_params))
+        return await self._route(request, lambda key: self.retrieve(response_id, key, request.query_params))
 
     async def items(self, response_id: str, request: Request):
         """``GET /v1/responses/{id}/input_items``: a page of a stored response's own input items."""
-        return await self._route(request, lambda key: self.input_items(response_id, key and key.owner, request.query_params))
+        return await self._route(request, lambda key: self.input_items(response_id, key, request.query_params))
 
     async def remove(self, response_id: str, request: Request):
         """``DELETE /v1/responses/{id}``."""
         return await self._route(request, lambda key: self.delete(response_id, key))
 
-    async def retrieve(self, rid: str, key: str | None, query) -> dict:
+    async def retrieve(self, rid: str, key, query) -> dict:
+        """The stored response of ``key`` (its ``KeySpec``, None for the app's single key)."""
         if query.get("stream", "false").lower() in ("1", "true"):
             raise RequestError(400, "stream: a stored response is returned whole, not replayed as a stream", "stream")
-        return (await self.store.get(rid, key))["response"]
+        return (await self.store.get(rid, key and key.owner))["response"]
 
-    async def input_items(self, rid: str, key: str | None, query) -> dict:
+    async def input_items(self, rid: str, key, query) -> dict:
         try:
             limit = int(query.get("limit", "20"))
         except ValueError:
             raise RequestError(400, f"limit: an integer between 1 and 100 (got {query.get('limit')[:20]!r})",
                                "limit") from None
-        return input_items_page(await self.store.get(rid, key), rid, limit, query.get("order", "desc"),
+        return input_items_page(await self.store.get(rid, key and key.owner), rid, limit, query.get("order", "desc"),
                                 query.get("after"))
 
     async def delete(self, rid: str, key) -> dict:
