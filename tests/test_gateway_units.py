@@ -234,6 +234,22 @@ def test_a_relay_past_its_cap_answers_429_at_once(monkeypatch):
     assert relay.limited.n == 1
 
 
+def test_an_endpoints_unsupported_parameter_is_a_refusal_a_routed_request_passes_over(monkeypatch):
+    """OpenAI's ``code: unsupported_parameter`` on a 400 marks the relay's error as a model's refusal of that parameter
+    (``ModelError.unsupported``); another 400, or one naming no parameter, stays the request's own."""
+    from proxray.serve.deployments.client import ModelError
+    from proxray.serve.deployments.endpoint_server import EndpointRelay
+
+    quiet_metrics(monkeypatch)
+    relay = EndpointRelay({"id": "frontier", "engine": "openai", "base_url": "http://127.0.0.1:9/v1"})
+    said = {"error": {"message": "Unsupported parameter: 'temperature'", "type": "invalid_request_error",
+                      "param": "temperature", "code": "unsupported_parameter"}}
+    assert ModelError(relay._error(400, json.dumps(said))).unsupported == "temperature"
+    assert ModelError(relay._error(400, json.dumps({"error": {**said["error"], "code": None}}))).unsupported is None
+    assert ModelError(relay._error(400, json.dumps({"error": {**said["error"], "param": None}}))).unsupported is None
+    assert ModelError(relay._error(422, json.dumps(said))).unsupported is None
+
+
 def test_the_conversation_book_is_bounded_and_forgets_idle_conversations():
     from proxray.serve.tenancy.conversations import ConversationBook
 

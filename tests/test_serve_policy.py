@@ -186,6 +186,30 @@ def test_a_models_4xx_goes_back_to_the_client_and_every_failure_is_a_503():
     assert e.value.status == 503 and "every candidate model failed" in e.value.message
 
 
+def test_a_routed_request_passes_over_a_model_that_refuses_one_of_its_parameters():
+    """A model whose capabilities were not known in time refuses a parameter (its error says ``unsupported``):
+    a routed request asks the next model; when every one refuses, the 400 names the parameters and the models. A
+    named model's refusal goes back to the client as it is."""
+    refuses = {"error": {"message": "model 'a' cannot honour: logprobs", "type": "invalid_request_error",
+                         "param": "logprobs", "code": 400, "unsupported": True}}
+
+    def routed_run(script, candidates):
+        p = Plan(list(candidates), {"routed": True, "estimates": {m: {"accuracy": 0.5, "cost": 0.1} for m in script}})
+        got = asyncio.run(first_answer(Scripted(script), p, {"model": "proxray"}, CHAT.upstream, False,
+                                       time.monotonic() + 5.0, 5.0, lambda m, why: None, has_content))
+        return got, p
+
+    (model, _, _), p = routed_run({"a": [refuses], "b": [answer("b")]}, ["a", "b"])
+    assert model == "b" and p.report["excluded"] == {"a": ["logprobs"]} and p.report["fallback_from"] == []
+    with pytest.raises(RequestError) as e:
+        routed_run({"a": [refuses], "b": [refuses]}, ["a", "b"])
+    assert (e.value.status, e.value.param) == (400, "logprobs") and "no routable model honours: logprobs (refused " \
+        "by a, b)" in str(e.value)
+    with pytest.raises(RequestError) as e:
+        run(Scripted({"a": [refuses], "b": [answer("b")]}), ["a", "b"])  # not routed: the model's own 400
+    assert (e.value.status, e.value.param) == (400, "logprobs") and "model 'a' cannot honour" in str(e.value)
+
+
 def test_time_runs_out_as_a_504_and_a_stream_commits_at_its_first_content():
     with pytest.raises(RequestError) as e:
         run(Scripted({"a": ("sleep", 5.0)}), ["a"], timeout_s=0.2)

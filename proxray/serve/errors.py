@@ -4,9 +4,16 @@ fails mid-way), and ``RequestError``, the exception that carries one to the HTTP
 from __future__ import annotations
 
 
-def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
-    """An OpenAI error object; ``code`` is the HTTP status."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+# OpenAI's ``code`` for a parameter a model cannot take, as an upstream says it
+UNSUPPORTED = "unsupported_parameter"
+
+
+def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+          unsupported: bool = False) -> dict:
+    """An OpenAI error object; ``code`` is the HTTP status. ``unsupported``: a model's refusal of ``param``, a
+    parameter of the request it cannot take (a routed request asks the next model instead)."""
+    err = {"message": message, "type": kind, "param": param, "code": status}
+    return {"error": {**err, "unsupported": True} if unsupported else err}
 
 
 def is_error(obj: dict) -> bool:

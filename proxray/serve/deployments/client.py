@@ -31,6 +31,8 @@ class ModelError(Exception):
         self.obj = error(self.status, scrub(err.get("message", ""), 2000, local=True), err.get("param"),
                          err.get("type") or "server_error")
         self.falls_back = falls_back(self.status)
+        # the parameter of the request the model says it cannot take (a routed request asks the next model)
+        self.unsupported = err.get("param") if err.get("unsupported") and self.status == 400 else None
         super().__init__(f"{self.status} {err.get('type')}: {scrub(err.get('message', ''), 200, local=True)}")
 
 

@@ -164,7 +164,7 @@ class ModelServer(OpenAIModel):
         refused = refused_parameters(body, self._honoured(endpoint))
         if refused:
             yield error(400, f"model {self.spec.id!r} ({self.spec.engine} engine) cannot honour: "
-                             f"{', '.join(refused)}", refused[0])
+                             f"{', '.join(refused)}", refused[0], unsupported=True)
             return
         tools = endpoint == CHAT_PATH and self.spec.engine == "sim"  # earlier tool calls and results read as text
         messages, problem = None, None

@@ -46,7 +46,7 @@ class VLLMModelServer(OpenAIModel, LLMServer):
         unknown = refused_parameters(body, cls.model_fields)
         if unknown:
             yield error(400, f"model {body.get('model')!r} (vllm) does not know the parameter(s): {', '.join(unknown)}",
-                        unknown[0])
+                        unknown[0], unsupported=True)
             return
         try:
             request = cls.model_validate(body)

@@ -12,7 +12,7 @@ import time
 from proxray.serve.deployments.client import ModelError, failure_reason
 from proxray.serve.deployments.liveness import REPROBE_S, ModelUnavailable, ReplicaLost
 from proxray.serve.errors import RequestError, is_error
-from proxray.serve.request.plan import Plan
+from proxray.serve.request.plan import Plan, none_honours
 
 
 async def first_answer(client, p: Plan, body: dict, upstream: str, stream: bool, deadline: float, timeout_s: float,
@@ -84,6 +84,10 @@ async def _one_pass(client, p: Plan, body, upstream, stream, deadline, on_failur
             pass  # a stream that ended before any content: complete as it is
         except ModelError as e:
             gen.cancel()
+            if e.unsupported and p.report.get("routed"):  # its capabilities did not say so in time: the next is asked
+                p.report.setdefault("excluded", {}).setdefault(model, []).append(e.unsupported)
+                seen.lost = False
+                continue
             if not e.falls_back:
                 raise _as_request_error(e) from None
             seen.last, seen.lost = e, False
@@ -135,6 +139,9 @@ def _refusal(p: Plan, seen: _Pass, deadline: float, timeout_s: float) -> Request
     """The error of a request no candidate answered."""
     last, unavailable = seen.last, seen.unavailable
     failures = p.report.get("failures", [])
+    excluded = p.report.get("excluded", {})
+    if not failures and all(m in excluded for m in p.candidates):  # each refused a parameter of the request
+        return none_honours(excluded)
     if failures and all(f["error"] == "timeout" for f in failures) or time.monotonic() >= deadline:
         return RequestError(504, f"no answer within timeout_s={timeout_s} s (tried "
                            f"{', '.join(f['model'] for f in failures)})", kind="timeout")

@@ -49,6 +49,13 @@ def candidate_order(acc_hat, cost_hat, lam: float, allowed) -> list:
     return order
 
 
+def none_honours(excluded: dict) -> RequestError:
+    """The 400 of a routed request every allowed model of which refuses a parameter (``{model: [parameters]}``)."""
+    names = sorted({p for r in excluded.values() for p in r})
+    return RequestError(400, f"no routable model honours: {', '.join(names)} (refused by "
+                        f"{', '.join(sorted(excluded))})", names[0])
+
+
 def routed(models, served, acc_hat, cost_hat, outlier: float, lam: float, opts, router_path: str,
            refusals: dict | None = None) -> Plan:
     """The plan for ``model: proxray`` from one query's estimates (``acc_hat``, ``cost_hat``: (M,)).
@@ -65,9 +72,7 @@ def routed(models, served, acc_hat, cost_hat, outlier: float, lam: float, opts, 
     if excluded:
         capable = allowed & np.array([m not in excluded for m in models])
         if not capable.any():
-            names = sorted({p for r in excluded.values() for p in r})
-            raise RequestError(400, f"no routable model honours: {', '.join(names)} (refused by "
-                               f"{', '.join(sorted(excluded))})", names[0])
+            raise none_honours(excluded)
         allowed = capable
     if opts.max_cost is not None:
         fits = cost_hat <= opts.max_cost
