@@ -117,6 +117,39 @@ def release():
     if _SHARED.pop("key", None) is not None and ray.is_initialized():
         serve.shutdown()
         ray.shutdown()
+        _no_ingress_left()
+
+
+def _no_ingress_left(timeout_s=20.0):
+    """Wait until no process listens on this process's block of ingress replica ports (the Ray just stopped had its
+    replicas there): the next Ray's Serve hands the same ports out again, and a replica of the old app still bound to one
+    (Serve binds them with SO_REUSEPORT) would share the new app's connections. One still listening after
+    ``timeout_s`` is named on stderr and killed."""
+    import os
+    import signal
+    import sys
+    import time
+
+    import psutil
+
+    low = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "30000"))
+    high = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", "31000"))
+
+    def listeners():
+        return {c.pid for c in psutil.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.pid and low <= c.laddr.port <= high}
+
+    deadline = time.monotonic() + timeout_s
+    while (left := listeners()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        try:
+            proc = psutil.Process(pid)
+            print(f"serve_helpers: pid {pid} ({' '.join(proc.cmdline())[:200]}) still listens on an ingress port of "
+                  f"a stopped Ray after {timeout_s:.0f} s: killed", file=sys.stderr)
+            os.kill(pid, signal.SIGKILL)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
 
 
 def seen(model, app_name="proxray", asks=1):

@@ -243,8 +243,12 @@ def test_guidellm_loads_the_routed_model(guidellm, app, tmp_path, request_format
                            "--output", f"kind=json,path={tmp_path / 'out.json'}"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    metrics = json.loads((tmp_path / "out.json").read_text())["benchmarks"][0]["metrics"]
-    assert metrics["request_totals"] == {"successful": 20, "errored": 0, "incomplete": 0, "total": 20}
+    bench = json.loads((tmp_path / "out.json").read_text())["benchmarks"][0]
+    # every request guidellm made, by how it ended (its metrics' request_totals count only those inside its
+    # measurement window, which on a busy machine can leave out the first or the last)
+    made = bench["requests"]
+    assert (len(made["successful"]), len(made["errored"]), len(made["incomplete"])) == (20, 0, 0), \
+        bench["metrics"]["request_totals"]
     assert len(standin.requests) - before >= 20  # each answered by a pool model
-    tokens = metrics["output_token_count"]["successful"]
-    assert tokens["count"] == 20 and tokens["min"] >= 1, tokens
+    tokens = [r["output_tokens"] for r in made["successful"]]
+    assert all(t is not None and t >= 1 for t in tokens), tokens
