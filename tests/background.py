@@ -157,13 +157,14 @@ def plan(items, seconds: dict):
 # The modules whose tests bound a latency or a failover (a replica, a node or the head killed under load, the limiter's
 # windows, the reliability soak's answers within the app's 3-s timeout, a two-node cluster's start, a model scaled up
 # under routed load, a router rolled back under it) or keep both cores busy with torch's or vLLM's threads (which a
-# process beside them slows several times over: the static encoder's module took 152 s, alone 24): none starts while
-# a background work still runs (``module_starts`` waits for it to end), and none starts one (a work planned there
-# starts with the module after).
+# process beside them slows several times over: the static encoder's module took 152 s, alone 24), or start a Ray
+# again and again (``proxray serve`` stopped and started: each raylet must register within Ray's fixed 30 s, which a
+# start beside the GPU rehearsal once missed): none starts while a background work still runs
+# (``module_starts`` waits for it to end), and none starts one (a work planned there starts with the module after).
 QUIET = {"tests/test_cluster_serve.py", "tests/test_replica_restarts.py", "tests/test_serve.py", "tests/test_gate.py",
          "tests/test_reliability.py", "tests/test_tenancy.py", "tests/test_static_encoder.py",
          "tests/test_vllm_serve.py", "tests/test_head_loss.py", "tests/test_node_loss.py", "tests/test_vllm_endpoint.py",
-         "tests/test_vllm_job.py"}
+         "tests/test_vllm_job.py", "tests/test_serve_stop.py"}
 
 
 def _running() -> list:
