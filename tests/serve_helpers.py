@@ -130,29 +130,26 @@ def _no_ingress_left(timeout_s=20.0):
     import sys
     import time
 
-    import psutil
+    from journey import listeners
+    from proxray.serve.front import INGRESS_RANGES, listening_ports
 
-    low = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "30000"))
-    high = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", "31000"))
+    low = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", INGRESS_RANGES["HTTP"][0]))
+    high = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", INGRESS_RANGES["HTTP"][1]))
 
-    def listeners():
-        try:
-            return {c.pid for c in psutil.net_connections(kind="tcp")
-                    if c.status == psutil.CONN_LISTEN and c.pid and low <= c.laddr.port <= high}
-        except psutil.AccessDenied:  # a system that shows no other process's sockets: nothing to wait for
-            return set()
+    def held():  # where the kernel's tables cannot be read (not Linux): nothing to wait for
+        return sorted(port for port in listening_ports() or () if low <= port <= high)
 
     deadline = time.monotonic() + timeout_s
-    while (left := listeners()) and time.monotonic() < deadline:
+    while (left := held()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in left:
-        try:
-            proc = psutil.Process(pid)
-            print(f"serve_helpers: pid {pid} ({' '.join(proc.cmdline())[:200]}) still listens on an ingress port of "
-                  f"a stopped Ray after {timeout_s:.0f} s: killed", file=sys.stderr)
-            os.kill(pid, signal.SIGKILL)
-        except (psutil.NoSuchProcess, ProcessLookupError):
-            pass
+    for port in left:
+        for proc in listeners(port):
+            print(f"serve_helpers: {proc} still listens on ingress port {port} of a stopped Ray after {timeout_s:.0f} s:"
+                  " killed", file=sys.stderr)
+            try:
+                os.kill(proc["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def seen(model, app_name="proxray", asks=1):

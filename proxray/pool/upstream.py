@@ -116,6 +116,12 @@ def error_object(body) -> dict:
     return err if isinstance(err, dict) else {}
 
 
+def refused_parameter(status: int, err: dict) -> str | None:
+    """For a 400 whose error object says in its structured fields that the model cannot take one parameter of the
+    request (OpenAI's ``code: unsupported_parameter``): that parameter; else None."""
+    return (err.get("param") or None) if status == 400 and err.get("code") == "unsupported_parameter" else None
+
+
 def error_status(err: dict, default: int = 500) -> int:
     """The HTTP status an error object carries in its ``code`` (the gateway's), else ``default``."""
     code = err.get("code")

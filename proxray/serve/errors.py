@@ -4,10 +4,6 @@ fails mid-way), and ``RequestError``, the exception that carries one to the HTTP
 from __future__ import annotations
 
 
-# OpenAI's ``code`` for a parameter a model cannot take, as an upstream says it
-UNSUPPORTED = "unsupported_parameter"
-
-
 def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
           unsupported: bool = False) -> dict:
     """An OpenAI error object; ``code`` is the HTTP status. ``unsupported``: a model's refusal of ``param``, a

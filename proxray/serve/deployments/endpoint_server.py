@@ -43,10 +43,11 @@ from proxray.common.pricing import Usage
 from proxray.common.secrets import scrub
 from proxray.common.shared_actor import SharedActorClient, SharedStateDown
 from proxray.common.tracing import TRACE_HEADERS
-from proxray.pool.upstream import ASK_LISTING, RETRY, TAKE_OUT, error_object, lists_model, probe_headers, verdict
+from proxray.pool.upstream import (ASK_LISTING, RETRY, TAKE_OUT, error_object, lists_model, probe_headers,
+                                   refused_parameter, verdict)
 from proxray.serve.config import ServedModel
 from proxray.serve.deployments.models import OpenAIModel
-from proxray.serve.errors import UNSUPPORTED, error, is_error
+from proxray.serve.errors import error, is_error
 from proxray.serve.wire import BOUND, COUNT_PATH, DEADLINE, UpstreamHeaders, measure, reached_on_send
 
 COOLDOWN_S = 60.0  # a model whose endpoint refuses the gateway's key, or does not know it, is left out this long
@@ -277,7 +278,7 @@ class EndpointRelay(OpenAIModel):
         err = error_object(text) if upstream is None else upstream
         message, param, kind = err.get("message") or text, err.get("param"), err.get("type") or "upstream_error"
         return error(status, f"model {self.spec.id!r}: its endpoint answered {status}: {self._scrub(str(message))}",
-                     param, kind, unsupported=status == 400 and bool(param) and err.get("code") == UNSUPPORTED)
+                     param, kind, unsupported=refused_parameter(status, err) is not None)
 
 
 def usage_in(obj: dict, seen: Usage | None) -> Usage | None:
