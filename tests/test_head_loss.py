@@ -119,6 +119,9 @@ def test_the_head_lost_under_keyed_load_and_restarted_on_its_redis(redis, tmp_pa
                   for m in (WEAK, STRONG)]
         args = {"router": str(tmp_path / "router"), "models": models, "keys_file": str(tmp_path / "keys.yaml"),
                 "timeout_s": 20, "router_replicas": 2, "router_max_replicas_per_node": 1, "router_num_cpus": 1,
+                # three Ray nodes and the head's restart on two cores pause a replica's beats past the 1-s default
+                # (a named request then 503s): serve_helpers' bound for tests that bound no failover
+                "failover_s": 5.0,
                 "router_resources": {"proxray_ingress": 0.01}, "monitor": "proxray-monitor"}
         monitor = yaml.safe_load((ROOT / "monitor_configs" / "cpu_demo.yaml").read_text())
         # the table the router was fitted on: the monitor on the head (no CPU of its own) embeds its 32 prompts at

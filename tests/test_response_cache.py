@@ -38,8 +38,43 @@ def app(tmp_path_factory, encoder):
     stop_app()
 
 
+def stored() -> int:
+    """How many answers the app's store has kept so far (0 before its first)."""
+    import ray
+
+    try:
+        store = ray.get_actor("proxray-cache-proxray", namespace="proxray")
+    except ValueError:
+        return 0
+    return ray.get(store.report.remote(), timeout=30)["stored"]
+
+
+def dumped(x):
+    """An answer as JSON objects: an SDK's parsed objects (their extra fields with them) dumped."""
+    return [dumped(o) for o in x] if isinstance(x, list) else x.model_dump() if hasattr(x, "model_dump") else x
+
+
+def kept(ask, miss: bool | None = None):
+    """``ask()``'s answer, returned once the store holds it where it was a miss (``miss``: as its report says): a
+    miss's answer is kept by a write the request does not wait on, and a repeat sent at once can reach the store
+    before it."""
+    before = stored()
+    answer = ask()
+    if miss if miss is not None else report(dumped(answer))["cache"]["kind"] == "miss":
+        deadline = time.monotonic() + 30
+        while stored() <= before:
+            assert time.monotonic() < deadline, "the miss's answer was never kept"
+            time.sleep(0.02)
+    return answer
+
+
 def post(app, path, key, body, stream=False):
-    """The answer (whole) or every event's object (streamed) of one request of key ``key``."""
+    """The answer (whole) or every event's object (streamed) of one request of key ``key``; a miss's answer returned
+    once the cache holds it."""
+    return kept(lambda: _post(app, path, key, body, stream))
+
+
+def _post(app, path, key, body, stream):
     headers = {"Authorization": f"Bearer {KEYS[key]}", **HEADERS}
     if not stream:
         r = httpx.post(app + path, json=body, headers=headers, timeout=60)
@@ -228,29 +263,32 @@ def test_the_openai_and_anthropic_sdks_read_a_hit_as_a_models_answer(app):
     oa = OpenAI(base_url=f"{app}/v1", api_key=KEYS["b"], max_retries=0, timeout=60)
     ask = {"model": "proxray", "temperature": 0, "max_tokens": 16,
            "messages": [{"role": "user", "content": "Which ocean is the largest? (SDK)"}]}
-    miss, hit = oa.chat.completions.create(**ask), oa.chat.completions.create(**ask)
+    miss, hit = kept(lambda: oa.chat.completions.create(**ask)), oa.chat.completions.create(**ask)
     assert miss.model_extra["proxray"]["cache"]["kind"] == "miss"
     assert hit.model_extra["proxray"]["cache"]["kind"] == "exact"
     assert hit.choices[0].message.content == miss.choices[0].message.content and hit.usage.total_tokens == 0
     assert hit.id != miss.id
-    list(oa.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))  # a stream's own miss
+    kept(lambda: list(oa.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True})))  # its miss
     chunks = list(oa.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == miss.choices[0].message.content
     assert chunks[-1].usage.total_tokens == 0
     body = {"model": "proxray", "temperature": 0, "max_output_tokens": 16,
             "input": "Which desert is the largest? (SDK)"}
-    first, again = oa.responses.create(**body), oa.responses.create(**body)
+    first, again = kept(lambda: oa.responses.create(**body)), oa.responses.create(**body)
     assert again.model_extra["proxray"]["cache"]["kind"] == "exact" and again.output_text == first.output_text
     assert again.usage.output_tokens == 0 and again.id != first.id
     claude = Anthropic(base_url=app, api_key=KEYS["b"], max_retries=0, timeout=60)
     said = {"model": "proxray", "max_tokens": 16, "extra_body": {"temperature": 0},
             "messages": [{"role": "user", "content": "Which river is the longest? (SDK)"}]}
-    m1, m2 = claude.messages.create(**said), claude.messages.create(**said)
+    m1, m2 = kept(lambda: claude.messages.create(**said)), claude.messages.create(**said)
     assert m2.model_extra["proxray"]["cache"]["kind"] == "exact" and m2.content[0].text == m1.content[0].text
     assert m2.usage.output_tokens == 0 and m2.id != m1.id
-    for _ in range(2):  # a stream's own miss, then its hit
+    def stream_once():
         with claude.messages.stream(**said) as stream:
-            streamed = stream.get_final_message()
+            return stream.get_final_message()
+
+    kept(stream_once, miss=True)  # a stream's own miss, then its hit
+    streamed = stream_once()
     assert streamed.content[0].text == m1.content[0].text and streamed.usage.output_tokens == 0
 
 
