@@ -220,14 +220,16 @@ def _modules_that_start_apps_together(items) -> None:
     """One process: the modules that start their apps with ``start_app`` one after another, where the first of them
     was, those that can share one Ray and Serve first (tests/serve_helpers.py); in each group the modules a background
     work may run beside first and the ``QUIET`` ones after them (tests/background.py), so that a work started in the
-    group runs beside a stretch of modules that leave a core idle instead of stopping at the next quiet one; each in
-    file order; the other modules in their own order around them."""
+    group runs beside a stretch of modules that leave a core idle instead of stopping at the next quiet one; the other
+    quiet modules right after the last group, so that the modules after them hold no quiet one that would wait for a
+    work started there; each in file order; the other modules in their own order around them."""
     modules = list(dict.fromkeys(it.nodeid.split("::", 1)[0] for it in items))
     apps = [m for m in modules if _starts_apps(m)]
     if not apps:
         return
     apps = [m for own in (False, True) for quiet in (False, True) for m in apps
             if (m in SERVE_OF_THEIR_OWN) == own and (m in background.QUIET) == quiet]
+    apps += [m for m in modules if m in background.QUIET and m not in apps]  # every quiet module in one stretch
     first = modules.index(next(m for m in modules if m in apps))
     rest = [m for m in modules if m not in apps]
     order = {m: i for i, m in enumerate(rest[:first] + apps + rest[first:])}

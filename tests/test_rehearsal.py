@@ -23,9 +23,10 @@ def _rehearsal(folder):
         folder
 
 
-# a process of its own, with a Ray of its own: it runs in the background beside the modules after the node-loss test
-# (the serve stop checks, the user's paths), which leave a core idle much of their time, and this module runs last
-# (tests/conftest.py's LAST); beside the reliability soak it cost the soak 10 of its 600 answers once
+# a process of its own, with a Ray of its own: it runs in the background beside the modules from the OpenAI engine's
+# on (the unit tests, the user's paths), which leave a core idle much of their time and come after every quiet module
+# (tests/conftest.py), and this module runs last (LAST there); beside the reliability soak it cost the soak 10 of its
+# 600 answers once, and the stop module, quiet since, waited 112-133 s for it to end
 background.declare("rehearsal", ["tests/test_rehearsal.py::test_the_shipped_gpu_configs_rehearsed_on_a_cpu"],
                    _rehearsal, seconds=110, start_with="tests/test_openai_engine.py")
 
