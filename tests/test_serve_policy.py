@@ -210,6 +210,33 @@ def test_a_routed_request_passes_over_a_model_that_refuses_one_of_its_parameters
     assert (e.value.status, e.value.param) == (400, "logprobs") and "model 'a' cannot honour" in str(e.value)
 
 
+def test_a_translated_models_refusal_is_named_in_the_requests_own_words():
+    """A model that takes a Responses or Messages request as chat completions refuses chat's parameter: the refusal,
+    the routed pass-over's ``excluded`` and the 400 when none honours it name the parameter as the request did."""
+    from proxray.serve.protocols.messages.turn import models as messages_models
+    from proxray.serve.protocols.responses.turn import models as responses_models
+    from proxray.serve.protocols.responses.turn import has_content as responses_content
+    from proxray.serve.wire import UpstreamHeaders
+
+    def refuses(param):
+        return {"error": {"message": f"model 'a' cannot honour: {param}", "type": "invalid_request_error",
+                          "param": param, "code": 400, "unsupported": True}}
+
+    cases = [(lambda c: responses_models(c, set(), {"model": "proxray", "input": "Hi", "top_logprobs": 2}),
+              "logprobs", "top_logprobs"),
+             (lambda c: messages_models(c, set(), {"model": "proxray", "max_tokens": 8, "stop_sequences": ["x"],
+                                                   "messages": [{"role": "user", "content": "Hi"}]},
+                                        UpstreamHeaders({})), "stop", "stop_sequences")]
+    for via, chat_word, word in cases:
+        p = Plan(["a", "b"], {"routed": True, "estimates": {m: {"accuracy": 0.5, "cost": 0.1} for m in "ab"}})
+        with pytest.raises(RequestError) as e:
+            asyncio.run(first_answer(via(Scripted({"a": [refuses(chat_word)], "b": [refuses(chat_word)]})), p,
+                                     {"model": "proxray"}, "/v1/x", False, time.monotonic() + 5.0, 5.0,
+                                     lambda m, why: None, responses_content))
+        assert p.report["excluded"] == {"a": [word], "b": [word]}, p.report
+        assert (e.value.status, e.value.param) == (400, word) and f"no routable model honours: {word}" in str(e.value)
+
+
 def test_time_runs_out_as_a_504_and_a_stream_commits_at_its_first_content():
     with pytest.raises(RequestError) as e:
         run(Scripted({"a": ("sleep", 5.0)}), ["a"], timeout_s=0.2)

@@ -167,18 +167,32 @@ def completion_parts(obj: dict) -> tuple:
             Usage.of_chat(obj.get("usage")))
 
 
+def in_request_words(obj: dict, words: dict) -> dict:
+    """A chat model's error object with its parameter named as the request names it (``words``: chat's name -> the
+    request's), the error's other fields (a refusal's ``unsupported`` among them) kept."""
+    e = dict(obj["error"])
+    name = words.get(e.get("param"))
+    if name and name != e.get("param"):
+        e["message"] = f"{e.get('message', '')} (the request's {name})"
+        e["param"] = name
+    return {**obj, "error": e}
+
+
 class ViaChat:
     """The model client (``stream``, ``refusals``) of one request of a protocol that the models in ``native`` serve
     themselves (relayed as it is, ``native_body(body)``) and every other model takes as chat completions (``chat``,
     translated once; ``problems``: ``{parameter: why}`` of what has no chat form, a 400 for those models). A chat answer
     comes back as ``whole(obj, model)``, or a stream through ``events(model)`` (an ``EventsFromChat``); ``words`` names
-    a chat parameter as the request names it; ``on_error`` and ``on_native`` map error objects and native objects;
+    a chat parameter as the request names it, in a translated model's error objects too (then ``on_error``, where given);
+    ``on_native`` maps native objects;
     ``dropped``: what the translation left out."""
 
     def __init__(self, client, native: set, chat: dict, problems: dict, whole, events, words: dict,
                  on_error=None, native_body=None, on_native=None, dropped: list | None = None):
         self.client, self.native, self.chat, self.problems = client, native, chat, problems
-        self.whole, self.events, self.words, self.on_error = whole, events, words, on_error
+        self.whole, self.events, self.words = whole, events, words
+        named = lambda obj: in_request_words(obj, words)  # noqa: E731
+        self.on_error = named if on_error is None else (lambda obj: on_error(named(obj)))
         self.native_body = native_body or (lambda body: body)
         self.on_native = on_native
         self.dropped = dropped or []  # what the translation left out, named in translated answers (``dropped_for``)

@@ -168,16 +168,6 @@ def to_chat(body: dict, hosted_tools: str = "drop") -> tuple[dict, dict, list]:
     return chat, problems, dropped
 
 
-def in_responses_words(err: dict) -> dict:
-    """A chat model's error object with its parameter named as the Responses request names it."""
-    e = dict(err["error"])
-    name = CHAT_TO_RESPONSES.get(e.get("param"))
-    if name and name != e.get("param"):
-        e["message"] = f"{e.get('message', '')} (the request's {name})"
-        e["param"] = name
-    return {"error": e}
-
-
 # ---- output ------------------------------------------------------------------------------------------------------
 def shell(request: dict, rid: str, model: str, previous: str | None, store: bool) -> dict:
     """A response object in progress for ``request`` (the fields a response echoes), with no output yet."""

@@ -14,8 +14,7 @@ from proxray.serve.errors import RequestError, is_error
 from proxray.serve.protocols.base import Turn, sse_data, text_of
 from proxray.serve.protocols.core import Stream, Usage, ViaChat, dropped_for, new_id
 from proxray.serve.protocols.responses.translate import (CHAT_TO_RESPONSES, TERMINAL, as_error, events_from_chat,
-                                                         final_response, from_chat, in_responses_words, input_items,
-                                                         shell, to_chat)
+                                                         final_response, from_chat, input_items, shell, to_chat)
 
 CONTENT = ("response.output_item.done", "response.completed", "response.incomplete")
 
@@ -54,7 +53,7 @@ def models(client, native: set, body: dict, hosted_tools: str = "drop") -> ViaCh
     return ViaChat(client, native, chat, problems,
                    whole=lambda obj, model: from_chat(obj, shell(body, "resp_pending", model, None, False)),
                    events=lambda model: events_from_chat(shell(body, "resp_pending", model, None, False)),
-                   words=CHAT_TO_RESPONSES, on_error=in_responses_words, on_native=as_error, dropped=dropped)
+                   words=CHAT_TO_RESPONSES, on_native=as_error, dropped=dropped)
 
 
 class ResponsesTurn(Turn):
