@@ -208,8 +208,7 @@ def pytest_xdist_make_scheduler(config, log):
 # Modules whose apps start a Ray of their own settings (a metrics port, a proxy timeout, tracing on, object-store
 # credentials, a path for the replicas): in one process they run after the modules that share one (below)
 SERVE_OF_THEIR_OWN = ("tests/test_gateway.py", "tests/test_reference.py", "tests/test_reliability.py",
-                      "tests/test_tenancy.py", "tests/test_tracing.py", "tests/test_uris.py",
-                      "tests/test_protocol_table.py", "tests/test_router_families.py", "tests/test_vllm_serve.py")
+                      "tests/test_tenancy.py", "tests/test_tracing.py", "tests/test_uris.py", "tests/test_vllm_serve.py")
 
 
 def _starts_apps(module: str) -> bool:

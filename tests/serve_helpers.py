@@ -1,12 +1,15 @@
 """Start a real Serve app on 127.0.0.1 for tests: a kNN router over a small synthetic table and
 simulated model deployments."""
 
+from pathlib import Path
+
 import numpy as np
 
 from proxray import KNNRouter, RoutingTable
 from proxray.data.synthetic import generate_queries
 from proxray.serve.front import HAPROXY_PORTS, free_port, haproxy_ports
 
+TESTS = Path(__file__).resolve().parent
 WEAK, STRONG = "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"
 SLOW, BROKEN = "google/gemma-7b-it", "microsoft/Phi-3-small-8k-instruct"
 KEY = "sk-test-not-a-real-key-123"
@@ -80,8 +83,11 @@ def _serve_for(request_timeout_s, metrics_port, env) -> int:
     import ray
     from ray import serve
 
+    # every worker can import the tests' own modules (a toy protocol, a router family): one Ray serves those modules too
+    env = {"PYTHONPATH": str(TESTS), **(env or {})}
+
     def key():  # Ray's start sets variables of its own in this process's environment: compared after it
-        return (request_timeout_s, metrics_port, tuple(sorted((env or {}).items())),
+        return (request_timeout_s, metrics_port, tuple(sorted(env.items())),
                 tuple(sorted((k, v) for k, v in os.environ.items() if k not in _NOT_INHERITED)))
 
     if _SHARED.get("key") == key() and ray.is_initialized():
@@ -92,7 +98,7 @@ def _serve_for(request_timeout_s, metrics_port, env) -> int:
     system = {"metrics_report_interval_ms": 1000} if metrics_port else None
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, _metrics_export_port=metrics_port,
              _system_config=system,
-             runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", **(env or {})}})  # the API key comes from the environment, never the runtime env
+             runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", **env}})  # the API key comes from the environment, never the runtime env
     http = {"host": "127.0.0.1", "port": port}
     if request_timeout_s:
         http["request_timeout_s"] = request_timeout_s  # the proxy answers (408) instead of holding a request forever

@@ -4,7 +4,6 @@ HTTP on 127.0.0.1 — the shipped protocols' routes answering beside it. And the
 deployment or the ingress names a protocol, and ``proxray.serve`` imports no room above its own."""
 import ast
 import json
-import os
 import re
 from pathlib import Path
 
@@ -28,16 +27,9 @@ def app(tmp_path_factory, encoder):
     KEYS["dev"] = new_key_entry(tmp / "keys.yaml", "dev", budget={"usd": 10.0})
     models = [{"id": m, "engine": "sim", "autoscaling": {"min_replicas": 1, "max_replicas": 1}, "price": PRICES[m]}
               for m in (WEAK, STRONG)]
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), before]))  # replicas import it
-    try:
-        yield start_app(tmp, encoder, models, keys_file=str(tmp / "keys.yaml"), protocols=toy_protocol.TABLE)
-    finally:
-        stop_app()
-        if before is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = before
+    # the replicas import toy_protocol: the suite's Serve apps have the tests' folder on their workers' path
+    yield start_app(tmp, encoder, models, keys_file=str(tmp / "keys.yaml"), protocols=toy_protocol.TABLE)
+    stop_app()
 
 
 def priced(model, used):

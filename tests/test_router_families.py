@@ -99,7 +99,7 @@ def test_a_registered_family_is_served_over_http(registered, tmp_path, encoder):
     make_router("few").fit(encoder.encode(list(q.prompt)), acc, cost, models=models,
                            encoder_id=encoder.id).save(tmp_path / "few")
     url = start_app(tmp_path, encoder, [{"id": m, "engine": "sim"} for m in models], router=str(tmp_path / "few"),
-                    families=(FewNeighboursRouter,), env={"PYTHONPATH": str(ROOT / "tests")})
+                    families=(FewNeighboursRouter,))  # its workers import this module: the tests' folder on their path
     try:
         r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
             "model": "proxray", "messages": [{"role": "user", "content": q.prompt.iloc[0]}]})
