@@ -1,7 +1,8 @@
 """The response cache on a running app (127.0.0.1, a keys file): an exact repeat answered from the cache on every
 protocol, whole and streamed, with its usage zeroed and its key charged nothing; a paraphrase answered from the
 semantic cache; a key never given another key's answer unless both are in one cache group; tools, opted-out and
-non-deterministic requests never served from it; a deleted stored response taking its entry with it; the store's
+non-deterministic requests never served from it; a stream its client left early never kept; a deleted stored
+response taking its entry with it; the store's
 bounds per scope (in process: 10,000 distinct answers of one scope); many clients at once, and the store killed under
 them. Bounded in count and time; waits on state."""
 import json
@@ -389,6 +390,46 @@ def test_a_semantic_lookup_stays_in_its_scope_and_constraint_and_under_its_thres
     assert store.get("s1", "other", "c1", None, None, "t", now=1.0)["match"] == "text"  # the text tier: no vector
     store.forget("s1", "x")
     assert store.get("s1", "e1", now=1.0) is None and store.get("s1", "e2", now=1.0) is None
+
+
+def test_a_stream_that_did_not_end_is_never_kept_and_one_that_did_is_kept_whole():
+    """``Keep``: a streamed miss is kept only once its stream ended (a client that left early leaves nothing); a
+    stream read to its end is kept with every event it sent, its usage zeroed."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from proxray.serve.stages.cache import Keep
+
+    puts = []
+    gw = SimpleNamespace(cache=SimpleNamespace(put=lambda *a: puts.append(a)), gate=SimpleNamespace(prices={}))
+
+    async def events():
+        for word in ("one", "two", "three"):
+            yield {"id": "chatcmpl-abc123xyz", "choices": [{"delta": {"content": word}}]}
+        yield {"id": "chatcmpl-abc123xyz", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}
+
+    def flight():
+        return SimpleNamespace(cache={"scope": "s", "exact": "e", "constraint": None, "vector": None, "text": None},
+                               req=SimpleNamespace(stream=True), head=[{"id": "chatcmpl-abc123xyz", "choices": []}],
+                               gen=events(), turn=SimpleNamespace(answer_id=lambda obj: obj["id"]), model="m",
+                               estimate=1e-5)
+
+    async def read(f, n):
+        keep, got = Keep(gw).answered(f), []
+        async for obj in f.gen:
+            got.append(obj)
+            if len(got) == n:
+                break  # the client left
+        keep({"prompt_tokens": 5, "completion_tokens": len(got)})
+        return got
+
+    asyncio.run(read(flight(), 1))
+    assert puts == []  # one event of four read: nothing kept
+    asyncio.run(read(flight(), 99))
+    (scope, exact, record), = puts
+    kept_objects = json.loads(record["objects"])
+    assert (scope, exact, record["head"], len(kept_objects)) == ("s", "e", 1, 5)
+    assert kept_objects[-1]["usage"] == {"prompt_tokens": 0, "completion_tokens": 0}
 
 
 def test_what_a_request_is_keyed_on():
