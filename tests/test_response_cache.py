@@ -1,10 +1,9 @@
 """The response cache on a running app (127.0.0.1, a keys file): an exact repeat answered from the cache on every
 protocol, whole and streamed, with its usage zeroed and its key charged nothing; a paraphrase answered from the
 semantic cache; a key never given another key's answer unless both are in one cache group; tools, opted-out and
-non-deterministic requests never served from it; a stream its client left early never kept; a deleted stored
-response taking its entry with it; the store's
-bounds per scope (in process: 10,000 distinct answers of one scope); many clients at once, and the store killed under
-them. Bounded in count and time; waits on state."""
+non-deterministic requests never served from it; a stream its client left early never kept; a deleted stored response
+taking its entry with it; the store's bounds per scope (in process: 10,000 distinct answers of one scope); many
+clients at once, and the store killed under them. Bounded in count and time; waits on state."""
 import json
 import threading
 import time
