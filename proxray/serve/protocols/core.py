@@ -183,9 +183,8 @@ class ViaChat:
     themselves (relayed as it is, ``native_body(body)``) and every other model takes as chat completions (``chat``,
     translated once; ``problems``: ``{parameter: why}`` of what has no chat form, a 400 for those models). A chat answer
     comes back as ``whole(obj, model)``, or a stream through ``events(model)`` (an ``EventsFromChat``); ``words`` names
-    a chat parameter as the request names it, in a translated model's error objects too (then ``on_error``, where given);
-    ``on_native`` maps native objects;
-    ``dropped``: what the translation left out."""
+    a chat parameter as the request names it, in a translated model's error objects too (``on_error`` maps them after
+    that, where given); ``on_native`` maps native objects; ``dropped``: what the translation left out."""
 
     def __init__(self, client, native: set, chat: dict, problems: dict, whole, events, words: dict,
                  on_error=None, native_body=None, on_native=None, dropped: list | None = None):
