@@ -98,7 +98,7 @@ def free_ports_of_its_own(index: int, workers: int = 0) -> str:
 
 def isolated_env(name: str, env: dict | None = None) -> dict:
     """``env`` (default this process's) for a work that runs its own Ray and Serve beside the suite's."""
-    from proxray.serve.front import haproxy_ports
+    from proxray.serve.front import node_ports
 
     index = len(_isolated) + 1
     folder = Path(tempfile.mkdtemp(prefix=f"rb{index}-", dir="/tmp"))  # short: Unix socket paths are bounded
@@ -109,7 +109,7 @@ def isolated_env(name: str, env: dict | None = None) -> dict:
     slot = (index - 1) % BACKGROUND_SLOTS  # its free ports and its ingress block (after the test workers' and spares)
     return {**(os.environ if env is None else env), MARK: name, "RAY_TMPDIR": str(folder),
             "PROXRAY_FREE_PORTS": free_ports_of_its_own(slot), **front_of_its_own(folder / "hs", 5 + slot),
-            **haproxy_ports()}
+            **node_ports()}
 
 
 def _start(name):

@@ -44,7 +44,7 @@ for _name, _value in background.front_of_its_own(front_dir if _xdist else "", _w
 # The serving front users' clusters run (Serve's HAProxy ingress, proxray.serve.front) for every Ray cluster the tests
 # start; its ingress replicas hold on for 2 s when they stop (Ray's default, 30 s, is for a load balancer elsewhere to
 # drop them; here HAProxy is on the same machine), so a test's Serve shuts down in seconds
-from proxray.serve.front import front_env, haproxy_ports  # noqa: E402
+from proxray.serve.front import front_env, node_ports  # noqa: E402
 from ray_ports import take_ray_ports_from_the_system  # noqa: E402
 
 take_ray_ports_from_the_system()
@@ -58,9 +58,11 @@ os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "30")
 
 
 def _fresh_front_ports():
-    """HAProxy's stats and metrics ports, free ones, for the clusters started next: the last cluster's HAProxy may
-    still hold its own while it exits (what ``front_env(local=True)`` does for users' local clusters)."""
-    os.environ.update(haproxy_ports())
+    """The front's fixed ports (HAProxy's stats and metrics, Serve's fallback proxy), free ones, for the clusters
+    started next: the last cluster's HAProxy may still hold its own while it exits, and a fallback proxy on a port
+    another Serve's holds too would answer that Serve's requests (what ``front_env(local=True)`` does for users' local
+    clusters)."""
+    os.environ.update(node_ports())
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -7,7 +7,7 @@ import numpy as np
 
 from proxray import KNNRouter, RoutingTable
 from proxray.data.synthetic import generate_queries
-from proxray.serve.front import HAPROXY_PORTS, free_port, haproxy_ports
+from proxray.serve.front import NODE_PORTS, free_port, node_ports
 
 TESTS = Path(__file__).resolve().parent
 WEAK, STRONG = "meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"
@@ -17,9 +17,9 @@ KEY = "sk-test-not-a-real-key-123"
 
 def node_front(env_vars: dict | None = None) -> dict:
     """``env_vars`` for a node added to a many-node Ray cluster on this one machine, with its own ports for Serve's
-    HAProxy ingress (HTTP, stats, metrics), as each node of a real cluster has them on its own machine: without them
+    HAProxy ingress (HTTP, stats, metrics) and fallback proxy, as each node of a real cluster has them on its own machine: without them
     its HAProxy cannot bind the head's and fails over and over."""
-    return {**(env_vars or {}), "RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(free_port()), **haproxy_ports()}
+    return {**(env_vars or {}), "RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(free_port()), **node_ports()}
 
 
 # model -> (probability of a right answer, cost per query): BROKEN looks best and cheap to the router,
@@ -74,7 +74,7 @@ def start_app(tmp, fit_encoder, models, request_timeout_s=60, app_name="proxray"
 _SHARED: dict = {}
 # what changes from test to test without reaching a worker: HAProxy's ports are bound when Serve starts; LiteLLM's
 # import sets its tokenizers' folder (no worker imports it)
-_NOT_INHERITED = {"PYTEST_CURRENT_TEST", "TIKTOKEN_CACHE_DIR", *HAPROXY_PORTS}
+_NOT_INHERITED = {"PYTEST_CURRENT_TEST", "TIKTOKEN_CACHE_DIR", *NODE_PORTS}
 
 
 def _serve_for(request_timeout_s, metrics_port, env) -> int:

@@ -123,9 +123,9 @@ ENV_READ = re.compile(r"""(?:environ(?:\.get|\.setdefault|\.pop)?\s*[(\[]\s*|get
 def test_every_environment_variable_the_code_reads_is_documented():
     """docs/reference/environment.md lists every variable the package, the job entry points, the benchmarks and the
     installer read — literal reads in the code, the serving front's own names, install.sh's ${...}."""
-    from proxray.serve.front import FRONT, HAPROXY_PORTS
+    from proxray.serve.front import FRONT, NODE_PORTS
 
-    read = set(FRONT) | set(HAPROXY_PORTS)
+    read = set(FRONT) | set(NODE_PORTS)
     for folder in ("proxray", "jobs", "bench"):
         for path in (ROOT / folder).rglob("*.py"):
             read |= set(ENV_READ.findall(path.read_text()))

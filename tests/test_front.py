@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from proxray.serve.front import FRONT, HAPROXY_PORTS, PORT_CEILING, PORT_FLOOR, front_env, haproxy_ports
+from proxray.serve.front import FRONT, HAPROXY_PORTS, NODE_PORTS, PORT_CEILING, PORT_FLOOR, front_env, node_ports
 from serve_helpers import KEY, STRONG, WEAK, fit_router, free_port
 
 
@@ -18,11 +18,12 @@ def test_the_front_is_haproxy_unless_the_callers_environment_says_otherwise():
     assert front_env({"RAY_SERVE_ENABLE_HA_PROXY": "0"}) == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     assert all(os.environ.get(name) == value for name, value in FRONT.items())  # the tests run what users run
     local = front_env({}, local=True)
-    ports = [int(local[name]) for name in HAPROXY_PORTS]
-    assert len(set(ports)) == 2 and all(PORT_FLOOR <= p < PORT_CEILING for p in ports)  # not Ray's 8404 and 9101
+    ports = [int(local[name]) for name in NODE_PORTS]
+    # not Ray's 8404 and 9101 (HAProxy's) nor 8500 and 9500 (the fallback proxy's, bound with SO_REUSEPORT)
+    assert len(set(ports)) == 4 and all(PORT_FLOOR <= p < PORT_CEILING for p in ports)
     assert front_env({"RAY_SERVE_HAPROXY_STATS_PORT": "8404"}, local=True)["RAY_SERVE_HAPROXY_STATS_PORT"] == "8404"
-    nodes = [haproxy_ports() for _ in range(3)]  # each node of a many-node cluster on this machine: its own
-    assert len({port for node in nodes for port in node.values()}) == 6
+    nodes = [node_ports() for _ in range(3)]  # each node of a many-node cluster on this machine: its own
+    assert len({port for node in nodes for port in node.values()}) == 12
 
 
 def test_free_ports_come_from_outside_the_range_every_connection_and_bind_0_draws_from(monkeypatch, tmp_path):
@@ -151,19 +152,20 @@ def test_health_says_200_only_once_the_routes_answer(tmp_path, encoder, monkeypa
     and every one is answered — none refused for a missing route (404) or a backend not up yet (503) — and a request
     naming the model that starts last (a transformers engine loading its weights) is answered too; before, /health
     said 503 with how many models were still starting, or nothing (no route yet). Ray's own
-    HAProxy stats and metrics ports (8404, 9101) are held by another process meanwhile, as by a second Serve on the
-    machine: a cluster started with ``front_env(local=True)`` takes others."""
+    HAProxy stats and metrics ports (8404, 9101) and its fallback proxy's (8500, 9500) are held by another process
+    meanwhile, as by a second Serve on the machine: a cluster started with ``front_env(local=True)`` takes others (a
+    fallback proxy binds with SO_REUSEPORT: on another Serve's port it would answer that Serve's requests)."""
     import ray
     from ray import serve
 
     from proxray.serve.app import build_app
 
     monkeypatch.setenv("PROXRAY_TEST_KEY", KEY)
-    for name in HAPROXY_PORTS:
+    for name in NODE_PORTS:
         monkeypatch.delenv(name, raising=False)
     for name, value in front_env(local=True).items():
         monkeypatch.setenv(name, value)
-    held = [h for h in map(_hold, (8404, 9101)) if h is not None]
+    held = [h for h in map(_hold, (8404, 9101, 8500, 9500)) if h is not None]
     from proxray.devtools import build_tiny_model
 
     weights = build_tiny_model(tmp_path / "tiny", seed=0)
@@ -214,6 +216,8 @@ def test_health_says_200_only_once_the_routes_answer(tmp_path, encoder, monkeypa
         listening = _listeners()
         assert "haproxy" in listening[port], listening.get(port)  # Serve's HAProxy ingress answered, not its proxy
         assert all("haproxy" in listening.get(int(os.environ[name]), "") for name in HAPROXY_PORTS), listening
+        # the backup server of every HAProxy backend, Serve's fallback proxy: on the port named for this cluster
+        assert "ProxyActor" in listening.get(int(os.environ["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"]), ""), listening
         # the ingress replica's own port, behind HAProxy: the key is checked in the replica, so the port is no way round
         # (its HTTP port: in the range this environment names; one in TIME_WAIT from an earlier run is skipped)
         http = range(int(os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]),

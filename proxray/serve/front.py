@@ -13,6 +13,12 @@ Prometheus exporter (``RAY_SERVE_HAPROXY_METRICS_PORT``, 9101), without ``SO_REU
 machine — or one started while the last one's HAProxy is still exiting — fails to start on them. A Ray cluster proxray
 starts on this machine takes free ones instead (``local=True``); a cluster's nodes keep Ray's.
 
+Serve also starts a fallback proxy on the head, the backup server of every HAProxy backend (it answers while no
+ingress replica is up: during a deploy, after a replica is lost), on two more fixed ports
+(``RAY_SERVE_FALLBACK_PROXY_HTTP_PORT``, 8500; gRPC 9500) and binds them with ``SO_REUSEPORT``: two Serves on one machine
+would both bind 8500, and one app's HAProxy would hand a request to the other app while its own replicas start. A
+local cluster takes free ones for these too (:data:`NODE_PORTS`).
+
 Behind HAProxy each ingress replica serves HTTP (and gRPC) itself, on a port Serve's controller hands out from one
 range (``RAY_SERVE_DIRECT_INGRESS_MIN/MAX_HTTP_PORT``, 30000–31000; gRPC 40000–41000), lowest first, and binds with
 ``SO_REUSEPORT``. Two Serves on one machine would hand out the same ports, both bind them, and the kernel would split
@@ -27,6 +33,8 @@ from pathlib import Path
 
 FRONT = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+FALLBACK_PROXY_PORTS = ("RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
+NODE_PORTS = HAPROXY_PORTS + FALLBACK_PROXY_PORTS  # the fixed ports of a node's front (Ray: 8404, 9101, 8500, 9500)
 INGRESS_RANGES = {"HTTP": (30000, 31000), "GRPC": (40000, 41000)}  # Ray 2.60's defaults (serve/_private/constants.py)
 INGRESS_BLOCK = 50  # ports of a local cluster's block: its ingress replicas, one port each, and room to replace them
 INGRESS_PORTS = tuple(f"RAY_SERVE_DIRECT_INGRESS_{end}_{proto}_PORT" for proto in INGRESS_RANGES for end in ("MIN", "MAX"))
@@ -92,11 +100,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def front_env(environ=None, local: bool = False) -> dict:
     """The variables a Ray cluster started for serving gets: :data:`FRONT`, where the caller's environment does not
-    set them itself; ``local`` (a cluster on this machine alone): HAProxy's stats and metrics ports too
-    (:func:`haproxy_ports`: free ones where the caller's environment does not name them)."""
+    set them itself; ``local`` (a cluster on this machine alone): its front's fixed ports too (HAProxy's stats and
+    metrics, Serve's fallback proxy; :func:`node_ports`: free ones where the caller's environment does not name them)
+    and a block of ingress replica ports (:func:`ingress_ports`)."""
     environ = os.environ if environ is None else environ
     env = {name: environ.get(name, value) for name, value in FRONT.items()}
-    return {**env, **haproxy_ports(environ), **ingress_ports(environ)} if local else env
+    return {**env, **node_ports(environ), **ingress_ports(environ)} if local else env
 
 
 LISTENING_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
@@ -153,8 +162,9 @@ def ingress_ports(environ=None, rng=None) -> dict:
     return {}
 
 
-def haproxy_ports(environ=None) -> dict:
-    """HAProxy's stats and metrics ports (:data:`HAPROXY_PORTS`) for a Ray node on this machine: those ``environ``
-    names, free ones (:func:`free_port`, on all addresses, as HAProxy binds them) for the rest."""
+def node_ports(environ=None) -> dict:
+    """The fixed ports of a Ray node's front on this machine (:data:`NODE_PORTS`: HAProxy's stats and metrics, Serve's
+    fallback proxy's HTTP and gRPC): those ``environ`` names, free ones (:func:`free_port`, on all addresses, as HAProxy
+    and the proxy bind them) for the rest."""
     environ = {} if environ is None else environ
-    return {name: environ.get(name) or str(free_port("0.0.0.0")) for name in HAPROXY_PORTS}
+    return {name: environ.get(name) or str(free_port("0.0.0.0")) for name in NODE_PORTS}
