@@ -4,7 +4,8 @@ model that an agent (the Codex CLI) drives would answer:
 
 * a task naming a command in backticks, with no tool output yet: one call of the shell tool the request offers
   (``exec_command`` or ``shell``) with ``{"cmd": <the command>}``;
-* after the tool's output: ``The command printed: <its first line>``;
+* after the tool's output: ``The command printed: <its last line>`` (what a shell's start-up files print, e.g.
+  pyenv's rehash racing another shell's, comes before the command's own output);
 * anything else: ``The answer is 4.``
 
 It bills as OpenAI does: every answer reports the ``service_tier`` it ran at (the one asked, ``priority`` or ``flex``,
@@ -43,7 +44,7 @@ def _tier(body: dict) -> str:
 def _decide(turns: list, tools: list) -> tuple[str, str | None]:
     """("call", command) or ("text", answer) from the conversation as (kind, text) pairs and the offered tools' names."""
     if turns and turns[-1][0] == "tool":
-        out = next((ln for ln in turns[-1][1].splitlines() if ln.strip() and "Output:" not in ln
+        out = next((ln for ln in reversed(turns[-1][1].splitlines()) if ln.strip() and "Output:" not in ln
                     and not ln.startswith(("Chunk ID", "Wall time", "Process exited", "Original token"))), "")
         return "text", f"The command printed: {out.strip()}"
     task = next((t for k, t in reversed(turns) if k == "user"), "")
