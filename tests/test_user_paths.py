@@ -149,7 +149,7 @@ def test_the_readme_first_routed_answer_on_a_plain_install(clone, user_env):
     proc = subprocess.Popen(shlex.split(serve[0]), cwd=clone, env=user_env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
-        _wait_until_it_answers(proc, clone / "serve.log")
+        _wait_until_it_answers(proc, clone / "serve.log", user_env)
         done = subprocess.run([str(clone / ".venv/bin/python"), "-c", snippet], cwd=clone, env=user_env,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -206,12 +206,16 @@ def _the_claude_code_guide(clone, user_env, fit, serve):
     assert out.strip(), "the routed answer's text"
 
 
-def _wait_until_it_answers(proc, log, limit_s=420):
+def _wait_until_it_answers(proc, log, env=None, limit_s=420):
     import httpx
 
+    from proxray.serve.front import FREE_PORTS, NODE_PORTS
+
+    # the ports its environment named for its front (a port is no secret): what to compare with a bind that failed
+    named = {k: (env or {}).get(k) for k in (FREE_PORTS, *NODE_PORTS)}
     deadline = time.monotonic() + limit_s  # a bound on a hang, not a timing: it returns as soon as the app answers
     while time.monotonic() < deadline:
-        assert proc.poll() is None, f"proxray serve exited {proc.returncode}:\n{log.read_text()[-5000:]}"
+        assert proc.poll() is None, f"proxray serve exited {proc.returncode} ({named}):\n{log.read_text()[-5000:]}"
         try:
             if httpx.get(f"http://127.0.0.1:{PORT}/v1/models", timeout=5).status_code == 200:
                 return
