@@ -17,8 +17,8 @@ KEY = "sk-test-not-a-real-key-123"
 
 def node_front(env_vars: dict | None = None) -> dict:
     """``env_vars`` for a node added to a many-node Ray cluster on this one machine, with its own ports for Serve's
-    HAProxy ingress (HTTP, stats, metrics) and fallback proxy, as each node of a real cluster has them on its own machine: without them
-    its HAProxy cannot bind the head's and fails over and over."""
+    HAProxy ingress (HTTP, stats, metrics) and fallback proxy, as each node of a real cluster has them on its own
+    machine: without them its HAProxy cannot bind the head's and fails over and over."""
     return {**(env_vars or {}), "RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(free_port()), **node_ports()}
 
 
