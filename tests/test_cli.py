@@ -148,6 +148,38 @@ def test_one_grammar_and_the_old_spellings_still_parse(tmp_path, shared_data, ca
         assert f"    {cmd}" in help_text
 
 
+def test_commands_that_fit_nothing_start_without_the_routers_libraries(tmp_path):
+    """A command that neither fits nor measures routers (`proxray keys new`, `proxray monitor --help`) imports none of
+    scikit-learn, SciPy or pandas — the router registry's and the tables' libraries, ~1.5 s of every command's start
+    — as the installed command runs it; `proxray --help` lists every command as the whole parser does, and `proxray fit
+    --help` still lists the registry's families and their options."""
+    import subprocess
+    import sys
+
+    from proxray.cli import build_parser, command_of
+
+    heavy = ("sklearn", "scipy", "pandas", "torch", "proxray.routing.registry")
+    probe = ("import sys\nfrom proxray.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+             f"print('IMPORTED', sorted(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)")
+
+    def imported(*argv):
+        r = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120,
+                           cwd=tmp_path)
+        return r.stdout, r.stderr.rsplit("IMPORTED ", 1)[1].strip()
+
+    out, mods = imported("keys", "new", "--file", str(tmp_path / "keys.yaml"), "--name", "ops")
+    assert mods == "[]" and (tmp_path / "keys.yaml").exists() and out.startswith("sk-"), mods
+    out, mods = imported("monitor", "--help")
+    assert mods == "[]" and "status" in out, mods
+    out, mods = imported("--help")
+    assert mods == "[]", mods
+    whole = build_parser().format_help()
+    assert out == whole.replace("usage: " + build_parser().prog, "usage: proxray")
+    out, mods = imported("fit", "--help")
+    assert "sklearn" in mods and "{km,knn}" in out and "--clusters" in out
+    assert command_of(["--help"]) == "" and command_of(["monitor", "status"]) == "monitor"
+
+
 def test_monitor_status_prints_json_only_while_ray_prints_to_drivers(monkeypatch, capsys):
     """What Ray pushes to every driver's stdout (the raylet's warnings, through Ray's own printer) goes to stderr while
     `proxray monitor status` runs: its stdout stays one JSON document a script parses."""
@@ -156,7 +188,7 @@ def test_monitor_status_prints_json_only_while_ray_prints_to_drivers(monkeypatch
 
     from ray._private.worker import print_to_stdstream, print_worker_logs, stdout_deduplicator
 
-    import proxray.monitor as monitor
+    import proxray.monitor.actor as monitor
 
     class Status:
         def remote(self):
@@ -189,7 +221,7 @@ def test_monitor_versions_and_rollback_ask_the_running_monitor(monkeypatch, caps
     moved; a rollback it refuses exits with its reason."""
     import ray
 
-    import proxray.monitor as monitor
+    import proxray.monitor.actor as monitor
     from proxray.cli import main
 
     asked = []

@@ -27,24 +27,34 @@ What a command reads is --table or --config, what it writes is --out; a table, r
 local path or a URI (s3://, gs://, file://). `proxray COMMAND --help` lists a command's options."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line's parser; given the ``command`` about to run, the options of ``fit`` and ``eval`` are
+    built only where that command is one of them (they come from the router registry, whose import takes scikit-learn
+    and SciPy, ~1.5 s): every other command starts without it, and ``proxray --help`` still lists them all."""
     from proxray.cli import routers, serving, tables
 
     p = argparse.ArgumentParser(prog="proxray", description=OVERVIEW, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     tables.add_import_info(sub)
-    routers.add_fit_explain(sub)
+    routers.add_fit_explain(sub, full=command in (None, "fit"))
     serving.add_serving(sub)
-    routers.add_eval(sub)
+    routers.add_eval(sub, full=command in (None, "eval"))
     tables.add_job(sub)
     return p
+
+
+def command_of(argv: list) -> str:
+    """The command a command line names: its first word that is not an option (the top level takes none but -h);
+    "" where it names none (``proxray --help``)."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 def main(argv=None) -> int:
     from proxray.common.cliargs import settle
 
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(command_of(argv)).parse_args(argv)
     settle(args)
     try:
         return args.func(args) or 0  # a command may return its exit status (proxray check: 2 when it would not deploy)

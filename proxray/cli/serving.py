@@ -316,11 +316,13 @@ def _monitor_command(a, out):
     import ray
 
     from proxray.common.actors import NAMESPACE, ActorDown, call
-    from proxray.monitor import get_monitor, load_monitor_config, start_monitor, stop_monitor
+    from proxray.monitor.actor import get_monitor, start_monitor, stop_monitor
 
     name = a.name
     cfg = None
     if a.config:
+        from proxray.monitor.config import load_monitor_config
+
         cfg = load_monitor_config(a.config)  # before Ray: a bad config fails here, not inside an actor
         if a.simulate:
             from proxray.monitor.config import rehearsal

@@ -19,9 +19,11 @@ import os
 import re
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where a table is read: a key file or a router's JSON needs none of it
+    import pandas as pd
 
 
 def replace_atomically(path, data: bytes) -> None:
@@ -233,6 +235,8 @@ class Store:
 
     def read_parts(self, rel: str) -> pd.DataFrame:
         """Every parquet file below folder ``rel``, concatenated (an empty frame when there is none)."""
+        import pandas as pd
+
         frames = [self.read_parquet(f) for f in self.files(rel)]
         frames = [f for f in frames if len(f)]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
