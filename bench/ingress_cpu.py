@@ -14,7 +14,6 @@ round sends every kind in turn, and the figure is the median over rounds. Run it
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -88,10 +87,9 @@ def main(argv=None):
            "requests_per_round": a.requests, "rounds": a.rounds,
            "cpu_ms_per_request": {k: round(statistics.median(v), 3) for k, v in per.items()},
            "per_round": {k: [round(x, 3) for x in v] for k, v in per.items()}}
-    print(json.dumps(out, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+    from report import emit
+
+    emit(out, a.json)
 
 
 if __name__ == "__main__":

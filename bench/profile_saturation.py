@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import subprocess
 import sys
@@ -103,10 +102,9 @@ def main(argv=None):
         out["ingress_cpu"] = parts(raw)
     finally:
         stop()
-    print(json.dumps(out, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+    from report import emit
+
+    emit(out, a.json)
 
 
 if __name__ == "__main__":
