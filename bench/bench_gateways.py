@@ -19,7 +19,8 @@ through direct, LiteLLM, Serve's empty app (the ceiling of Serve's front and thi
 proxray keys.
 
 Also measured, to say where the time goes: **Serve, empty app** (an application beside proxray's on the same Serve
-that reads the body and answers a fixed completion: what Serve's front costs by itself), **proxray, co-hosted** (a
+that reads the body and answers a fixed completion: what Serve's front costs by itself), **Serve, empty FastAPI app**
+(the same answer from a FastAPI route under ``@serve.ingress``, as proxray's ingress is), **proxray, co-hosted** (a
 simulated model the request names: the model deployment's handle on the path) and **proxray, routed**
 (``model: proxray``: the encoder and the router too). ``--front`` picks how HTTP reaches the replicas: Serve's
 HAProxy ingress (the default proxray's clusters run, ``proxray.serve.front``) or Serve's Python proxy. The client is
@@ -95,6 +96,24 @@ def empty_app() -> None:
             return Response(answer, media_type="application/json")
 
     serve.run(Empty.bind(), name="empty", route_prefix="/empty")
+
+    from fastapi import FastAPI, Request
+
+    api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    async def chat(request):
+        await request.body()
+        return Response(answer, media_type="application/json")
+
+    chat.__annotations__ = {"request": Request}  # the class itself: this module's annotations are strings
+    api.post("/v1/chat/completions")(chat)
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})  # beside the others on the machine's CPUs
+    @serve.ingress(api)
+    class EmptyFastAPI:
+        """The same answer through a FastAPI app, as proxray's ingress is one (``@serve.ingress``)."""
+
+    serve.run(EmptyFastAPI.bind(), name="empty-fastapi", route_prefix="/empty-fastapi")
 
 
 def proxray_app(upstream: str, front: str) -> tuple[str, str, callable]:
@@ -233,6 +252,8 @@ def main(argv=None):
     targets = {"direct": {"client": client(upstream.removesuffix("/v1")), "model": "standin"},
                "LiteLLM": {"client": client(lite_url, {"Authorization": f"Bearer {MASTER}"}), "model": "standin"},
                "Serve, empty app": {"client": client(base), "model": "standin", "path": "/empty/v1/chat/completions"},
+               "Serve, empty FastAPI app": {"client": client(base), "model": "standin",
+                                            "path": "/empty-fastapi/v1/chat/completions"},
                "proxray, named": {"client": client(base, unrestricted), "model": "standin", "stages": []},
                "proxray, budgeted": {"client": client(base, auth), "model": "standin", "stages": []},
                "proxray, co-hosted": {"client": client(base, auth), "model": SIM, "stages": []},
@@ -279,7 +300,8 @@ def main(argv=None):
                           + ", ".join(f"{k.removesuffix('_ms')} {v}" for k, v in r["stages"].items()))
         if a.saturate:
             sat = {name: saturate(targets[name], a.saturate, a.saturate_s)
-                   for name in ("direct", "LiteLLM", "Serve, empty app", "proxray, named", "proxray, budgeted")}
+                   for name in ("direct", "LiteLLM", "Serve, empty app", "Serve, empty FastAPI app", "proxray, named",
+                                "proxray, budgeted")}
             results["saturation"] = {"clients": a.saturate, "seconds": a.saturate_s, **sat}
             print(f"\nsaturation, {a.saturate} clients: " + ", ".join(
                 f"{name} {r['per_s']}/s ({r['errors']} failed)" for name, r in sat.items()))
