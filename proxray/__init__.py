@@ -3,7 +3,7 @@
 Imports are lazy (PEP 562): ``import proxray`` loads nothing heavy; torch, sentence-transformers,
 ray and vllm are imported only by the code paths that need them.
 """
-from importlib import import_module
+from proxray.common.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -17,9 +17,4 @@ _EXPORTS = {
     "ArtifactError": "proxray.routing.artifact",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'proxray' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

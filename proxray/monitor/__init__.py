@@ -7,16 +7,13 @@ a judge, measures true J_z on shadow-evaluated traffic, and grows the router liv
 * ``jobs``: the evaluation job through the Ray Jobs API (exactly-once submission ids) or inline
 * ``actor``: the detached actor (``start_monitor`` / ``get_monitor`` / ``stop_monitor``)
 """
-from importlib import import_module
+from proxray.common.lazy import lazy_exports
 
-# what the package offers, by the module that holds it: imported when first asked for, so that a command that only
-# finds the running monitor (``proxray monitor status``) does not import the evaluation job's config and pandas
-_WHERE = {"DriftMonitor": "core", "text_key": "core", "MonitorConfig": "config", "load_monitor_config": "config",
-          "start_monitor": "actor", "get_monitor": "actor", "stop_monitor": "actor"}
-__all__ = list(_WHERE)
-
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(import_module(f"proxray.monitor.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'proxray.monitor' has no attribute {name!r}")
+# imported when first asked for, so that a command that only finds the running monitor (``proxray monitor status``)
+# does not import the evaluation job's config and pandas
+_EXPORTS = {"DriftMonitor": "proxray.monitor.core", "text_key": "proxray.monitor.core",
+            "MonitorConfig": "proxray.monitor.config", "load_monitor_config": "proxray.monitor.config",
+            "start_monitor": "proxray.monitor.actor", "get_monitor": "proxray.monitor.actor",
+            "stop_monitor": "proxray.monitor.actor"}
+__all__ = list(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
