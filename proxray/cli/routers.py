@@ -182,20 +182,27 @@ def _check_sweep(sweep: str) -> None:
         Fixed(v) if param == "inv-tau" else int(v)
 
 
-FIT_HELP = "fit a router on a table and save the artifact"
-EVAL_HELP = "run the paper's protocol on a routing table (default: the embedded synthetic one)"
-
-
 def add_fit_explain(sub, full: bool = True) -> None:
-    """``fit`` and ``explain``; ``full=False``: ``fit`` by its name and help alone (``build_parser``)."""
-    if not full:
-        sub.add_parser("fit", help=FIT_HELP)
-        _add_explain(sub)
-        return
+    """``fit`` and ``explain``; ``full=False``: ``fit`` by its name and help alone, its options unbuilt
+    (``build_parser``: they come from the router registry)."""
+    fit = sub.add_parser("fit", help="fit a router on a table and save the artifact")
+    if full:
+        _fit_options(fit)
+
+    exp = sub.add_parser("explain", help="why a router picks the model it picks for a text: the training queries or "
+                         "clusters with the most weight, every model's estimate, the margin, the outlier score")
+    exp.add_argument("text", help="the query text (a routed request's routing text)")
+    exp.add_argument("--router", required=True, help="router artifact (a folder or a URI)")
+    exp.add_argument("--lam", type=float, default=0.0, help="λ of acc − λ·cost (default 0: accuracy alone)")
+    exp.add_argument("--top", type=int, default=10, help="reference elements shown, 1 to 20")
+    exp.add_argument("--json", action="store_true", help="the evidence as JSON (what the endpoint returns)")
+    exp.set_defaults(func=_cmd_explain)
+
+
+def _fit_options(fit) -> None:
     from proxray.cli.options import DEFAULT_ROUTER, add_options, router_choices, add_temperature_options
     from proxray.common.cliargs import comma_list
 
-    fit = sub.add_parser("fit", help=FIT_HELP)
     fit.add_argument("--table", default=None, help="routing table (default: the embedded synthetic one)")
     fit.add_argument("--models", type=comma_list(), default=None, help="comma-separated subset of the table's models")
     fit.add_argument("--router", choices=router_choices(), default=DEFAULT_ROUTER, help="KMeans clusters (default, as in "
@@ -211,31 +218,21 @@ def add_fit_explain(sub, full: bool = True) -> None:
                      "uses at most (a seeded sample, every task kept; bounds its time)")
     fit.add_argument("--out", required=True, help="artifact folder")
     fit.set_defaults(func=_cmd_fit)
-    _add_explain(sub)
-
-
-def _add_explain(sub) -> None:
-    exp = sub.add_parser("explain", help="why a router picks the model it picks for a text: the training queries or "
-                         "clusters with the most weight, every model's estimate, the margin, the outlier score")
-    exp.add_argument("text", help="the query text (a routed request's routing text)")
-    exp.add_argument("--router", required=True, help="router artifact (a folder or a URI)")
-    exp.add_argument("--lam", type=float, default=0.0, help="λ of acc − λ·cost (default 0: accuracy alone)")
-    exp.add_argument("--top", type=int, default=10, help="reference elements shown, 1 to 20")
-    exp.add_argument("--json", action="store_true", help="the evidence as JSON (what the endpoint returns)")
-    exp.set_defaults(func=_cmd_explain)
 
 
 def add_eval(sub, full: bool = True) -> None:
-    """``eval``; ``full=False``: by its name and help alone (``build_parser``)."""
-    if not full:
-        sub.add_parser("eval", help=EVAL_HELP)
-        return
+    """``eval``; ``full=False``: by its name and help alone, its options unbuilt (``build_parser``)."""
+    p = sub.add_parser("eval", help="run the paper's protocol on a routing table (default: the embedded synthetic one)")
+    if full:
+        _eval_options(p)
+
+
+def _eval_options(p) -> None:
     from proxray.cli.options import DEFAULT_ROUTER, add_options, router_choices, add_temperature_options
     from proxray.routing.registry import FAMILIES
     from proxray.common.cliargs import comma_list
     from proxray.experiments.protocols import PROTOCOLS
 
-    p = sub.add_parser("eval", help=EVAL_HELP)
     p.add_argument("--table", default=None, help="routing table; default: the embedded SYNTHETIC table")
     p.add_argument("--router", choices=router_choices(), default=DEFAULT_ROUTER, help="KMeans clusters or the k nearest "
                    "queries")
