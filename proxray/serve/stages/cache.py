@@ -6,6 +6,7 @@ the same; or, where ``similarity`` is set, the routed request whose routing embe
 answering model's kept answer, replayed through the same protocol turn as a model's own (whole or streamed), with its
 usage zeroed: its key is charged nothing, and its report says ``cache``."""
 from proxray.common.pricing import answer_cost
+from proxray.common.shared_actor import SharedStateDown
 from proxray.serve.request.cache import (Recorder, Replay, ids_of, keys_of, kinds_for, replayed, scope_of, text_key,
                                          why_not, zero_usage)
 from proxray.serve.request.fallback import answered_by
@@ -30,8 +31,12 @@ class Lookup(Stage):
         f.cache = {"scope": scope_of(f.key), "exact": exact, "constraint": constraint if semantic_on else None,
                    "vector": f.plan.vector if semantic_on and spec.similarity else None,
                    "text": text_key(f.text) if semantic_on else None}
-        hit = await gw.cache.get(f.cache["scope"], exact if exact_on else None, f.cache["constraint"],
-                                 f.cache["vector"], spec.similarity, f.cache["text"])
+        try:
+            hit = await gw.cache.get(f.cache["scope"], exact if exact_on else None, f.cache["constraint"],
+                                     f.cache["vector"], spec.similarity, f.cache["text"])
+        except SharedStateDown as e:  # the cache lost, not the request: a miss that says why (its answer still kept)
+            f.plan.report["cache"] = {"kind": "miss", "why": f"the cache did not answer ({e.why})"}
+            return
         if hit is None:
             f.plan.report["cache"] = {"kind": "miss"}
             return

@@ -12,7 +12,7 @@ ever looked up outside the lookup's scope: two keys share entries only where the
 Bounds (``ResponseCacheSpec``): entries live ``ttl_s``; the store holds ``max_entries`` and ``max_bytes`` at most, one
 scope a ``scope_share`` of each: past its share a scope drops its own least recently used entries, never another's;
 past the whole store's bounds the least recently used entry of all goes. Losing the actor loses the cache, not an
-answer: a lookup that gets no answer is a miss (logged), a write that gets none is dropped."""
+answer: a lookup that gets no answer is a miss that says why (logged), a write that gets none is dropped."""
 from __future__ import annotations
 
 import json
@@ -161,8 +161,9 @@ class CacheStore:
 
 
 class ResponseCache(SharedActorClient):
-    """A replica's side of the app's ``CacheStore`` (``proxray-cache-<app>``): a lookup that gets no answer is a
-    miss, a write that gets none is dropped (each logged); the request goes on to its model either way."""
+    """A replica's side of the app's ``CacheStore`` (``proxray-cache-<app>``): a lookup that gets no answer raises
+    ``SharedStateDown`` (logged; the caller answers it as a miss that says why), a write that gets none is dropped
+    (logged); the request goes on to its model either way."""
 
     actor_cls, prefix = CacheStore, "proxray-cache"
 
@@ -177,7 +178,7 @@ class ResponseCache(SharedActorClient):
                                    None if vector is None else np.asarray(vector, dtype=np.float32), threshold, text)
         except SharedStateDown as e:
             logger.warning("proxray: %s: %s; answered by the model", self.name, e.why)
-            return None
+            raise
 
     def put(self, scope: str, exact: str, record: dict) -> None:
         self.tell("put", scope, exact, record)
