@@ -5,6 +5,8 @@ the same; or, where ``similarity`` is set, the routed request whose routing embe
 ``Keep`` stores a miss's answer once it ended whole. A hit is the
 answering model's kept answer, replayed through the same protocol turn as a model's own (whole or streamed), with its
 usage zeroed: its key is charged nothing, and its report says ``cache``."""
+import logging
+
 from proxray.common.pricing import answer_cost
 from proxray.common.shared_actor import SharedStateDown
 from proxray.serve.request.cache import (Recorder, Replay, ids_of, keys_of, kinds_for, replayed, scope_of, text_key,
@@ -12,6 +14,8 @@ from proxray.serve.request.cache import (Recorder, Replay, ids_of, keys_of, kind
 from proxray.serve.request.fallback import answered_by
 from proxray.serve.stages.base import Stage
 from proxray.serve.tenancy.response_cache import objects_json
+
+logger = logging.getLogger("ray.serve")
 
 
 class Lookup(Stage):
@@ -35,6 +39,7 @@ class Lookup(Stage):
             hit = await gw.cache.get(f.cache["scope"], exact if exact_on else None, f.cache["constraint"],
                                      f.cache["vector"], spec.similarity, f.cache["text"])
         except SharedStateDown as e:  # the cache lost, not the request: a miss that says why (its answer still kept)
+            logger.warning("proxray: %s: %s; answered by the model", e.name, e.why)
             f.plan.report["cache"] = {"kind": "miss", "why": f"the cache did not answer ({e.why})"}
             return
         if hit is None:

@@ -16,15 +16,12 @@ answer: a lookup that gets no answer is a miss that says why (logged), a write t
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections import OrderedDict
 
 import numpy as np
 
-from proxray.common.shared_actor import SharedActorClient, SharedStateDown
-
-logger = logging.getLogger("ray.serve")
+from proxray.common.shared_actor import SharedActorClient
 
 ENTRY_OVERHEAD = 1024  # bytes counted for an entry beside its JSON (its keys, vector and bookkeeping)
 
@@ -162,8 +159,8 @@ class CacheStore:
 
 class ResponseCache(SharedActorClient):
     """A replica's side of the app's ``CacheStore`` (``proxray-cache-<app>``): a lookup that gets no answer raises
-    ``SharedStateDown`` (logged; the caller answers it as a miss that says why), a write that gets none is dropped
-    (logged); the request goes on to its model either way."""
+    ``SharedStateDown`` (the ``Lookup`` stage logs it and answers it as a miss that says why), a write that gets none
+    is dropped (logged); the request goes on to its model either way."""
 
     actor_cls, prefix = CacheStore, "proxray-cache"
 
@@ -173,12 +170,8 @@ class ResponseCache(SharedActorClient):
 
     async def get(self, scope: str, exact: str | None, constraint: str | None, vector, threshold: float | None,
                   text: str | None = None) -> dict | None:
-        try:
-            return await self.call("get", scope, exact, constraint,
-                                   None if vector is None else np.asarray(vector, dtype=np.float32), threshold, text)
-        except SharedStateDown as e:
-            logger.warning("proxray: %s: %s; answered by the model", self.name, e.why)
-            raise
+        return await self.call("get", scope, exact, constraint,
+                               None if vector is None else np.asarray(vector, dtype=np.float32), threshold, text)
 
     def put(self, scope: str, exact: str, record: dict) -> None:
         self.tell("put", scope, exact, record)
