@@ -54,39 +54,32 @@ def dumped(x):
     return [dumped(o) for o in x] if isinstance(x, list) else x.model_dump() if hasattr(x, "model_dump") else x
 
 
-def kept(ask, miss: bool | None = None):
-    """``ask()``'s answer, returned once the store holds it where it was a miss (``miss``: as its report says): a
-    miss's answer is kept by a write the request does not wait on, and a repeat sent at once can reach the store
-    before it."""
-    before = stored()
-    answer = ask()
-    if miss if miss is not None else report(dumped(answer))["cache"]["kind"] == "miss":
-        stored_past(before)
-    return answer
-
-
-def stored_past(before: int) -> None:
-    deadline = time.monotonic() + 30
-    while stored() <= before:
-        assert time.monotonic() < deadline, "the miss's answer was never kept"
-        time.sleep(0.02)
-
-
 class Unanswered(AssertionError):
     """The cache's store did not answer a lookup in time (a loaded machine): the answer's report says why."""
 
 
-def post(app, path, key, body, stream=False):
-    """The answer (whole) or every event's object (streamed) of one request of key ``key``; a miss's answer returned
-    once the cache holds it; ``Unanswered`` where the store did not answer its lookup."""
+def kept(ask, miss: bool | None = None):
+    """``ask()``'s answer, returned once the store holds it where it was a miss (``miss``: as its report says): a
+    miss's answer is kept by a write the request does not wait on, and a repeat sent at once can reach the store
+    before it. ``Unanswered`` where its report says the store did not answer its lookup."""
     before = stored()
-    answer = _post(app, path, key, body, stream)
-    cache = report(answer)["cache"]
-    if cache["kind"] == "miss" and "why" in cache:
-        raise Unanswered(cache["why"])
-    if cache["kind"] == "miss":
-        stored_past(before)
+    answer = ask()
+    if miss is None:
+        cache = report(dumped(answer))["cache"]
+        if cache["kind"] == "miss" and "why" in cache:
+            raise Unanswered(cache["why"])
+        miss = cache["kind"] == "miss"
+    if miss:
+        deadline = time.monotonic() + 30
+        while stored() <= before:
+            assert time.monotonic() < deadline, "the miss's answer was never kept"
+            time.sleep(0.02)
     return answer
+
+
+def post(app, path, key, body, stream=False):
+    """The answer (whole) or every event's object (streamed) of one request of key ``key``, as ``kept`` returns it."""
+    return kept(lambda: _post(app, path, key, body, stream))
 
 
 def on_fresh_asks(test, tries=3):
