@@ -16,21 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
+from bench_gateways import pct  # noqa: E402
 from bench_relay_stall import standin  # noqa: E402
 from report import emit  # noqa: E402
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-
-
-def pct(values: list, q: float) -> float:
-    s = sorted(values)
-    return s[int(q * (len(s) - 1))]
 
 
 def main(argv=None) -> int:
@@ -42,41 +37,24 @@ def main(argv=None) -> int:
     variant = json.loads(a.variant)
 
     import httpx
-    import ray
-    from ray import serve
 
-    from bench_serve import MODELS
-    from proxray import KNNRouter, SentenceEncoder
+    from bench_serve import start_demo_app
     from proxray.common.quickack import sync_transport
-    from proxray.pool.simulated import make_table
-    from proxray.serve.app import build_app
     from proxray.serve.front import FRONT
     from proxray.serve.tenancy.keys import new_key_entry
 
     os.environ.update({name: "1" for name in FRONT})  # HAProxy's front, before Ray starts
     upstream = f"http://127.0.0.1:{standin(nodelay=True)}/v1"
-    tmp = tempfile.mkdtemp()
-    table, enc = make_table(100), SentenceEncoder("static")
-    KNNRouter(k=50).fit(enc.encode(table.prompts), *table.matrices(models=MODELS), models=MODELS,
-                        encoder_id=enc.id).save(f"{tmp}/router")
-    key = new_key_entry(f"{tmp}/keys.yaml", "open")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    one = {"min_replicas": 1, "max_replicas": 1}
-    models = [{"id": m, "engine": "sim", "autoscaling": one} for m in MODELS] + [
-        {"id": "standin", "engine": "openai", "base_url": upstream, "timeout_s": 10,
-         "price": {"input_per_mtok": 1.0, "output_per_mtok": 1.0}}]
-    args = {"router": f"{tmp}/router", "encoder": "static", "keys_file": f"{tmp}/keys.yaml", "models": models,
-            "new_models": ["standin"]}
-    ray.init(include_dashboard=False, log_to_driver=False)
+    keys = os.path.join(tempfile.mkdtemp(), "keys.yaml")
+    key = new_key_entry(keys, "open")
+    model = {"id": "standin", "engine": "openai", "base_url": upstream, "timeout_s": 10,
+             "price": {"input_per_mtok": 1.0, "output_per_mtok": 1.0}}
+    chat_url, _, stop = start_demo_app(encoder="static", extra_models=[model], new_models=["standin"], keys_file=keys,
+                                       variants={"variant": variant})
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(args), name="proxray", route_prefix="/")
-        serve.run(build_app({**args, **variant}), name="variant", route_prefix="/variant")
         transport = dict(timeout=30, transport=sync_transport())
-        app = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"},
-                           **transport)
+        app = httpx.Client(base_url=chat_url.removesuffix("/v1/chat/completions"),
+                           headers={"Authorization": f"Bearer {key}"}, **transport)
         direct = httpx.Client(base_url=upstream.removesuffix("/v1"), **transport)
         body = json.dumps({"model": "standin", "max_tokens": 8,
                            "messages": [{"role": "user", "content": "What is 17 * 23?"}]}).encode()
@@ -98,8 +76,7 @@ def main(argv=None) -> int:
             for name, (client, path) in targets.items():
                 lat[name] += [once(client, path) for _ in range(a.requests // 6)]
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        stop()
     res = {"variant": variant, "requests": a.requests, "hardware": f"{os.cpu_count()} CPUs", "ms": {}}
     for name, values in lat.items():
         res["ms"][name] = {f"p{int(q * 100)}": round(pct(values, q), 2) for q in (0.5, 0.95, 0.99)}

@@ -70,9 +70,10 @@ def breakdown(timings: list) -> str:
                if batch else ""))
 
 
-def start_demo_app(extra_models=(), engine_kwargs=None, **app_args):
+def start_demo_app(extra_models=(), engine_kwargs=None, variants=None, **app_args):
     """The cpu_demo app on a local Serve at a free 127.0.0.1 port (``extra_models``: pool models beside its four
-    simulated ones; ``engine_kwargs``: {model: its simulated engine's kwargs}; ``env``: its workers' environment):
+    simulated ones; ``engine_kwargs``: {model: its simulated engine's kwargs}; ``env``: its workers' environment;
+    ``variants``: {name: app args} — beside it, the same app with those args otherwise, served at ``/<name>``):
     (chat URL, prompts, stop())."""
     import ray
     from ray import serve
@@ -95,11 +96,12 @@ def start_demo_app(extra_models=(), engine_kwargs=None, **app_args):
     ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env} if env else None)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     auto = {"min_replicas": 1, "max_replicas": 1}
-    serve.run(build_app({"router": f"{tmp}/router", **app_args,
-                         "models": [{"id": m, "engine": "sim", "autoscaling": auto,
-                                     "engine_kwargs": (engine_kwargs or {}).get(m, {})} for m in MODELS]
-                         + list(extra_models)}),
-              name="proxray", route_prefix="/")
+    args = {"router": f"{tmp}/router", **app_args,
+            "models": [{"id": m, "engine": "sim", "autoscaling": auto, "engine_kwargs": (engine_kwargs or {}).get(m, {})}
+                       for m in MODELS] + list(extra_models)}
+    serve.run(build_app(args), name="proxray", route_prefix="/")
+    for name, update in (variants or {}).items():
+        serve.run(build_app({**args, **update}), name=name, route_prefix=f"/{name}")
     return f"http://127.0.0.1:{port}/v1/chat/completions", prompts, lambda: (serve.shutdown(), ray.shutdown())
 
 
